@@ -1,0 +1,352 @@
+"""The command line: parse, call the library, render with rich, map errors to exit codes.
+
+Human output goes to stdout, progress and notes to stderr, `--json` to stdout only.
+Exit codes: docs/cli.md (cluster.errors.EXIT_*).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cluster import __version__, context, errors
+from cluster import inventory as inventory_mod
+
+# Piped output is read by people later (logs, CI): don't squeeze it into 80 columns.
+_WIDE = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+out = Console(highlight=False, width=_WIDE)
+err = Console(stderr=True, highlight=False)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _load_inventory(args: argparse.Namespace) -> inventory_mod.Inventory:
+    given = getattr(args, "inventory_pos", None) or getattr(args, "inventory", None)
+    path, why = context.resolve(given)
+    if why != "given":
+        err.print(f"[dim]inventory: {escape(str(path))} ({why})[/dim]")
+    return inventory_mod.load(path, overrides=getattr(args, "set", None) or ())
+
+
+def _progress(total: int, label: str) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True, disable=not err.is_terminal)
+
+
+def _add_inventory_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
+                       help="inventory YAML (default: the current context, see `clusterctl context`)")
+    p.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (same as the positional)")
+    p.add_argument("--limit", metavar="HOSTS", help="comma-separated host names, group names or globs")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a host field on every host (e.g. --set user=student); repeatable")
+    p.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+
+
+# --------------------------------------------------------------------------- lab
+
+
+def cmd_lab_up(args: argparse.Namespace) -> int:
+    from cluster import lab
+
+    with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
+        state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
+                       directory=Path(args.dir) if args.dir else None)
+    context.set_current(Path(state.inventory))
+    if args.json:
+        _emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
+                    "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
+        return errors.EXIT_OK
+    t = Table(title=f"lab {state.name}: {len(state.nodes)} nodes on {state.subnet}"
+              + (f", links shaped to {state.bandwidth}" if state.bandwidth else ""))
+    for col in ("node", "address", "netns", "sshd pid"):
+        t.add_column(col)
+    for n in state.nodes:
+        t.add_row(n.name, n.address, n.netns, str(n.pid))
+    out.print(t)
+    out.print(f"inventory: {escape(state.inventory)} (now the current context)")
+    return errors.EXIT_OK
+
+
+def cmd_lab_down(args: argparse.Namespace) -> int:
+    from cluster import lab
+
+    directory = Path(args.dir) if args.dir else None
+    state = lab.load_state(args.name, directory)
+    removed = lab.down(args.name, directory)
+    if state is not None and context.current() == Path(state.inventory):
+        context.clear()  # don't leave the current context pointing at nodes that are gone
+    if args.json:
+        _emit_json({"name": args.name, "removed": removed})
+    else:
+        out.print(f"lab {args.name}: removed {len(removed)} pieces" + (f" ({', '.join(removed)})" if removed else
+                                                                       " (nothing was running)"))
+    return errors.EXIT_OK
+
+
+def cmd_lab_status(args: argparse.Namespace) -> int:
+    from cluster import lab
+
+    state, rows = lab.status(args.name, Path(args.dir) if args.dir else None)
+    if args.json:
+        _emit_json({"name": args.name, "up": state is not None,
+                    "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows]})
+    elif state is None:
+        out.print(f"lab {args.name} is not up (start it with `clusterctl lab up 3 --name {args.name}`)")
+    else:
+        t = Table(title=f"lab {state.name} ({state.subnet})")
+        for col in ("node", "address", "netns", "sshd", "port 22"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r.name, r.address, *(("[green]yes[/]" if x else "[red]no[/]") for x in (r.netns, r.sshd, r.port_open)))
+        out.print(t)
+        out.print(f"inventory: {escape(state.inventory)}")
+    healthy = state is not None and all(r.netns and r.sshd and r.port_open for r in rows)
+    return errors.EXIT_OK if healthy else errors.EXIT_FAILED
+
+
+# --------------------------------------------------------------------------- trust
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from cluster import hostkeys
+
+    inv = _load_inventory(args)
+    hosts = inv.select(args.limit)
+    with err.status(f"contacting {len(hosts)} nodes for their host keys"):
+        offers = hostkeys.survey(hosts, args.forks)
+    new = [o for o in offers if o.status == "new"]
+    if not args.json:
+        # Plain lines, not a table: a fingerprint must never be cut to fit the terminal.
+        style = {"new": "yellow", "known": "green", "changed": "bold red", "unreachable": "red", "local": "dim"}
+        for o in offers:
+            key = f"{o.key.get_name()} {o.fingerprint}" if o.key else "-"
+            out.print(f"{o.host.name:<12} {o.host.host_key_name:<22} [{style[o.status]}]{o.status:<11}[/] {key}")
+        for o in offers:
+            if o.message:
+                err.print(f"[red]{escape(o.message)}[/red]")
+    recorded: list[str] = []
+    if new:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                err.print("[yellow]not recording: compare the fingerprints above with `ssh-keygen -lf "
+                          "/etc/ssh/ssh_host_ed25519_key.pub` on each node, then re-run with --yes[/yellow]")
+            elif err.input(f"Record {len(new)} new host key(s)? Compare the fingerprints on the nodes first. [y/N] ")\
+                    .strip().lower() in ("y", "yes"):
+                args.yes = True
+        if args.yes:
+            for o in new:
+                assert o.key is not None
+                hostkeys.record(o.host, o.key)
+                recorded.append(o.host.name)
+            if not args.json:
+                out.print(f"recorded {len(recorded)} key(s) in "
+                          f"{', '.join(sorted({str(o.host.known_hosts_path) for o in new}))}")
+    if args.json:
+        _emit_json({"nodes": [{**o.to_dict(), "recorded": o.host.name in recorded} for o in offers]})
+    if any(o.status == "changed" for o in offers):
+        return errors.EXIT_UNREACHABLE
+    if any(o.status == "unreachable" for o in offers) or (new and not recorded):
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- check
+
+
+def _fmt_facts(f: dict[str, Any]) -> list[str]:
+    os_ = f.get("os") or {}
+    py = f.get("python")
+    mem = f.get("memory") or {}
+    disk = f.get("disk")
+    gpus = (f.get("gpus") or {}).get("gpus") or []
+    gpu_txt = ", ".join(f"{g['name'].replace('NVIDIA ', '').replace('GeForce ', '')} "
+                        f"(cc {g['compute_capability']}, {g['driver']})" for g in gpus) or "none"
+    return [
+        f"{os_.get('id') or '?'} {os_.get('version') or ''}".strip(),
+        py["version"] if py else "[red]missing[/]",
+        str((f.get("cpu") or {}).get("usable") or "?"),
+        f"{(mem.get('total_mib') or 0) / 1024:.0f}G",
+        f"{disk['free_gib']:.0f}G" if disk else "?",
+        gpu_txt,
+        f.get("address_nic") or "-",
+        f"{f['clock_offset_s']:+.3f}" if f.get("clock_offset_s") is not None else "?",
+    ]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from cluster import check
+    from cluster.fanout import Group
+
+    inv = _load_inventory(args)
+    hosts = inv.select(args.limit)
+    with Group(hosts, forks=args.forks) as group, _progress(len(hosts), "gathering facts") as prog:
+        task = prog.add_task("facts", total=len(hosts))
+        report = check.run(group, on_done=lambda r: prog.advance(task))
+    if args.json:
+        _emit_json({"inventory": str(inv.path), **report.to_dict()})
+    else:
+        t = Table(title=f"{inv.name}: {len(report.healthy)}/{len(hosts)} nodes healthy")
+        for col in ("node", "address", "state", "os", "python", "cpus", "ram", "disk", "gpus", "nic",
+                    "clock s"):
+            t.add_column(col, overflow="fold")
+        blocked = {p.host for p in report.blocking}
+        for h in hosts:
+            r = report.results[h.name]
+            state = "[red]unreachable[/]" if r.status == "unreachable" else (
+                "[red]problem[/]" if h.name in blocked else "[green]ok[/]")
+            cells = _fmt_facts(r.value.to_dict()) if r.ok else ["-"] * 8
+            t.add_row(h.name, h.address, state, *cells)
+        out.print(t)
+        for p in report.problems:
+            tag = "[red]error[/]" if p.blocking else "[yellow]warning[/]"
+            out.print(f"{tag} {p.host}: {escape(p.message)}\n    fix: {escape(p.fix)}")
+        if not report.problems:
+            out.print("no problems found")
+    if any(p.blocking for p in report.problems):
+        return errors.EXIT_FAILED
+    return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- exec
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from cluster.fanout import Group
+
+    if not args.command:
+        raise errors.UsageError("no command given", "put it after --: clusterctl exec [INVENTORY] -- uptime")
+    command = " ".join(args.command)  # like ssh: the words are joined and read by the node's shell
+    inv = _load_inventory(args)
+    hosts = inv.select(args.limit)
+    start = time.monotonic()
+    with Group(hosts, forks=args.forks) as group:
+        results = group.run(command, timeout=args.timeout)
+    wall = time.monotonic() - start
+    if args.json:
+        _emit_json({"command": command, "wall_s": round(wall, 3),
+                    "nodes": [results[h.name].to_dict() for h in hosts]})
+    else:
+        for h in hosts:
+            r = results[h.name]
+            colour = {"ok": "green", "failed": "red", "unreachable": "red"}[r.status]
+            extra = f"exit {r.exit_code}" if r.exit_code is not None else (r.problem or "")
+            out.rule(f"[{colour}]{h.name}[/] ({h.address}) {r.status} {extra} {r.duration:.2f}s", align="left")
+            if r.stdout:
+                out.out(r.stdout.rstrip("\n"), highlight=False)
+            if r.stderr:
+                out.print(f"[dim]{escape(r.stderr.rstrip())}[/dim]")
+            if r.error:
+                out.print(f"[red]{escape(r.error)}[/red]" + (f"\n  fix: {escape(r.fix)}" if r.fix else ""))
+        out.print(f"{len(results.succeeded)} ok, {len(results.failed)} failed, "
+                  f"{len(results.unreachable)} unreachable in {wall:.2f}s")
+    if results.unreachable:
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK if results.ok else errors.EXIT_FAILED
+
+
+# --------------------------------------------------------------------------- context
+
+
+def cmd_context(args: argparse.Namespace) -> int:
+    if args.inventory_pos:
+        inv = inventory_mod.load(args.inventory_pos)
+        path = context.set_current(inv.path)
+        msg = f"current inventory: {path} ({len(inv.hosts)} hosts)"
+    else:
+        path = context.current()
+        msg = f"current inventory: {path}" if path else "no current inventory (commands use inventory/local.yaml)"
+    if args.json:
+        _emit_json({"inventory": str(path) if path else None})
+    else:
+        out.print(msg)
+    return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clusterctl", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--version", action="version", version=f"clusterctl {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, json_flag: bool = True):
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        return sp
+
+    lab = sub.add_parser("lab", help="a simulated lab of SSH nodes in network namespaces (root)",
+                         description="A simulated lab: one network namespace per node with its own sshd.")
+    lsub = lab.add_subparsers(dest="lab_cmd", required=True, metavar="ACTION")
+    for name, fn, help in (("up", cmd_lab_up, "start a lab and make it the current context"),
+                           ("down", cmd_lab_down, "remove the lab's namespaces, links and processes"),
+                           ("status", cmd_lab_status, "show the lab's nodes and whether sshd answers")):
+        sp = lsub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        if name == "up":
+            sp.add_argument("nodes", type=int, metavar="N", help="number of nodes")
+            sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")
+            sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
+        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lab)")
+        sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
+        sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+    sp = add("trust", cmd_trust, "record the nodes' SSH host keys at first contact, showing fingerprints")
+    _add_inventory_args(sp)
+    sp.add_argument("--yes", action="store_true", help="record new keys without asking (after checking them)")
+
+    sp = add("check", cmd_check, "reach every node, gather facts, list problems with their fixes")
+    _add_inventory_args(sp)
+
+    sp = add("exec", cmd_exec, "run a shell command on every node: clusterctl exec [INVENTORY] -- CMD")
+    _add_inventory_args(sp)
+    sp.add_argument("--timeout", type=float, help="per-node command timeout in seconds")
+
+    sp = add("context", cmd_context, "show or set the current inventory used when none is given")
+    sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.command = command
+    if command and args.cmd != "exec":
+        parser.error("`--` and a command only go with `clusterctl exec`")
+    try:
+        return args.fn(args)
+    except errors.ClusterError as e:
+        err.print(f"[red]error:[/red] {escape(e.message)}")
+        if e.fix:
+            err.print(f"  fix: {escape(e.fix)}")
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Problems `check` reports from reachability and facts, each with its fix and whether it blocks."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cluster.facts import NodeFacts
+from cluster.fanout import HostResult
+from cluster.inventory import Host
+
+MIN_PYTHON = (3, 10)  # torch 2.14 and TF 2.21 wheels need 3.10+
+DISK_BLOCK_GIB = 10.0  # a venv with torch + TF is ~8 GiB
+DISK_WARN_GIB = 25.0
+MAX_CLOCK_SKEW_S = 1.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    code: str
+    blocking: bool
+    message: str
+    fix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def from_result(r: HostResult) -> list[Problem]:
+    """A node that could not be reached or did not answer: one blocking problem."""
+    if r.ok:
+        return []
+    return [Problem(r.host, r.problem or r.status, True, r.error or r.status, r.fix or "see the error")]
+
+
+def from_facts(host: Host, f: NodeFacts) -> list[Problem]:
+    v, out = f.values, []
+
+    def add(code: str, blocking: bool, message: str, fix: str) -> None:
+        out.append(Problem(host.name, code, blocking, message, fix))
+
+    py = v.get("python")
+    if py is None:
+        add("python-missing", True, f"`{host.python}` does not run on the node",
+            "install Python 3 (`apt-get install python3 python3-venv`) or set `python:` in the inventory")
+    elif tuple(py["version_tuple"][:2]) < MIN_PYTHON:
+        add("python-old", True, f"Python {py['version']} is older than {'.'.join(map(str, MIN_PYTHON))}",
+            "install a newer Python and point `python:` at it")
+    disk = v.get("disk")
+    if disk is None:
+        add("disk-unknown", False, "could not measure free disk at the workdir", "check that `df` works there")
+    elif disk["free_gib"] < DISK_BLOCK_GIB:
+        add("disk-low", True, f"only {disk['free_gib']} GiB free at {disk['path']}",
+            f"free space or move `workdir:`; the frameworks need about {DISK_BLOCK_GIB:g} GiB")
+    elif disk["free_gib"] < DISK_WARN_GIB:
+        add("disk-low", False, f"{disk['free_gib']} GiB free at {disk['path']}",
+            "datasets and checkpoints will need more; free space or move `workdir:`")
+    if f.clock_offset_s is not None and abs(f.clock_offset_s) > MAX_CLOCK_SKEW_S:
+        add("clock-skew", False, f"clock is {f.clock_offset_s:+.2f} s off the head's",
+            "enable time sync on the node (`timedatectl set-ntp true`, or chrony pointed at the head)")
+    hn = v.get("hostname") or {}
+    if hn.get("on_loopback"):
+        add("hostname-loopback", False,
+            f"hostname {hn.get('name')} resolves to {', '.join(hn['resolves_to'])} (loopback)",
+            "gloo/NCCL would bind loopback: provision pins the interface; or map the name to the lab "
+            "address in /etc/hosts")
+    if f.address_nic is None and host.connection == "ssh":
+        add("address-nic", False, f"no interface on the node carries {host.address}",
+            "the node is reached through NAT or a DNS alias: put its real lab address in the inventory")
+    gpus = (v.get("gpus") or {}).get("gpus", [])
+    gpu_error = (v.get("gpus") or {}).get("error")
+    if gpu_error:
+        add("gpu-driver", bool(host.gpu and host.gpu.count), f"nvidia-smi failed: {gpu_error}",
+            "install or reload the NVIDIA driver (R580 is the last branch for GTX 9xx/10xx)")
+    if host.gpu is not None and host.gpu.count > len(gpus):
+        add("gpu-missing", True, f"the inventory expects {host.gpu.count} GPU(s), the node shows {len(gpus)}",
+            "install the NVIDIA driver, check the card is seated, or set `gpu: {count: 0}` for a CPU-only node")
+    if host.gpu is not None and host.gpu.model and gpus and not any(
+            host.gpu.model.lower() in g["name"].lower() for g in gpus):
+        add("gpu-model", False, f"the inventory expects a {host.gpu.model}, the node has "
+            f"{', '.join(g['name'] for g in gpus)}", "fix `gpu.model` in the inventory")
+    return out

@@ -1,0 +1,379 @@
+"""The simulated lab: one network namespace per node, each with its own sshd, hostname and /srv/cluster.
+
+    bridge <name>-br (first address of the subnet, the head's side)
+      └─ veth <name>-vN ── eth0 in netns <name>-nN (subnet .10+N), sshd on :22,
+         hostname nodeN, <dir>/nodeN/srv bind-mounted on /srv/cluster
+
+Nodes have no default route: like a lab network without internet. Everything a
+lab owns carries its name, so `up` can reclaim what a crashed run left behind and
+`down` leaves no namespace, link, process or mount.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from cluster import paths
+from cluster.errors import LabError, UsageError
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+SSHD = "/usr/sbin/sshd"
+MOUNT_POINT = Path("/srv/cluster")
+SSHD_CONFIG = """\
+# sshd for one node of a clusterctl simulated lab (written by `clusterctl lab up`)
+Port 22
+AuthorizedKeysFile {authorized_keys}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+# The lab directory may sit under a group-writable tree; keys are ours, made 0600.
+StrictModes no
+UseDNS no
+PrintMotd no
+MaxStartups 200:30:400
+MaxSessions 64
+Subsystem sftp internal-sftp
+"""
+
+
+@dataclass
+class NodeState:
+    name: str
+    netns: str
+    veth: str
+    address: str
+    hostname: str
+    dir: str
+    pid: int | None = None
+
+
+@dataclass
+class LabState:
+    name: str
+    subnet: str
+    bridge: str
+    gateway: str
+    bandwidth: str | None
+    dir: str
+    inventory: str
+    nodes: list[NodeState]
+
+
+def default_dir(name: str) -> Path:
+    return paths.home() / "labs" / name
+
+
+def _sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a host command (argv, never a shell string)."""
+    proc = subprocess.run(args, capture_output=True, text=True, input=input)
+    if check and proc.returncode != 0:
+        raise LabError(f"`{shlex.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def preflight() -> None:
+    """Refuse early, with the reason, where the lab cannot run."""
+    if os.geteuid() != 0:
+        raise LabError("the simulated lab needs root (network namespaces, bridges, bind mounts)",
+                       "run as root (sudo), or use the embedded local inventory: inventory/local.yaml")
+    for tool in ("ip", "unshare", "ssh-keygen", SSHD):
+        if not shutil.which(tool):
+            pkg = {"ip": "iproute2", "unshare": "util-linux", "ssh-keygen": "openssh-client"}.get(tool, "openssh-server")
+            raise LabError(f"`{tool}` is not installed", f"apt-get install {pkg}")
+    probe = f"clusterctl-probe-{os.getpid()}"
+    if _sh("ip", "netns", "add", probe, check=False).returncode != 0:
+        raise LabError("cannot create network namespaces here (no CAP_SYS_ADMIN or no netns support)",
+                       "run on a Linux machine as root, or use inventory/local.yaml")
+    _sh("ip", "netns", "del", probe, check=False)
+
+
+def _validate(name: str, nodes: int, subnet: str) -> ipaddress.IPv4Network:
+    if not NAME_RE.match(name):
+        raise UsageError(f"lab name {name!r} is not valid",
+                         "use 1-8 lowercase letters or digits, starting with a letter (it prefixes link names)")
+    try:
+        net = ipaddress.IPv4Network(subnet)
+    except ValueError as e:
+        raise UsageError(f"--subnet {subnet!r}: {e}", "e.g. --subnet 10.77.0.0/24") from None
+    if not 1 <= nodes <= net.num_addresses - 12:
+        raise UsageError(f"cannot fit {nodes} nodes in {net}", "use a larger --subnet or fewer nodes")
+    return net
+
+
+def _state_path(name: str, directory: Path | None) -> Path:
+    return (directory or default_dir(name)) / "lab.json"
+
+
+def load_state(name: str, directory: Path | None = None) -> LabState | None:
+    p = _state_path(name, directory)
+    if not p.exists():
+        return None
+    raw = json.loads(p.read_text())
+    raw["nodes"] = [NodeState(**n) for n in raw["nodes"]]
+    return LabState(**raw)
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if not path.exists():
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path))
+
+
+def _subnet_in_use(net: ipaddress.IPv4Network, own_bridge: str) -> str | None:
+    out = _sh("ip", "-o", "-4", "addr", "show").stdout
+    for line in out.splitlines():
+        parts = line.split()
+        dev, cidr = parts[1], parts[3]
+        if dev != own_bridge and ipaddress.IPv4Interface(cidr).network.overlaps(net):
+            return dev
+    return None
+
+
+def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
+       directory: Path | None = None) -> LabState:
+    """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first."""
+    net = _validate(name, nodes, subnet)
+    preflight()
+    d = (directory or default_dir(name)).resolve()
+    down(name, d)
+    bridge = f"{name}-br"
+    used_by = _subnet_in_use(net, bridge)
+    if used_by:
+        raise LabError(f"subnet {net} is already used by interface {used_by}",
+                       f"pick another with --subnet, or `clusterctl lab down` the lab that owns {used_by}")
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    _keygen(d / "id_ed25519", f"clusterctl-lab-{name}")
+    shutil.copyfile(d / "id_ed25519.pub", d / "authorized_keys")
+    (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
+    MOUNT_POINT.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+
+    hosts = list(net.hosts())
+    gateway = hosts[0]
+    _sh("ip", "link", "add", bridge, "type", "bridge")
+    _sh("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", bridge)
+    _sh("ip", "link", "set", bridge, "up")
+    state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(gateway), bandwidth=bandwidth,
+                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[])
+    try:
+        for i in range(1, nodes + 1):
+            node = NodeState(name=f"node{i}", netns=f"{name}-n{i}", veth=f"{name}-v{i}",
+                             address=str(hosts[9 + i]), hostname=f"node{i}", dir=str(d / f"node{i}"))
+            state.nodes.append(node)
+            _start_links(node, bridge, net.prefixlen, bandwidth)
+            _start_sshd(node, d)
+        for node in state.nodes:
+            _wait_listening(node)
+    except BaseException:
+        down(name, d)
+        raise
+    _write_known_hosts(state)
+    _write_inventory(state)
+    (d / "lab.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+    return state
+
+
+def _start_links(node: NodeState, bridge: str, prefix: int, bandwidth: str | None) -> None:
+    ns = node.netns
+    _sh("ip", "netns", "add", ns)
+    _sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    _sh("ip", "link", "set", node.veth, "master", bridge, "up")
+    _sh("ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", "eth0")
+    _sh("ip", "-n", ns, "link", "set", "lo", "up")
+    _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    if bandwidth:
+        # Both directions, like a 1 GbE port: towards the node on the host side, from it inside.
+        tbf = ("root", "tbf", "rate", bandwidth, "burst", "128kb", "latency", "50ms")
+        _sh("tc", "qdisc", "add", "dev", node.veth, *tbf)
+        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
+
+
+def _start_sshd(node: NodeState, d: Path) -> None:
+    nd = Path(node.dir)
+    (nd / "srv").mkdir(parents=True, exist_ok=True)
+    _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
+    pidfile = nd / "sshd.pid"
+    pidfile.unlink(missing_ok=True)
+    q = shlex.quote
+    script = (
+        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && "
+        f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
+        f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
+    )
+    _sh("ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
+        "sh", "-c", script)
+    for _ in range(100):
+        if pidfile.exists() and pidfile.read_text().strip():
+            node.pid = int(pidfile.read_text())
+            return
+        time.sleep(0.05)
+    raise LabError(f"sshd of {node.name} did not start; see {nd / 'sshd.log'}")
+
+
+def _wait_listening(node: NodeState, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((node.address, 22), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise LabError(f"{node.name} ({node.address}) does not answer on port 22") from None
+            time.sleep(0.05)
+
+
+def _write_known_hosts(state: LabState) -> None:
+    # We generated these host keys ourselves, so recording them is verification, not blind trust.
+    lines = []
+    for node in state.nodes:
+        kind, b64 = (Path(node.dir) / "hostkey.pub").read_text().split()[:2]
+        lines.append(f"{node.address} {kind} {b64}\n")
+    (Path(state.dir) / "known_hosts").write_text("".join(lines))
+
+
+def _write_inventory(state: LabState) -> None:
+    d = Path(state.dir)
+    doc = {
+        "name": state.name,
+        "rank0": state.nodes[0].name,
+        "defaults": {
+            "user": "root",
+            "identity_file": str(d / "id_ed25519"),
+            "known_hosts": str(d / "known_hosts"),
+            "python": "python3",
+            "workdir": str(MOUNT_POINT),
+            "connect_timeout": 3,
+        },
+        "groups": {"lab": {"hosts": [n.name for n in state.nodes]}},
+        "hosts": {n.name: {"address": n.address} for n in state.nodes},
+    }
+    header = f"# Simulated lab '{state.name}' ({len(state.nodes)} nodes on {state.subnet}), written by clusterctl lab up.\n"
+    Path(state.inventory).write_text(header + yaml.safe_dump(doc, sort_keys=False))
+
+
+def _netns_list(name: str) -> list[str]:
+    out = _sh("ip", "netns", "list", check=False).stdout
+    pat = re.compile(rf"^{re.escape(name)}-n\d+$")
+    return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
+
+
+def _links(name: str) -> list[str]:
+    out = _sh("ip", "-o", "link", "show", check=False).stdout
+    pat = re.compile(rf"^{re.escape(name)}-(br|v\d+)$")
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return [n for n in names if pat.match(n)]
+
+
+def _kill_netns(ns: str) -> None:
+    """End every process whose network namespace is `ns` (sshd, sessions, training jobs)."""
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        pids = [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _sh("ip", "netns", "pids", ns, check=False).stdout.strip():
+            time.sleep(0.05)
+
+
+def down(name: str = "lab", directory: Path | None = None) -> list[str]:
+    """Remove every namespace, link and process of lab `name`; keeps its directory (keys). Idempotent."""
+    if not NAME_RE.match(name):
+        raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
+    removed: list[str] = []
+    for ns in _netns_list(name):
+        _kill_netns(ns)
+        _sh("ip", "netns", "del", ns, check=False)
+        removed.append(f"netns {ns}")
+    for link in _links(name):
+        _sh("ip", "link", "del", link, check=False)
+        removed.append(f"link {link}")
+    state = _state_path(name, directory)
+    if state.exists():
+        state.unlink()
+    return removed
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    address: str
+    netns: bool
+    sshd: bool
+    port_open: bool
+
+
+def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState | None, list[NodeStatus]]:
+    state = load_state(name, directory)
+    if state is None:
+        return None, []
+    present = set(_netns_list(name))
+    rows = []
+    for n in state.nodes:
+        alive = n.pid is not None and _pid_alive(n.pid)
+        try:
+            with socket.create_connection((n.address, 22), timeout=0.5):
+                port = True
+        except OSError:
+            port = False
+        rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port))
+    return state, rows
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- failure injection (tests, teaching)
+
+
+def stop_sshd(state: LabState, node: str) -> None:
+    """Stop one node's sshd (the PC is 'off' for SSH; its namespace stays)."""
+    n = _node(state, node)
+    if n.pid and _pid_alive(n.pid):
+        os.kill(n.pid, signal.SIGTERM)
+        for _ in range(100):
+            if not _pid_alive(n.pid):
+                break
+            time.sleep(0.02)
+
+
+def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None:
+    """Start a node's sshd again; with `new_host_key`, as if the PC had been reinstalled."""
+    n = _node(state, node)
+    stop_sshd(state, node)
+    if new_host_key:
+        for suffix in ("", ".pub"):
+            (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
+    _start_sshd(n, Path(state.dir))
+    _wait_listening(n)
+    (Path(state.dir) / "lab.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+
+
+def _node(state: LabState, node: str) -> NodeState:
+    for n in state.nodes:
+        if n.name == node:
+            return n
+    raise UsageError(f"lab {state.name} has no node {node!r}", f"use one of {[n.name for n in state.nodes]}")

@@ -1,0 +1,50 @@
+"""Nodes on this machine, reached without SSH (inventory/local.yaml, tests, CPU-only demos)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from cluster.errors import CommandTimeout
+from cluster.transport.base import CommandResult, Transport
+
+
+class LocalTransport(Transport):
+    def connect(self) -> None:
+        Path(self.host.workdir).mkdir(parents=True, exist_ok=True)
+
+    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        timeout = timeout or self.host.command_timeout
+        start = time.monotonic()
+        # Own session so a timeout can end the whole process group, as closing an SSH channel would.
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=os.path.expanduser("~"),
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise CommandTimeout(f"{self.host.name}: command still running after {timeout:g}s") from None
+        return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+                             time.monotonic() - start)
+
+    def _path(self, remote_path: str) -> Path:
+        p = Path(os.path.expanduser(remote_path))
+        return p if p.is_absolute() else Path(os.path.expanduser("~")) / p
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
+        p = self._path(remote_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        p.chmod(mode)
+
+    def get_bytes(self, remote_path: str) -> bytes:
+        return self._path(remote_path).read_bytes()

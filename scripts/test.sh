@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs the test suite (unit + integration against a real simulated lab when root).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -x`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
+exec .venv/bin/python -m pytest -ra "$@"
