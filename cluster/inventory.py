@@ -419,12 +419,12 @@ def _from_ansible(chk: _Checker, data: _Map):
             if hm.get("clusterctl_rank0") is True and rank0 is None:
                 rank0 = (hname, _line(hm, "clusterctl_rank0"))
             own = _ansible_fields(chk, hm, hpath, True)
-            own.setdefault("address", hname)
             if hname in raw:  # the same host listed in another group: add this group's layers
                 prev_own = raw[hname].pop()
                 raw[hname].extend(layers[len(inherited):])
                 raw[hname].append(({**prev_own[0], **own}, prev_own[1], prev_own[2]))
             else:
+                own.setdefault("address", hname)  # as in Ansible: no ansible_host, the name is the address
                 raw[hname] = layers + [(own, _line(hosts_m, hname), hpath)]
             members.append(hname)
         children = chk.mapping(gm.get("children"), _line(gm, "children"), f"{path}.children")
@@ -460,7 +460,7 @@ def _build_host(chk: _Checker, name: str, layers: _Layers, cli: list[tuple[str, 
             close = difflib.get_close_matches(key, HOST_FIELDS, n=1)
             raise InventoryError("command line", None, path, "unknown field",
                                  f"did you mean '{close[0]}'?" if close else f"use one of: {', '.join(HOST_FIELDS)}")
-        merged[key] = _CLI_CHECKER.value(key, value, path)
+        merged[key] = _CLI_CHECKER.value(key, value, None, path)
     merged["vars"] = merged_vars
     merged["groups"] = tuple(g for g, members in groups.items() if name in members)
     host = Host(name=name, **merged)

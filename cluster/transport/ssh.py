@@ -7,6 +7,8 @@ fan-out benchmark (docs/performance.md) counts every millisecond per command.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import socket
 import threading
 import time
@@ -20,6 +22,8 @@ from cluster.inventory import Host
 from cluster.transport.base import CommandResult, Transport
 
 KEEPALIVE_S = 15
+# paramiko logs failed handshakes from its own threads; we report them as results instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _keys: dict[Path, paramiko.PKey] = {}
 _keys_lock = threading.Lock()
 
@@ -48,7 +52,7 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
         raise hostkeys.unknown_key_error(self.transport.host, key)
 
 
-def _connect_error(h: Host, e: BaseException) -> BaseException:
+def _connect_error(h: Host, e: BaseException, elapsed: float) -> BaseException:
     """paramiko's and the socket layer's failures, as errors that say what to do."""
     if isinstance(e, TransportError):  # from our host-key policy
         return e
@@ -58,6 +62,17 @@ def _connect_error(h: Host, e: BaseException) -> BaseException:
         return TransportError(f"{h.name}: {h.user}@{h.address} refused our key: {e}",
                               f"copy your public key to the node: `ssh-copy-id -p {h.port} {h.user}@{h.address}`",
                               "auth")
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        refused = all(getattr(x, "errno", None) == errno.ECONNREFUSED for x in e.errors.values())
+        return TransportError(f"{h.name}: cannot connect to {h.address}:{h.port}: "
+                              f"{'connection refused' if refused else e}",
+                              "is sshd running on the node? (`systemctl status ssh` there)",
+                              "refused" if refused else "unreachable")
+    if isinstance(e, (paramiko.SSHException, EOFError)) and elapsed >= 0.9 * h.connect_timeout:
+        # The TCP connection opened but the handshake never finished (paramiko reports this as
+        # "Error reading SSH protocol banner" or "No existing session", depending on timing).
+        return TransportError(f"{h.name}: {h.address}:{h.port} accepted the connection but sent no SSH banner "
+                              f"within {h.connect_timeout:g}s", "is sshd overloaded or hung on the node?", "timeout")
     if isinstance(e, (socket.timeout, TimeoutError)):
         return TransportError(f"{h.name}: no answer from {h.address}:{h.port} within {h.connect_timeout:g}s",
                               "is the PC on and on the lab network? (`ping` it from the head)", "timeout")
@@ -80,6 +95,7 @@ class SSHTransport(Transport):
         client.get_host_keys().update(hostkeys.known_hosts(h.known_hosts_path))
         client.set_missing_host_key_policy(_RejectUnknown(self))
         key = _load_key(h.key_path) if h.key_path else None
+        start = time.monotonic()
         try:
             client.connect(
                 hostname=h.address, port=h.port, username=h.user, pkey=key,
@@ -88,7 +104,7 @@ class SSHTransport(Transport):
             )
         except BaseException as e:
             client.close()
-            raise _connect_error(h, e) from None
+            raise _connect_error(h, e, time.monotonic() - start) from None
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(KEEPALIVE_S)

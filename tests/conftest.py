@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own CLUSTERCTL_HOME: no test sees another's context or labs."""
+    home = tmp_path_factory.mktemp("cchome")
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(home))
+    return home
+
+
+def write(tmp_path: Path, text: str, name: str = "inv.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def can_run_lab() -> str | None:
+    """None when the simulated lab can start here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "the simulated lab needs root"
+    from cluster import lab
+    from cluster.errors import LabError
+
+    try:
+        lab.preflight()
+    except LabError as e:
+        return str(e)
+    return None

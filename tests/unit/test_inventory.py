@@ -1,0 +1,207 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster import inventory
+from cluster.errors import InventoryError
+from tests.conftest import ROOT, write
+
+GOOD = """\
+name: b204
+rank0: pc2
+defaults:
+  user: student
+  workdir: /srv/cluster
+  vars: {dataset: digits, epochs: 3}
+groups:
+  gpu:
+    hosts: [pc1, pc2]
+    user: gpuuser
+    gpu: {count: 1, model: GTX 1050 Ti, compute_capability: "6.1"}
+    vars: {epochs: 5}
+hosts:
+  pc1:
+    address: 192.168.1.11
+  pc2:
+    address: 192.168.1.12
+    user: alice
+    vars: {epochs: 7}
+  pc3:
+    address: 192.168.1.13
+    port: 2222
+    gpu: none
+"""
+
+
+def test_layers_defaults_group_host_cli(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, GOOD), overrides=["vars.epochs=9", "port=2200"])
+    pc1, pc2, pc3 = inv.hosts["pc1"], inv.hosts["pc2"], inv.hosts["pc3"]
+    assert (pc1.user, pc2.user, pc3.user) == ("gpuuser", "alice", "student")  # group < host
+    assert pc1.workdir == "/srv/cluster"  # defaults
+    assert pc1.vars == {"dataset": "digits", "epochs": 9}  # command line wins over everything
+    assert {h.port for h in inv.hosts.values()} == {2200}
+    assert pc1.gpu == inventory.GpuSpec(1, "GTX 1050 Ti", "6.1")
+    assert pc3.gpu == inventory.GpuSpec(0)
+    assert inv.rank0 == "pc2"
+    assert [h.name for h in inv.ordered(inv.hosts.values())] == ["pc2", "pc1", "pc3"]
+    assert pc1.groups == ("gpu",)
+
+
+def test_layers_without_cli(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, GOOD))
+    assert inv.hosts["pc1"].vars["epochs"] == 5 and inv.hosts["pc2"].vars["epochs"] == 7
+    assert inv.hosts["pc3"].vars["epochs"] == 3 and inv.hosts["pc3"].port == 2222
+
+
+def test_select_limit(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, GOOD))
+    assert [h.name for h in inv.select("gpu")] == ["pc1", "pc2"]
+    assert [h.name for h in inv.select("pc3,pc1")] == ["pc1", "pc3"]
+    assert [h.name for h in inv.select("pc*")] == ["pc1", "pc2", "pc3"]
+    with pytest.raises(InventoryError, match="'nope' matches no host or group"):
+        inv.select("nope")
+
+
+def _error(tmp_path: Path, text: str, **kw) -> InventoryError:
+    with pytest.raises(InventoryError) as exc:
+        inventory.load(write(tmp_path, text), **kw)
+    return exc.value
+
+
+def test_unknown_key_names_line_field_and_suggestion(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    address: 10.0.0.1\n    wrokdir: /x\n")
+    assert (e.line, e.field) == (4, "hosts.pc1.wrokdir")
+    assert "unknown key" in str(e) and "did you mean 'workdir'" in str(e)
+    assert str(e).startswith(f"{tmp_path / 'inv.yaml'}:4:")
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    address: 10.0.0.1\n    port: twenty-two\n")
+    assert (e.line, e.field) == (4, "hosts.pc1.port")
+    assert "expected a port number" in str(e) and "port: 22" in str(e)
+    e = _error(tmp_path, "defaults:\n  connect_timeout: -1\nhosts:\n  a: {address: x}\n")
+    assert (e.line, e.field) == (2, "defaults.connect_timeout")
+    e = _error(tmp_path, "hosts:\n  a:\n    address: [1, 2]\n")
+    assert e.field == "hosts.a.address" and "expected a non-empty string, got a list" in str(e)
+
+
+def test_duplicate_host(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    address: 10.0.0.1\n  pc1:\n    address: 10.0.0.2\n")
+    assert (e.line, e.field) == (4, "hosts.pc1")
+    assert "duplicate host 'pc1' (first defined on line 2)" in str(e)
+
+
+def test_missing_address(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    user: bob\n")
+    assert (e.line, e.field) == (2, "hosts.pc1.address")
+    assert "missing address" in str(e) and "add `address:" in str(e)
+
+
+def test_unreadable_key_file(tmp_path: Path) -> None:
+    e = _error(tmp_path, "defaults:\n  identity_file: /nonexistent/id_ed25519\nhosts:\n  a: {address: x}\n")
+    assert (e.line, e.field) == (2, "defaults.identity_file")
+    assert "does not exist" in str(e) and "ssh-keygen" in str(e)
+    key = tmp_path / "key"
+    key.write_text("secret")
+    key.chmod(0)
+    if os.geteuid() != 0:  # root reads anything: only the missing-file case applies there
+        e = _error(tmp_path, f"hosts:\n  a:\n    address: x\n    identity_file: {key}\n")
+        assert "not readable" in str(e)
+    # parsing alone (as tests of example inventories do) does not look at key files
+    inventory.load(write(tmp_path, "defaults:\n  identity_file: /nonexistent/k\nhosts:\n  a: {address: x}\n"),
+                   check_files=False)
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    address: 10.0.0.1\n   port: 22\n")
+    assert e.line == 4 and "YAML syntax error" in str(e) and "indentation" in str(e)
+
+
+def test_other_errors(tmp_path: Path) -> None:
+    assert "no hosts" in str(_error(tmp_path, "name: x\n"))
+    e = _error(tmp_path, "rank0: pc9\nhosts:\n  pc1: {address: a}\n")
+    assert e.field == "rank0" and "use one of: pc1" in str(e)
+    e = _error(tmp_path, "groups:\n  g: {hosts: [pc2]}\nhosts:\n  pc1: {address: a}\n")
+    assert e.field == "groups.g.hosts" and "'pc2' is not defined" in str(e)
+    e = _error(tmp_path, "defaults:\n  address: 1.2.3.4\nhosts:\n  pc1: {address: a}\n")
+    assert e.field == "defaults.address"
+    e = _error(tmp_path, "hosts:\n  pc1: {address: a, gpu: {count: two}}\n")
+    assert e.field == "hosts.pc1.gpu.count"
+    with pytest.raises(InventoryError, match="cannot read inventory"):
+        inventory.load(tmp_path / "missing.yaml")
+    with pytest.raises(InventoryError, match="unknown field"):
+        inventory.load(write(tmp_path, "hosts:\n  a: {address: x}\n"), overrides=["colour=red"])
+
+
+ANSIBLE = """\
+all:
+  vars:
+    ansible_user: student
+    clusterctl_workdir: /srv/cluster
+    dataset: digits
+  hosts:
+    head:
+      ansible_host: 10.0.0.1
+      clusterctl_rank0: true
+  children:
+    gpu:
+      vars:
+        ansible_ssh_private_key_file: ~/.ssh/lab_key
+        batch: 32
+      hosts:
+        pc1:
+          ansible_host: 10.0.0.11
+        pc2:
+          ansible_host: 10.0.0.12
+          ansible_port: 2222
+          ansible_python_interpreter: /usr/bin/python3.11
+    cpu:
+      hosts:
+        pc3:
+        pc2:
+          batch: 16
+"""
+
+
+def test_ansible_inventory(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, ANSIBLE), check_files=False)
+    assert inv.format == "ansible"
+    assert list(inv.hosts) == ["head", "pc1", "pc2", "pc3"]
+    assert inv.rank0 == "head"
+    assert inv.groups == {"gpu": ("pc1", "pc2"), "cpu": ("pc3", "pc2")}
+    pc2 = inv.hosts["pc2"]
+    assert (pc2.address, pc2.port, pc2.user, pc2.python) == ("10.0.0.12", 2222, "student", "/usr/bin/python3.11")
+    assert pc2.identity_file == "~/.ssh/lab_key" and pc2.workdir == "/srv/cluster"
+    assert pc2.vars == {"dataset": "digits", "batch": 16}  # later group's host entry wins
+    assert inv.hosts["pc1"].vars == {"dataset": "digits", "batch": 32}
+    assert inv.hosts["pc3"].address == "pc3"  # no ansible_host: the name is the address, as in Ansible
+    assert set(pc2.groups) == {"gpu", "cpu"}
+
+
+def test_ansible_bad_clusterctl_field(tmp_path: Path) -> None:
+    e = _error(tmp_path, "all:\n  hosts:\n    a:\n      clusterctl_wrkdir: /x\n", check_files=False)
+    assert (e.line, e.field) == (4, "all.hosts.a.clusterctl_wrkdir")
+
+
+def test_example_lab_inventory_parses() -> None:
+    """The example of a real lab is parsed, never connected to."""
+    inv = inventory.load(ROOT / "inventory" / "lab.yaml", check_files=False)
+    assert len(inv.hosts) == 4 and inv.rank0 == "pc1"
+    assert [h.gpu.count for h in inv.hosts.values()] == [1, 1, 1, 0]
+    assert all(h.gpu.compute_capability == "6.1" for h in inv.select("gpu"))
+    assert inv.hosts["pc4"].port == 2222 and inv.hosts["pc4"].host_key_name == "[192.168.1.14]:2222"
+
+
+def test_local_inventory_parses() -> None:
+    inv = inventory.load(ROOT / "inventory" / "local.yaml")
+    assert {h.connection for h in inv.hosts.values()} == {"local"}
+    assert all(os.path.isabs(h.workdir) for h in inv.hosts.values())
+    assert len({h.workdir for h in inv.hosts.values()}) == 2
+
+
+def test_ssh_home_relative_workdir(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, "hosts:\n  a: {address: x, workdir: ~/cluster}\n"))
+    assert inv.hosts["a"].workdir == "cluster"  # remote commands start in the login directory
