@@ -24,7 +24,7 @@ from cluster import inventory as inventory_mod
 # Piped output is read by people later (logs, CI): don't squeeze it into 80 columns.
 _WIDE = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
 out = Console(highlight=False, width=_WIDE)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # messages stay whole: grep-able, copy-able
 
 
 # --------------------------------------------------------------------------- helpers

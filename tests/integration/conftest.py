@@ -1,0 +1,54 @@
+"""A real simulated lab for the integration tests: its own name and subnet, removed at the end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import lab
+from tests.conftest import ROOT, can_run_lab
+
+REASON = can_run_lab()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated lab unavailable: {REASON}")
+
+
+def lab_name(tag: str) -> str:
+    return f"t{tag}{os.getpid() % 100000}"[:8]
+
+
+def lab_subnet(offset: int) -> str:
+    # per-process subnets so a parallel or leftover lab of another run never collides with ours
+    return f"10.{180 + offset}.{os.getpid() % 250}.0/24"
+
+
+def clusterctl(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would: a new process, its output and exit code."""
+    return subprocess.run([sys.executable, "-m", "cluster", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:
+    a = list(args)
+    a.insert(a.index("--") if "--" in a else len(a), "--json")
+    r = clusterctl(*a, **kw)
+    try:
+        return r.returncode, json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"no JSON (exit {r.returncode}):\n{r.stdout}\n{r.stderr}") from None
+
+
+@pytest.fixture(scope="session")
+def lab3(tmp_path_factory: pytest.TempPathFactory):
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("lab3")
+    state = lab.up(3, name=lab_name("a"), subnet=lab_subnet(0), directory=d)
+    try:
+        yield state
+    finally:
+        lab.down(state.name, d)

@@ -1,0 +1,141 @@
+"""check / exec / trust against a real 3-node simulated lab (real sshd in network namespaces)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from cluster import hostkeys, lab
+from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark  # noqa: F401
+
+
+def test_check_reports_three_healthy_nodes_with_their_facts(lab3) -> None:
+    rc, data = clusterctl_json("check", lab3.inventory)
+    assert rc == 0, data
+    assert data["healthy"] == 3 and data["total"] == 3
+    assert [p for p in data["problems"] if p["blocking"]] == []
+    for node, n in zip(lab3.nodes, data["nodes"]):
+        f = n["facts"]
+        assert n["host"] == node.name and n["status"] == "ok"
+        assert f["hostname"]["name"] == node.hostname  # each node's own UTS namespace
+        assert f["address_nic"] == "eth0" and node.address in f["nics"][1]["addresses"]
+        assert f["python"]["version_tuple"][0] == 3
+        assert f["disk"]["path"] == "/srv/cluster"
+        assert f["gpus"]["source"] == "none"
+        assert abs(f["clock_offset_s"]) < 0.05  # same kernel clock: only the probe's error remains
+
+
+def test_check_human_output(lab3) -> None:
+    r = clusterctl("check", lab3.inventory)
+    assert r.returncode == 0, r.stderr
+    assert "3/3 nodes healthy" in r.stdout and "no problems found" in r.stdout
+    for n in lab3.nodes:
+        assert n.name in r.stdout and n.address in r.stdout
+
+
+def test_exec_returns_each_nodes_own_hostname(lab3) -> None:
+    rc, data = clusterctl_json("exec", lab3.inventory, "--", "hostname")
+    assert rc == 0
+    assert [(n["host"], n["status"], n["stdout"].strip()) for n in data["nodes"]] == [
+        (n.name, "ok", n.hostname) for n in lab3.nodes]
+    r = clusterctl("exec", lab3.inventory, "--", "hostname")
+    assert "3 ok, 0 failed, 0 unreachable" in r.stdout
+
+
+def test_exec_private_workdir_per_node(lab3) -> None:
+    clusterctl("exec", lab3.inventory, "--", 'echo "$(hostname)" > /srv/cluster/who')
+    for n in lab3.nodes:
+        assert (Path(n.dir) / "srv" / "who").read_text().strip() == n.hostname
+
+
+def test_exec_failure_and_limit(lab3) -> None:
+    rc, data = clusterctl_json("exec", lab3.inventory, "--limit", "node2", "--", "exit 7")
+    assert rc == 1 and [(n["host"], n["exit_code"]) for n in data["nodes"]] == [("node2", 7)]
+
+
+def test_stopped_sshd_is_unreachable_within_the_timeout_others_reported_in_full(lab3) -> None:
+    lab.stop_sshd(lab3, "node2")
+    try:
+        start = time.monotonic()
+        rc, data = clusterctl_json("check", lab3.inventory)
+        wall = time.monotonic() - start
+    finally:
+        lab.restart_sshd(lab3, "node2")
+    nodes = {n["host"]: n for n in data["nodes"]}
+    assert rc != 0
+    assert nodes["node2"]["status"] == "unreachable" and nodes["node2"]["facts"] is None
+    problem = next(p for p in data["problems"] if p["host"] == "node2")
+    assert problem["code"] == "refused" and problem["blocking"] and "sshd" in problem["fix"]
+    for name in ("node1", "node3"):
+        assert nodes[name]["status"] == "ok" and nodes[name]["facts"]["hostname"]["name"] == name
+    assert wall < 3 + 10  # connect timeout 3 s, plus interpreter start and the others' facts
+
+
+def test_silent_node_is_unreachable_after_the_connect_timeout(lab3) -> None:
+    ns = lab3.nodes[2].netns
+    subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        start = time.monotonic()
+        rc, data = clusterctl_json("exec", lab3.inventory, "--", "hostname")
+        wall = time.monotonic() - start
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+    nodes = {n["host"]: n for n in data["nodes"]}
+    assert rc == 3
+    assert nodes["node3"]["status"] == "unreachable" and nodes["node3"]["problem"] == "timeout"
+    assert nodes["node1"]["stdout"].strip() == "node1" and nodes["node2"]["stdout"].strip() == "node2"
+    assert 3 <= wall < 3 + 5
+
+
+def test_changed_host_key_is_refused_with_its_fingerprint_then_fixed_as_told(lab3) -> None:
+    node = lab3.nodes[2]
+    kh = Path(lab3.dir, "known_hosts")
+    lab.restart_sshd(lab3, node.name, new_host_key=True)  # as if the PC had been reinstalled
+    new_fp = subprocess.run(["ssh-keygen", "-lf", str(Path(node.dir) / "hostkey.pub")], capture_output=True,
+                            text=True, check=True).stdout.split()[1]
+    rc, data = clusterctl_json("check", lab3.inventory)
+    assert rc != 0
+    problem = next(p for p in data["problems"] if p["host"] == node.name)
+    assert problem["code"] == "hostkey-changed" and new_fp in problem["message"]
+    assert {n["host"] for n in data["nodes"] if n["status"] == "ok"} == {"node1", "node2"}
+    # trust refuses too, and records nothing
+    before = kh.read_text()
+    r = clusterctl("trust", lab3.inventory, "--yes")
+    assert r.returncode == 3 and "changed" in r.stdout and new_fp in r.stdout
+    assert kh.read_text() == before
+    # the fix the message gives: remove the old entry, trust again
+    assert f"ssh-keygen -R {node.address} -f {kh}" in problem["fix"]
+    subprocess.run(["ssh-keygen", "-R", node.address, "-f", str(kh)], check=True, capture_output=True)
+    assert clusterctl("trust", lab3.inventory, "--yes").returncode == 0
+    rc, data = clusterctl_json("check", lab3.inventory)
+    assert rc == 0 and data["healthy"] == 3
+
+
+def test_trust_records_new_keys_only_when_confirmed(lab3, tmp_path: Path) -> None:
+    inv = yaml.safe_load(Path(lab3.inventory).read_text())
+    kh = tmp_path / "fresh_known_hosts"
+    inv["defaults"]["known_hosts"] = str(kh)
+    p = tmp_path / "inv.yaml"
+    p.write_text(yaml.safe_dump(inv))
+    # unknown keys: check refuses to connect and says how to fix it
+    rc, data = clusterctl_json("check", str(p))
+    assert rc != 0 and {x["code"] for x in data["problems"]} == {"hostkey-unknown"}
+    assert all("clusterctl trust" in x["fix"] for x in data["problems"])
+    # without a terminal and without --yes nothing is recorded
+    r = clusterctl("trust", str(p))
+    assert r.returncode == 3 and not kh.exists() and "re-run with --yes" in r.stderr
+    rc, data = clusterctl_json("trust", str(p), "--yes")
+    assert rc == 0 and all(n["status"] == "new" and n["recorded"] for n in data["nodes"])
+    for n, node in zip(data["nodes"], lab3.nodes):
+        expected = subprocess.run(["ssh-keygen", "-lf", str(Path(node.dir) / "hostkey.pub")], capture_output=True,
+                                  text=True, check=True).stdout.split()[1]
+        assert n["fingerprint"] == expected
+    assert len(kh.read_text().splitlines()) == 3
+    rc, data = clusterctl_json("trust", str(p), "--yes")
+    assert rc == 0 and {n["status"] for n in data["nodes"]} == {"known"}
+    assert len(kh.read_text().splitlines()) == 3
+    rc, _ = clusterctl_json("check", str(p))
+    assert rc == 0

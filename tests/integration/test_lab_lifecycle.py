@@ -1,0 +1,82 @@
+"""`clusterctl lab up/down/status` as a user runs them: idempotent, reclaims leftovers, leaves nothing."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+
+
+def _leftovers(name: str, d: Path) -> dict[str, list[str]]:
+    netns = [ln.split()[0] for ln in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+             .stdout.splitlines() if ln.startswith(f"{name}-")]
+    links = [ln.split(":")[1].strip().split("@")[0] for ln in subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+        if ln.split(":")[1].strip().startswith(f"{name}-")]
+    mounts = [ln for ln in Path("/proc/mounts").read_text().splitlines() if f"/run/netns/{name}-" in ln]
+    procs = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "sshd" in cmd and str(d) in cmd:
+            procs.append(cmd)
+    return {k: v for k, v in {"netns": netns, "links": links, "mounts": mounts, "procs": procs}.items() if v}
+
+
+def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
+    name, d = lab_name("b"), tmp_path / "lab"
+    env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
+    rc, up = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(1), "--dir", str(d),
+                             "--bandwidth", "1gbit", env=env)
+    try:
+        assert rc == 0 and [n["name"] for n in up["nodes"]] == ["node1", "node2"]
+        # the lab became the current context: exec needs no inventory
+        rc, ex = clusterctl_json("exec", "--", "hostname", env=env)
+        assert rc == 0 and [n["stdout"].strip() for n in ex["nodes"]] == ["node1", "node2"]
+        # links are shaped like 1 GbE on both sides
+        tc = subprocess.run(["tc", "qdisc", "show", "dev", f"{name}-v1"], capture_output=True, text=True).stdout
+        assert "tbf" in tc and "rate 1Gbit" in tc
+        rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
+        assert rc == 0 and all(n["sshd"] and n["port_open"] and n["netns"] for n in st["nodes"])
+        # up again on a running lab: reclaims its own pieces, ends with the same healthy lab
+        rc, _ = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(1), "--dir", str(d), env=env)
+        assert rc == 0
+        assert len(_leftovers(name, d)["netns"]) == 2 and len(_leftovers(name, d)["procs"]) == 2
+    finally:
+        rc, down = clusterctl_json("lab", "down", "--name", name, "--dir", str(d), env=env)
+    assert rc == 0 and any(r.startswith("netns") for r in down["removed"])
+    assert _leftovers(name, d) == {}
+    # down again: nothing to do, still fine; the context no longer points at the gone lab
+    assert clusterctl("lab", "down", "--name", name, "--dir", str(d), env=env).returncode == 0
+    rc, ctx = clusterctl_json("context", env=env)
+    assert ctx["inventory"] is None
+    rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
+    assert rc == 1 and st["up"] is False
+
+
+def test_up_reclaims_what_a_crashed_run_left_behind(tmp_path: Path) -> None:
+    name, d = lab_name("c"), tmp_path / "lab"
+    env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
+    assert clusterctl("lab", "up", "2", "--name", name, "--subnet", lab_subnet(2), "--dir", str(d), env=env).returncode == 0
+    # a crash: the state file is lost and one sshd is killed hard; namespaces and links stay
+    (d / "lab.json").unlink()
+    os.kill(int((d / "node1" / "sshd.pid").read_text()), signal.SIGKILL)
+    try:
+        r = clusterctl("lab", "up", "2", "--name", name, "--subnet", lab_subnet(2), "--dir", str(d), env=env)
+        assert r.returncode == 0, r.stderr
+        rc, ex = clusterctl_json("exec", "--", "hostname", env=env)
+        assert rc == 0 and len(ex["nodes"]) == 2
+    finally:
+        clusterctl("lab", "down", "--name", name, "--dir", str(d), env=env)
+    assert _leftovers(name, d) == {}
+
+
+def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
+    r = clusterctl("lab", "up", "2", "--name", "Bad_Name")
+    assert r.returncode == 2 and "lowercase" in r.stderr
+    r = clusterctl("lab", "up", "300", "--name", "x", "--subnet", "10.9.9.0/24")
+    assert r.returncode == 2 and "cannot fit 300 nodes" in r.stderr

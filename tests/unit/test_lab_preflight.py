@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+import pytest
+
+from cluster import lab
+from cluster.errors import LabError
+
+
+def test_lab_refuses_without_root_with_the_reason_and_the_alternative(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab.os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError) as e:
+        lab.preflight()
+    assert "needs root" in e.value.message and "inventory/local.yaml" in e.value.fix
+    assert e.value.exit_code == 4
