@@ -208,9 +208,13 @@ def _start_sshd(node: NodeState, d: Path) -> None:
     _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
     pidfile = nd / "sshd.pid"
     pidfile.unlink(missing_ok=True)
+    # A fresh PC's shell: the head's ~/.bashrc (pyenv, conda...) would run before every command.
+    bashrc = Path(os.path.expanduser("~root")) / ".bashrc"
+    (nd / "bashrc").write_text("# clusterctl lab node: the head's ~/.bashrc is masked in this node\n")
     q = shlex.quote
+    mask = f"mount --bind {q(str(nd / 'bashrc'))} {q(str(bashrc))} && " if bashrc.exists() else ""
     script = (
-        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && "
+        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && {mask}"
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
     )

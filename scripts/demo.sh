@@ -26,5 +26,5 @@ trap '$CTL lab down --name "$LAB"' EXIT
 echo; echo "== clusterctl check   (facts and problems of every node)"
 $CTL check
 echo; echo "== clusterctl exec -- hostname   (one command on all nodes)"
-$CTL exec -- 'echo "$(hostname) sees $(ls /srv/cluster | wc -l) files in its own /srv/cluster"'
+$CTL exec -- 'echo "$(hostname): $(nproc) cores, $(python3 -V), kernel $(uname -r)"'
 echo; echo "== clusterctl lab down   (nothing left behind)"
