@@ -1,0 +1,122 @@
+"""Fan-out benchmark: one command on a 16-node simulated lab, clusterctl vs ssh loop vs pdsh.
+
+    sudo .venv/bin/python benchmarks/fanout.py [--nodes 16] [--repeats 7]
+
+Prints a table (median wall time of several runs, ratios against pdsh measured in
+the same run) and the numbers for docs/performance.md. Contacts only the lab it
+starts itself (its own name and subnet), and removes it at the end.
+
+Rows:
+  clusterctl exec (cold)   `clusterctl exec INV -- true` as a new process: start, connect, run, exit
+  serial ssh loop          OpenSSH `ssh node true`, one node after the other
+  pdsh -R ssh              pdsh (Debian package), fan-out 32, same key and known_hosts
+  library: 1 command       cluster.fanout.Group in one process: connect all + `true` once
+  library: 8 commands      the same, then 7 more `true` on the reused connections (provision's path)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cluster import inventory, lab  # noqa: E402
+from cluster.fanout import Group  # noqa: E402
+
+
+def median_time(fn: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
+    fn()  # warm-up: page cache, sshd's first fork
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def check(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--name", default="fbench")
+    ap.add_argument("--subnet", default="10.76.0.0/24")
+    args = ap.parse_args()
+    if not shutil.which("pdsh"):
+        raise SystemExit("pdsh is not installed: apt-get install pdsh (scripts/setup.sh does)")
+
+    home = Path(tempfile.mkdtemp(prefix="clusterctl-bench-"))
+    env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
+    state = lab.up(args.nodes, name=args.name, subnet=args.subnet, directory=home / "lab")
+    try:
+        inv = inventory.load(state.inventory)
+        hosts = list(inv.hosts.values())
+        d = Path(state.dir)
+        ssh_opts = ["-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+        addrs = [h.address for h in hosts]
+
+        def cli() -> None:
+            check(subprocess.run([sys.executable, "-m", "cluster", "exec", state.inventory, "--json", "--", "true"],
+                                 capture_output=True, text=True, env=env, cwd=ROOT), "clusterctl exec")
+
+        def ssh_loop() -> None:
+            for a in addrs:
+                check(subprocess.run(["ssh", *ssh_opts, f"root@{a}", "true"], capture_output=True, text=True),
+                      "ssh")
+
+        def pdsh() -> None:
+            penv = {**os.environ, "PDSH_SSH_ARGS": " ".join(ssh_opts) + " -l %u %h", "PDSH_RCMD_TYPE": "ssh"}
+            check(subprocess.run(["pdsh", "-R", "ssh", "-f", "32", "-l", "root", "-w", ",".join(addrs), "true"],
+                                 capture_output=True, text=True, env=penv), "pdsh")
+
+        def library(n: int) -> Callable[[], None]:
+            def run() -> None:
+                with Group(hosts) as g:
+                    for _ in range(n):
+                        r = g.run("true")
+                        if not r.ok:
+                            raise SystemExit(f"library fan-out failed: {r}")
+            return run
+
+        rows = [
+            ("pdsh -R ssh (baseline)", pdsh),
+            ("clusterctl exec (cold process)", cli),
+            ("serial ssh loop", ssh_loop),
+            ("library: connect + 1 command", library(1)),
+            ("library: connect + 8 commands", library(8)),
+        ]
+        results = {name: median_time(fn, args.repeats) for name, fn in rows}
+    finally:
+        lab.down(args.name, home / "lab")
+        shutil.rmtree(home, ignore_errors=True)
+
+    base = results["pdsh -R ssh (baseline)"][0]
+    one = results["library: connect + 1 command"][0]
+    print(f"\nfan-out of `true` on {args.nodes} simulated nodes, median of {args.repeats} runs "
+          f"({os.cpu_count()} cores on the head)\n")
+    print(f"| {'method':<32} | {'median s':>9} | {'vs pdsh':>8} | {'min s':>7} | {'max s':>7} |")
+    print(f"|{'-' * 34}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|")
+    for name, (med, times) in results.items():
+        print(f"| {name:<32} | {med:>9.3f} | {med / base:>7.2f}x | {min(times):>7.3f} | {max(times):>7.3f} |")
+    eight = results["library: connect + 8 commands"][0]
+    print(f"\ntargets: cold clusterctl exec / pdsh = {results['clusterctl exec (cold process)'][0] / base:.2f} "
+          f"(target <= 1.10); 8 commands / 1 cold fan-out = {eight / one:.2f} (target < 1.50)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
