@@ -113,8 +113,10 @@ def main() -> int:
     for name, (med, times) in results.items():
         print(f"| {name:<32} | {med:>9.3f} | {med / base:>7.2f}x | {min(times):>7.3f} | {max(times):>7.3f} |")
     eight = results["library: connect + 8 commands"][0]
-    print(f"\ntargets: cold clusterctl exec / pdsh = {results['clusterctl exec (cold process)'][0] / base:.2f} "
-          f"(target <= 1.10); 8 commands / 1 cold fan-out = {eight / one:.2f} (target < 1.50)")
+    cold = results["clusterctl exec (cold process)"][0]
+    print(f"\ntarget 1: cold clusterctl exec / pdsh = {cold / base:.2f} (target <= 1.10)")
+    print(f"target 2: 8 commands in one invocation / one cold clusterctl exec = {eight / cold:.2f} (target < 1.50)")
+    print(f"          (stricter: / the library's own connect + 1 command = {eight / one:.2f})")
     return 0
 
 

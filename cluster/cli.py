@@ -246,7 +246,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
             r = results[h.name]
             colour = {"ok": "green", "failed": "red", "unreachable": "red"}[r.status]
             extra = f"exit {r.exit_code}" if r.exit_code is not None else (r.problem or "")
-            out.rule(f"[{colour}]{h.name}[/] ({h.address}) {r.status} {extra} {r.duration:.2f}s", align="left")
+            out.print(f"[bold]── {h.name}[/] ({h.address}) [{colour}]{r.status}[/] {extra} {r.duration:.2f}s")
             if r.stdout:
                 out.out(r.stdout.rstrip("\n"), highlight=False)
             if r.stderr:
