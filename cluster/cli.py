@@ -72,13 +72,14 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         _emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
                     "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
         return errors.EXIT_OK
-    t = Table(title=f"lab {state.name}: {len(state.nodes)} nodes on {state.subnet}"
-              + (f", links shaped to {state.bandwidth}" if state.bandwidth else ""))
+    t = Table(title=f"lab {state.name} ({state.subnet})")
     for col in ("node", "address", "netns", "sshd pid"):
         t.add_column(col)
     for n in state.nodes:
         t.add_row(n.name, n.address, n.netns, str(n.pid))
     out.print(t)
+    if state.bandwidth:
+        out.print(f"links shaped to {state.bandwidth} in both directions")
     out.print(f"inventory: {escape(state.inventory)} (now the current context)")
     return errors.EXIT_OK
 
