@@ -261,6 +261,88 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return errors.EXIT_OK if results.ok else errors.EXIT_FAILED
 
 
+# --------------------------------------------------------------------------- provision
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    from cluster import provision
+
+    inv = _load_inventory(args)
+    hosts = inv.select(args.limit)
+    live = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                    transient=True, disable=not err.is_terminal or args.json)
+    tasks: dict[str, Any] = {}
+    sent: dict[str, int] = {}
+
+    def log(msg: str) -> None:
+        if not args.json:
+            err.print(f"[dim]{escape(msg)}[/dim]")
+
+    def on_step(host: str, r: Any) -> None:
+        if host not in tasks:
+            tasks[host] = live.add_task(host)
+        live.update(tasks[host], description=f"{host}: {r.name} [{r.status}]")
+
+    def on_bytes(host: str, n: int) -> None:
+        sent[host] = sent.get(host, 0) + n
+        if host not in tasks:
+            tasks[host] = live.add_task(host)
+        live.update(tasks[host], description=f"{host}: wheels {sent[host] / 2**20:.0f} MiB sent")
+
+    with live:
+        report = provision.run(inv, hosts, dry_run=args.dry_run, forks=args.forks, log=log, on_step=on_step,
+                               on_bytes=on_bytes)
+    if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
+        context.set_current(inv.path)
+    if args.json:
+        _emit_json(report.to_dict())
+    else:
+        _print_provision(report)
+    statuses = {n.status for n in report.nodes.values()}
+    if "unreachable" in statuses:
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK if report.ok else errors.EXIT_FAILED
+
+
+def _print_provision(report: Any) -> None:
+    plan = report.plan
+    if plan is not None:
+        t = Table(title=f"plan: torch {plan.torch}, TensorFlow {plan.tensorflow}, backend {plan.backend}")
+        for col in ("node", "GPU", "cc", "driver", "torch", "TensorFlow", "AMP", "notes"):
+            t.add_column(col, overflow="fold")
+        for name, b in plan.builds.items():
+            t.add_row(name, b.gpu or "none", b.compute_capability or "-", b.driver or "-",
+                      f"{b.torch}+{b.torch_variant}", f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
+                      "on" if b.amp else "off", "; ".join(b.notes + b.pins))
+        out.print(t)
+    title = "dry run: what provision would do" if report.dry_run else "provision"
+    t = Table(title=title)
+    for col in ("node", "status", "changed", "unchanged", "time", "torch", "TensorFlow", "all-reduce"):
+        t.add_column(col, overflow="fold")
+    style = {"ok": "green", "failed": "red", "unreachable": "red", "refused": "red"}
+    for n in report.nodes.values():
+        fp = n.fingerprint or {}
+        ar = n.allreduce or {}
+        t.add_row(n.host, f"[{style.get(n.status, 'yellow')}]{n.status}[/]", str(n.changed), str(n.unchanged),
+                  f"{n.duration:.1f}s", fp.get("torch") or "-", fp.get("tensorflow") or "-",
+                  f"{ar['busbw_MBps']:.0f} MB/s" if ar.get("busbw_MBps") is not None else "-")
+    out.print(t)
+    if report.dry_run:
+        for n in report.nodes.values():
+            for s in n.steps:
+                out.print(f"  {n.host}: {s.name}: [{'yellow' if s.status == 'would change' else 'dim'}]{s.status}[/]"
+                          + (f" — {escape(s.detail)}" if s.detail else ""))
+    for line in report.fingerprint_diff:
+        out.print(f"[red]fingerprint differs[/red] {escape(line)}")
+    for n in report.nodes.values():
+        if n.error:
+            out.print(f"[red]error[/red] {n.host}: {escape(n.error)}" + (f"\n    fix: {escape(n.fix)}" if n.fix else ""))
+    for note in report.notes:
+        out.print(f"note: {escape(note)}")
+    if not report.dry_run and report.nothing_to_do:
+        out.print("nothing to do: every step was already done; environments verified again")
+
+
 # --------------------------------------------------------------------------- context
 
 
@@ -320,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("exec", cmd_exec, "run a shell command on every node: clusterctl exec [INVENTORY] -- CMD")
     _add_inventory_args(sp)
     sp.add_argument("--timeout", type=float, help="per-node command timeout in seconds")
+
+    sp = add("provision", cmd_provision, "install and verify an identical training environment on every node")
+    _add_inventory_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="show the plan and what would change; change nothing")
 
     sp = add("context", cmd_context, "show or set the current inventory used when none is given")
     sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")

@@ -16,6 +16,9 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from cluster.errors import InventoryError
+from cluster.yamlfile import Loader as _Loader
+from cluster.yamlfile import Map as _Map
+from cluster.yamlfile import line_of as _line
 
 # Fields a host may carry; defaults and groups may set all of them except `address`.
 HOST_FIELDS = (
@@ -114,44 +117,6 @@ class Inventory:
         """Rank 0 first, then inventory order: the order ranks are given out."""
         hosts = list(hosts)
         return sorted(hosts, key=lambda h: (h.name != self.rank0, list(self.hosts).index(h.name)))
-
-
-# --------------------------------------------------------------------------- YAML with lines
-
-
-class _Map(dict):
-    """A mapping that remembers the line of each key, and keys seen twice."""
-
-    line: int = 0
-    lines: dict[Any, int]
-    dups: list[tuple[Any, int, int]]
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    out = _Map()
-    out.line, out.lines, out.dups = node.start_mark.line + 1, {}, []
-    for knode, vnode in node.value:
-        key = loader.construct_object(knode, deep=True)
-        line = knode.start_mark.line + 1
-        if key in out.lines:
-            out.dups.append((key, out.lines[key], line))
-        out.lines[key] = line
-        out[key] = loader.construct_object(vnode, deep=True)
-    return out
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line(m: Any, key: Any = None) -> int | None:
-    if isinstance(m, _Map):
-        return m.lines.get(key, m.line) if key is not None else m.line
-    return None
 
 
 # --------------------------------------------------------------------------- validation

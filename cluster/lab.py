@@ -261,6 +261,9 @@ def _write_inventory(state: LabState) -> None:
             "python": "python3",
             "workdir": str(MOUNT_POINT),
             "connect_timeout": 3,
+            # The simulated nodes are CPU-only and offline: the head's wheelhouse takes torch from the
+            # default index (PyPI's build runs on the CPU too) instead of download.pytorch.org/whl/cpu.
+            "vars": {"torch_index": "pypi"},
         },
         "groups": {"lab": {"hosts": [n.name for n in state.nodes]}},
         "hosts": {n.name: {"address": n.address} for n in state.nodes},

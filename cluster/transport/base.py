@@ -5,6 +5,7 @@ import shlex
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 from cluster.inventory import Host
 
@@ -42,6 +43,10 @@ class Transport(ABC):
 
     @abstractmethod
     def get_bytes(self, remote_path: str) -> bytes: ...
+
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
+        """Copy a (possibly large) file; transports stream it."""
+        self.put_bytes(local.read_bytes(), remote_path, mode)
 
     @property
     def peer_address(self) -> str | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -44,6 +45,12 @@ class LocalTransport(Transport):
         p = self._path(remote_path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
+        p.chmod(mode)
+
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
+        p = self._path(remote_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, p)
         p.chmod(mode)
 
     def get_bytes(self, remote_path: str) -> bytes:

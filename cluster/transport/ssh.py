@@ -212,6 +212,11 @@ class SSHTransport(Transport):
             f.write(data)
         sftp.chmod(remote_path, mode)
 
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
+        sftp = self._sftp_client()
+        sftp.put(str(local), remote_path)
+        sftp.chmod(remote_path, mode)
+
     def get_bytes(self, remote_path: str) -> bytes:
         with self._sftp_client().open(remote_path, "rb") as f:
             return f.read()

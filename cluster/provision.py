@@ -1,0 +1,308 @@
+"""`clusterctl provision`: facts -> plan -> wheelhouse -> playbook -> verify -> state.
+
+A node that fails never stops the others; every outcome is data in ProvisionReport.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Callable
+
+from cluster import __version__, compat, facts, paths, playbook, wheelhouse
+from cluster.errors import ClusterError
+from cluster.fanout import Group
+from cluster.inventory import Host, Inventory
+
+FINGERPRINT_ALL = ("python", "torch", "torchvision", "tensorflow")
+FINGERPRINT_GPU = ("cuda", "cudnn", "nccl")
+EXTRA_PACKAGES = ("numpy", "scikit-learn", "psutil")  # data and metrics of the workloads
+
+
+@dataclass
+class NodeOutcome:
+    host: str
+    status: str = "pending"  # ok | failed | unreachable | refused
+    error: str | None = None
+    fix: str | None = None
+    steps: list[playbook.StepResult] = field(default_factory=list)
+    build: compat.NodeBuild | None = None
+    fingerprint: dict[str, Any] | None = None
+    allreduce: dict[str, Any] | None = None
+    duration: float = 0.0
+
+    def fail(self, status: str, error: str, fix: str | None = None) -> None:
+        self.status, self.error, self.fix = status, error, fix
+
+    @property
+    def changed(self) -> int:
+        return sum(s.status in (playbook.CHANGED, playbook.WOULD_CHANGE) for s in self.steps)
+
+    @property
+    def unchanged(self) -> int:
+        return sum(s.status in (playbook.UNCHANGED, playbook.SKIPPED) for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "error": self.error, "fix": self.fix,
+                "changed": self.changed, "unchanged": self.unchanged, "duration": round(self.duration, 2),
+                "steps": [s.to_dict() for s in self.steps],
+                "build": self.build.to_dict() if self.build else None,
+                "fingerprint": self.fingerprint, "allreduce": self.allreduce}
+
+
+@dataclass
+class ProvisionReport:
+    inventory: str
+    dry_run: bool
+    plan: compat.ClusterPlan | None
+    nodes: dict[str, NodeOutcome]
+    fingerprint_diff: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(n.status == "ok" for n in self.nodes.values())
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.ok and not any(n.changed for n in self.nodes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inventory": self.inventory, "dry_run": self.dry_run, "ok": self.ok,
+                "nothing_to_do": self.nothing_to_do, "plan": self.plan.to_dict() if self.plan else None,
+                "nodes": [n.to_dict() for n in self.nodes.values()],
+                "fingerprint_diff": self.fingerprint_diff, "notes": self.notes}
+
+
+def node_gpus(host: Host, nf: facts.NodeFacts) -> list[dict[str, Any]]:
+    """GPUs from facts, corrected by the inventory's `gpu:` override."""
+    gpus = [dict(g) for g in (nf.values.get("gpus") or {}).get("gpus", [])]
+    if host.gpu is not None and host.gpu.count == 0:
+        return []
+    if host.gpu is not None and host.gpu.compute_capability:
+        for g in gpus:
+            g["compute_capability"] = g.get("compute_capability") or host.gpu.compute_capability
+    return gpus
+
+
+def _script(name: str) -> str:
+    return resources.files("cluster.workloads").joinpath(name).read_text()
+
+
+def _context(host: Host, nf: facts.NodeFacts, build: compat.NodeBuild, wh: wheelhouse.Wheelhouse | None,
+             on_bytes: Callable[[int], None] | None) -> dict[str, Any]:
+    env = host.vars.get("python_env", "venv")
+    hn = nf.values.get("hostname") or {}
+    return {
+        "host": host.to_dict(), "vars": dict(host.vars), "facts": nf.to_dict(), "build": build.to_dict(),
+        "wheelhouse": wh, "on_bytes": on_bytes,
+        "env_python": f"{host.workdir}/venv/bin/python" if env == "venv" else host.python,
+        "net": {"iface": nf.address_nic or "eth0", "gpus": len(node_gpus(host, nf)),
+                "hostname_on_loopback": bool(hn.get("on_loopback"))},
+        "scripts": {"envcheck": _script("envcheck.py"), "allreduce": _script("allreduce.py")},
+    }
+
+
+def env_python(host: Host) -> str:
+    return f"{host.workdir}/venv/bin/python" if host.vars.get("python_env", "venv") == "venv" else host.python
+
+
+def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, forks: int = 32,
+        pb_path: str = "provision", log: Callable[[str], None] = lambda s: None,
+        on_step: Callable[[str, playbook.StepResult], None] | None = None,
+        on_bytes: Callable[[str, int], None] | None = None) -> ProvisionReport:
+    pb = playbook.load(pb_path)
+    hosts = inv.ordered(hosts)
+    out = {h.name: NodeOutcome(h.name) for h in hosts}
+    report = ProvisionReport(str(inv.path), dry_run, None, out)
+    with Group(hosts, forks=forks) as group:
+        log(f"gathering facts from {len(hosts)} nodes")
+        gathered = facts.gather(group)
+        nf: dict[str, facts.NodeFacts] = {}
+        for h in hosts:
+            r = gathered[h.name]
+            if r.ok:
+                nf[h.name] = r.value
+            else:
+                out[h.name].fail("unreachable" if r.status == "unreachable" else "failed", r.error or r.status, r.fix)
+        report.plan = _plan(inv, [h for h in hosts if h.name in nf], nf, out)
+        planned = [h for h in hosts if report.plan and h.name in report.plan.builds and out[h.name].status == "pending"]
+        whs = _wheelhouses(planned, nf, report.plan, dry_run, log, out)
+
+        def do(t):
+            h = t.host
+            start = time.monotonic()
+            ctx = _context(h, nf[h.name], report.plan.builds[h.name], whs.get(h.name),
+                           (lambda n, name=h.name: on_bytes(name, n)) if on_bytes else None)
+            pr = playbook.run(t, pb, ctx, dry=dry_run, on_step=on_step)
+            o = out[h.name]
+            o.steps, o.duration = pr.steps, time.monotonic() - start
+            if pr.failed:
+                o.fail("failed", f"step '{pr.failed.name}' failed: {pr.failed.detail}",
+                       "fix the cause shown; the next `clusterctl provision` repeats only what is not done")
+            return pr
+
+        todo = [h for h in planned if out[h.name].status == "pending"]
+        group.call(do, todo)
+        ready = [h for h in todo if out[h.name].status == "pending"]
+        if not dry_run and ready:
+            log("verifying: imports, fingerprints, all-reduce")
+            _verify(group, ready, out, report)
+    for o in out.values():
+        if o.status == "pending":
+            o.status = "ok"
+    if not dry_run:
+        _record(inv, report)
+    return report
+
+
+def _plan(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts],
+          out: dict[str, NodeOutcome]) -> compat.ClusterPlan | None:
+    if not hosts:
+        return None
+    plans = [compat.plan_node(h.name, node_gpus(h, nf[h.name])) for h in hosts]
+    index = hosts[0].vars.get("torch_index", "pytorch")
+    cp = compat.plan_cluster(plans, torch_index=None if index == "pypi" else "pytorch")
+    for h, reason in cp.refused.items():
+        out[h].fail("refused", reason, cp.nodes[h].fix)
+    for h, b in cp.builds.items():
+        out[h].build = b
+    return cp
+
+
+def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.ClusterPlan | None,
+                 dry_run: bool, log: Callable[[str], None],
+                 out: dict[str, NodeOutcome]) -> dict[str, wheelhouse.Wheelhouse]:
+    """One wheelhouse per (requirements, Python minor); built on the head once, cached across runs."""
+    result: dict[str, wheelhouse.Wheelhouse] = {}
+    groups: dict[tuple[tuple[str, ...], str, str | None], list[str]] = {}
+    for h in hosts:
+        if h.vars.get("python_env", "venv") != "venv":
+            continue
+        py = nf[h.name].values.get("python")
+        if py is None:
+            out[h.name].fail("failed", f"`{h.python}` does not run on the node",
+                             "install python3 and python3-venv there, or set `python:` in the inventory")
+            continue
+        b = plan.builds[h.name]
+        reqs = tuple(b.requirements() + list(EXTRA_PACKAGES) + list(h.vars.get("extra_packages", [])))
+        pyver = ".".join(str(x) for x in py["version_tuple"][:2])
+        index = None if b.torch_index is None else b.torch_index
+        groups.setdefault((reqs, pyver, index), []).append(h.name)
+    for (reqs, pyver, index), names in groups.items():
+        try:
+            wh = wheelhouse.cached(list(reqs), pyver, index) if dry_run else \
+                wheelhouse.build(list(reqs), pyver, index, log=log)
+        except ClusterError as e:
+            for n in names:
+                out[n].fail("failed", f"wheelhouse: {e.message}", e.fix)
+            continue
+        for n in names:
+            if wh is not None:
+                result[n] = wh
+    return result
+
+
+def fingerprint_diff(fps: dict[str, dict[str, Any]], gpu_nodes: set[str]) -> tuple[list[str], set[str]]:
+    """Lines like 'torch: node1, node2 = 2.14.1 | node3 = 2.13.0' and the nodes in a minority."""
+    lines, odd = [], set()
+    for key in FINGERPRINT_ALL + FINGERPRINT_GPU:
+        names = [n for n in fps if key in FINGERPRINT_ALL or n in gpu_nodes]
+        values: dict[str, list[str]] = {}
+        for n in names:
+            values.setdefault(str(fps[n].get(key)), []).append(n)
+        if len(values) > 1:
+            ranked = sorted(values.items(), key=lambda kv: -len(kv[1]))
+            lines.append(f"{key}: " + " | ".join(f"{', '.join(ns)} = {v}" for v, ns in ranked))
+            for _, ns in ranked[1:]:
+                odd.update(ns)
+    return lines, odd
+
+
+def _verify(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report: ProvisionReport) -> None:
+    def check(t):
+        h = t.host
+        r = t.run(f"{shlex.quote(env_python(h))} {shlex.quote(h.workdir + '/clusterctl/envcheck.py')}", timeout=600)
+        if r.exit_code != 0:
+            raise ClusterError(f"the environment check did not run: {(r.stderr or r.stdout).strip()[-400:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    results = group.call(check, hosts)
+    fps: dict[str, dict[str, Any]] = {}
+    for h in hosts:
+        r, o = results[h.name], out[h.name]
+        if not r.ok:
+            o.fail("failed", f"verification: {r.error}", "re-run provision; the venv step rebuilds a broken venv")
+            continue
+        fp = r.value
+        o.fingerprint = fp
+        broken = [k for k in ("torch", "torchvision", "tensorflow") if fp.get(k) is None]
+        if broken:
+            o.fail("failed", f"verification: cannot import {', '.join(broken)}: "
+                   + "; ".join(fp["errors"].get(k, "") for k in broken), "re-run provision to reinstall")
+        elif o.build and o.build.backend == "nccl" and not fp.get("cuda_available"):
+            o.fail("failed", "verification: the plan expects CUDA but torch sees no GPU",
+                   "check the driver (`nvidia-smi`) and that the node's GPU is not in use by another process")
+        else:
+            fps[h.name] = fp
+    gpu_nodes = {n for n in fps if out[n].build and out[n].build.gpu}
+    report.fingerprint_diff, odd = fingerprint_diff(fps, gpu_nodes)
+    for n in odd:
+        out[n].fail("failed", "its environment differs from the other nodes' (see the fingerprint diff)",
+                    "re-run provision; if it persists, remove the node's venv and provision again")
+        fps.pop(n)
+    _allreduce(group, [h for h in hosts if h.name in fps], out, report)
+
+
+def _allreduce(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report: ProvisionReport) -> None:
+    if len(hosts) < 2:
+        report.notes.append("all-reduce test skipped: fewer than 2 verified nodes")
+        return
+    master = hosts[0]
+    port = int(master.vars.get("allreduce_port", 29499))
+    backend = out[master.name].build.backend if out[master.name].build else "gloo"
+    mb = float(master.vars.get("allreduce_mb", 32))
+    rank = {h.name: i for i, h in enumerate(hosts)}
+
+    def cmd(h: Host) -> str:
+        q = shlex.quote
+        return (f"cd -- {q(h.workdir)} && . ./cluster.env && exec {q(env_python(h))} clusterctl/allreduce.py "
+                f"--rank {rank[h.name]} --world {len(hosts)} --master {q(f'{master.address}:{port}')} "
+                f"--backend {backend} --mb {mb:g}")
+
+    results = group.run(cmd, timeout=180, hosts=hosts)
+    for h in hosts:
+        r, o = results[h.name], out[h.name]
+        try:
+            o.allreduce = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            o.allreduce = None
+        if not r.ok or not o.allreduce or not o.allreduce.get("ok"):
+            tail = (r.stderr or r.stdout or r.error or "").strip()[-500:]
+            o.fail("failed", f"all-reduce across {len(hosts)} nodes failed: {tail}",
+                   "check that the nodes reach each other on the lab network (firewall, interface in cluster.env)")
+
+
+def state_dir() -> Any:
+    return paths.home() / "state"
+
+
+def _record(inv: Inventory, report: ProvisionReport) -> None:
+    """The verified state, on the head (one file per inventory) and on each node that passed."""
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"clusterctl": __version__, "time": time.time(), **report.to_dict()}
+    (d / f"{inv.name}.json").write_text(json.dumps(doc, indent=1, default=str))
+    ok = [inv.hosts[n] for n, o in report.nodes.items() if o.status == "ok"]
+    if not ok:
+        return
+    with Group(ok) as g:
+        def put(t):
+            o = report.nodes[t.host.name]
+            node_doc = {"clusterctl": __version__, "time": doc["time"], "host": t.host.name,
+                        "fingerprint": o.fingerprint, "allreduce": o.allreduce,
+                        "build": o.build.to_dict() if o.build else None}
+            t.put_bytes(json.dumps(node_doc, indent=1).encode(), f"{t.host.workdir}/clusterctl/state.json")
+        g.call(put)

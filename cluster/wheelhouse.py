@@ -1,0 +1,181 @@
+"""The head's wheelhouse: every wheel a node needs, downloaded once, pushed over SSH.
+
+Lab networks often have no internet: the head downloads (or finds on disk) the
+wheels for each requirement set once, pins them in a lock, and pushes them to
+each node incrementally (only missing files travel) with sha256 verification.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from cluster import paths
+from cluster.errors import ClusterError
+from cluster.transport import Transport
+
+MANIFEST = ".clusterctl-manifest.json"  # on the node: files verified there, with their sha256
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_pin(filename: str) -> tuple[str, str]:
+    """'torch-2.14.1+cu126-cp311-...whl' -> ('torch', '2.14.1+cu126')."""
+    name, version = filename.split("-")[:2]
+    return normalize(name), version
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    dir: Path
+    requirements: tuple[str, ...]
+    files: dict[str, dict[str, int | str]]  # filename -> {sha256, size}
+
+    @property
+    def lock_text(self) -> str:
+        pins = sorted(wheel_pin(f) for f in self.files)
+        return "".join(f"{n}=={v}\n" for n, v in pins)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.files.values())
+
+
+def key(requirements: list[str], python: str, index_url: str | None) -> str:
+    blob = json.dumps({"r": sorted(requirements), "py": python, "index": index_url}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dir(requirements: list[str], python: str, index_url: str | None) -> Path:
+    return paths.home() / "wheelhouse" / key(requirements, python, index_url)
+
+
+def cached(requirements: list[str], python: str, index_url: str | None = None) -> Wheelhouse | None:
+    """The wheelhouse built earlier for this set, if all its files are still there at their size."""
+    d = _dir(requirements, python, index_url)
+    try:
+        data = json.loads((d / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for f, m in data["files"].items():
+        p = d / "files" / f
+        if not p.exists() or p.stat().st_size != m["size"]:
+            return None
+    return Wheelhouse(d / "files", tuple(data["requirements"]), data["files"])
+
+
+def build(requirements: list[str], python: str, index_url: str | None = None,
+          log: Callable[[str], None] = lambda s: None) -> Wheelhouse:
+    """Download (once) every wheel for `requirements` on Python `python` ("3.11") into the head's cache."""
+    wh = cached(requirements, python, index_url)
+    if wh is not None:
+        return wh
+    d = _dir(requirements, python, index_url)
+    manifest = d / "manifest.json"
+    (d / "files").mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(d / "files"),
+           "--only-binary=:all:", "--python-version", python, *requirements]
+    if index_url:
+        cmd[4:4] = ["--extra-index-url", index_url]
+    log(f"downloading wheels for {len(requirements)} requirements (Python {python}) into {d}")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"pip download failed for {' '.join(requirements)}:\n{proc.stderr.strip()[-1500:]}",
+                           "check the head's access to the package index, or fill the wheelhouse by hand: "
+                           f"pip download -d {d / 'files'} ...")
+    wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}
+    files = {}
+    for f in sorted((d / "files").glob("*.whl")):
+        files[f.name] = {"sha256": _sha256_file(f), "size": f.stat().st_size}
+    if not wanted:
+        raise ClusterError(f"pip download left no wheels in {d}", "check the requirements")
+    manifest.write_text(json.dumps({"requirements": requirements, "python": python, "index": index_url,
+                                    "files": files}, indent=1))
+    return Wheelhouse(d / "files", tuple(requirements), files)
+
+
+def remote_state(t: Transport, dest: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Sizes of the wheels on the node and the sha256 of those verified there earlier."""
+    q = shlex.quote(dest)
+    r = t.run(f"cd -- {q} 2>/dev/null && {{ for f in *.whl; do [ -f \"$f\" ] && stat -c '%s %n' -- \"$f\"; done; "
+              f"echo @@manifest; cat {MANIFEST} 2>/dev/null; }}; true", timeout=120)
+    sizes_txt, _, manifest_txt = r.stdout.partition("@@manifest\n")
+    sizes = {}
+    for line in sizes_txt.splitlines():
+        size, _, name = line.partition(" ")
+        if size.isdigit():
+            sizes[name] = int(size)
+    try:
+        verified = json.loads(manifest_txt) if manifest_txt.strip() else {}
+    except ValueError:
+        verified = {}
+    return sizes, verified
+
+
+def missing(wh: Wheelhouse, sizes: dict[str, int], verified: dict[str, str]) -> list[str]:
+    return [f for f, m in wh.files.items() if sizes.get(f) != m["size"] or verified.get(f) != m["sha256"]]
+
+
+def push(t: Transport, wh: Wheelhouse, dest: str, dry: bool = False,
+         progress: Callable[[int], None] | None = None) -> tuple[bool, str]:
+    """Copy the wheels the node lacks, verify their sha256 there, record them. (changed?, detail)."""
+    sizes, verified = remote_state(t, dest)
+    todo = missing(wh, sizes, verified)
+    if not todo:
+        return False, f"{len(wh.files)} wheels present and verified"
+    nbytes = sum(int(wh.files[f]["size"]) for f in todo)
+    detail = f"{len(todo)} of {len(wh.files)} wheels, {nbytes / 2**20:.0f} MiB"
+    if dry:
+        return True, f"would send {detail}"
+    q = shlex.quote(dest)
+    t.run(f"mkdir -p -- {q}", timeout=60)
+    for f in todo:
+        if sizes.get(f) != wh.files[f]["size"]:  # right size but unverified: just re-hash it
+            part = f"{dest}/.{f}.part"
+            t.put_file(wh.dir / f, part)
+            t.run(f"mv -f -- {shlex.quote(part)} {shlex.quote(dest + '/' + f)}", timeout=60)
+        if progress:
+            progress(int(wh.files[f]["size"]))
+    names = " ".join(shlex.quote(f) for f in todo)
+    r = t.run(f"cd -- {q} && sha256sum -- {names}", timeout=1800)
+    got = {line.split()[1].lstrip("*"): line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+    bad = [f for f in todo if got.get(f) != wh.files[f]["sha256"]]
+    if bad:
+        t.run(f"cd -- {q} && rm -f -- {' '.join(shlex.quote(f) for f in bad)}", timeout=60)
+        raise ClusterError(f"sha256 mismatch on the node for {', '.join(bad)} (removed there)",
+                           "re-run provision; if it repeats, check the node's disk and memory")
+    verified.update({f: str(wh.files[f]["sha256"]) for f in todo})
+    t.put_bytes(json.dumps(verified, indent=0).encode(), f"{dest}/{MANIFEST}")
+    return True, f"sent and verified {detail}"
+
+
+def installed(freeze: str) -> dict[str, str]:
+    """`pip freeze --all` output -> {normalized name: version}."""
+    out = {}
+    for line in freeze.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            out[normalize(name)] = version
+    return out
+
+
+def unsatisfied(lock_text: str, freeze: str) -> list[str]:
+    have = installed(freeze)
+    need = installed(lock_text)
+    return [f"{n}=={v}" for n, v in need.items() if have.get(n) != v]

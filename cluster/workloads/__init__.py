@@ -1,0 +1,1 @@
+"""Code that runs ON the nodes. Standard library + the frameworks only: no clusterctl imports."""
