@@ -312,7 +312,7 @@ def _print_provision(report: Any) -> None:
             t.add_column(col, overflow="fold")
         for name, b in plan.builds.items():
             t.add_row(name, b.gpu or "none", b.compute_capability or "-", b.driver or "-",
-                      f"{b.torch}+{b.torch_variant}", f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
+                      b.torch_label, f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
                       "on" if b.amp else "off", "; ".join(b.notes + b.pins))
         out.print(t)
     title = "dry run: what provision would do" if report.dry_run else "provision"

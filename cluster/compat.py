@@ -178,6 +178,10 @@ class NodeBuild:
     driver: str | None
     notes: list[str]
 
+    @property
+    def torch_label(self) -> str:
+        return f"{self.torch}+{self.torch_variant}" if self.torch_index else f"{self.torch} (default index)"
+
     def requirements(self) -> list[str]:
         """pip requirement lines (the index choice is the wheelhouse's job)."""
         torch = self.torch if self.torch_index is None else f"{self.torch}+{self.torch_variant}"

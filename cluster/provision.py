@@ -241,7 +241,10 @@ def _verify(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report
         broken = [k for k in ("torch", "torchvision", "tensorflow") if fp.get(k) is None]
         if broken:
             o.fail("failed", f"verification: cannot import {', '.join(broken)}: "
-                   + "; ".join(fp["errors"].get(k, "") for k in broken), "re-run provision to reinstall")
+                   + "; ".join(fp["errors"].get(k, "") for k in broken),
+                   "the venv is marked broken: the next `clusterctl provision` rebuilds it")
+            if h.vars.get("python_env", "venv") == "venv":
+                group.transports[h.name].run(f"touch -- {shlex.quote(h.workdir + '/venv/.clusterctl-broken')}")
         elif o.build and o.build.backend == "nccl" and not fp.get("cuda_available"):
             o.fail("failed", "verification: the plan expects CUDA but torch sees no GPU",
                    "check the driver (`nvidia-smi`) and that the node's GPU is not in use by another process")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -62,8 +63,14 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def cache_dir() -> Path:
+    """CLUSTERCTL_WHEELHOUSE, default $CLUSTERCTL_HOME/wheelhouse: shared by every lab of this head."""
+    env = os.environ.get("CLUSTERCTL_WHEELHOUSE")
+    return Path(env) if env else paths.home() / "wheelhouse"
+
+
 def _dir(requirements: list[str], python: str, index_url: str | None) -> Path:
-    return paths.home() / "wheelhouse" / key(requirements, python, index_url)
+    return cache_dir() / key(requirements, python, index_url)
 
 
 def cached(requirements: list[str], python: str, index_url: str | None = None) -> Wheelhouse | None:
@@ -140,29 +147,37 @@ def push(t: Transport, wh: Wheelhouse, dest: str, dry: bool = False,
     if not todo:
         return False, f"{len(wh.files)} wheels present and verified"
     nbytes = sum(int(wh.files[f]["size"]) for f in todo)
-    detail = f"{len(todo)} of {len(wh.files)} wheels, {nbytes / 2**20:.0f} MiB"
     if dry:
-        return True, f"would send {detail}"
+        return True, f"would send up to {len(todo)} of {len(wh.files)} wheels, {nbytes / 2**20:.0f} MiB"
     q = shlex.quote(dest)
     t.run(f"mkdir -p -- {q}", timeout=60)
-    for f in todo:
-        if sizes.get(f) != wh.files[f]["size"]:  # right size but unverified: just re-hash it
-            part = f"{dest}/.{f}.part"
-            t.put_file(wh.dir / f, part)
-            t.run(f"mv -f -- {shlex.quote(part)} {shlex.quote(dest + '/' + f)}", timeout=60)
+    # A file of the right size that was never verified (an interrupted run) may be whole: hash it first.
+    maybe = [f for f in todo if sizes.get(f) == wh.files[f]["size"]]
+    good = {f for f, h in _remote_hashes(t, dest, maybe).items() if h == wh.files[f]["sha256"]}
+    send = [f for f in todo if f not in good]
+    for f in send:
+        part = f"{dest}/.{f}.part"
+        t.put_file(wh.dir / f, part)
+        t.run(f"mv -f -- {shlex.quote(part)} {shlex.quote(dest + '/' + f)}", timeout=60)
         if progress:
             progress(int(wh.files[f]["size"]))
-    names = " ".join(shlex.quote(f) for f in todo)
-    r = t.run(f"cd -- {q} && sha256sum -- {names}", timeout=1800)
-    got = {line.split()[1].lstrip("*"): line.split()[0] for line in r.stdout.splitlines() if line.strip()}
-    bad = [f for f in todo if got.get(f) != wh.files[f]["sha256"]]
+    got = _remote_hashes(t, dest, send)
+    bad = [f for f in send if got.get(f) != wh.files[f]["sha256"]]
     if bad:
         t.run(f"cd -- {q} && rm -f -- {' '.join(shlex.quote(f) for f in bad)}", timeout=60)
         raise ClusterError(f"sha256 mismatch on the node for {', '.join(bad)} (removed there)",
                            "re-run provision; if it repeats, check the node's disk and memory")
     verified.update({f: str(wh.files[f]["sha256"]) for f in todo})
     t.put_bytes(json.dumps(verified, indent=0).encode(), f"{dest}/{MANIFEST}")
-    return True, f"sent and verified {detail}"
+    sent = sum(int(wh.files[f]["size"]) for f in send)
+    return True, f"sent {len(send)} wheels ({sent / 2**20:.0f} MiB), verified {len(todo)}"
+
+
+def _remote_hashes(t: Transport, dest: str, names: list[str]) -> dict[str, str]:
+    if not names:
+        return {}
+    r = t.run(f"cd -- {shlex.quote(dest)} && sha256sum -- {' '.join(shlex.quote(f) for f in names)}", timeout=1800)
+    return {line.split()[1].lstrip("*"): line.split()[0] for line in r.stdout.splitlines() if line.strip()}
 
 
 def installed(freeze: str) -> dict[str, str]:
