@@ -89,7 +89,7 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 
     directory = Path(args.dir) if args.dir else None
     state = lab.load_state(args.name, directory)
-    removed = lab.down(args.name, directory)
+    removed = lab.down(args.name, directory, purge=args.purge)
     if state is not None and context.current() == Path(state.inventory):
         context.clear()  # don't leave the current context pointing at nodes that are gone
     if args.json:
@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                            ("status", cmd_lab_status, "show the lab's nodes and whether sshd answers")):
         sp = lsub.add_parser(name, help=help, description=help)
         sp.set_defaults(fn=fn)
+        if name == "down":
+            sp.add_argument("--purge", action="store_true",
+                            help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
         if name == "up":
             sp.add_argument("nodes", type=int, metavar="N", help="number of nodes")
             sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")

@@ -301,8 +301,11 @@ def _kill_netns(ns: str) -> None:
             time.sleep(0.05)
 
 
-def down(name: str = "lab", directory: Path | None = None) -> list[str]:
-    """Remove every namespace, link and process of lab `name`; keeps its directory (keys). Idempotent."""
+def down(name: str = "lab", directory: Path | None = None, purge: bool = False) -> list[str]:
+    """Remove every namespace, link and process of lab `name`. Idempotent.
+
+    The directory (keys, and the nodes' /srv/cluster: venvs, data, runs) stays unless `purge`.
+    """
     if not NAME_RE.match(name):
         raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
     removed: list[str] = []
@@ -316,6 +319,9 @@ def down(name: str = "lab", directory: Path | None = None) -> list[str]:
     state = _state_path(name, directory)
     if state.exists():
         state.unlink()
+    if purge and state.parent.exists():
+        shutil.rmtree(state.parent)
+        removed.append(f"directory {state.parent}")
     return removed
 
 

@@ -56,6 +56,9 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     assert ctx["inventory"] is None
     rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
     assert rc == 1 and st["up"] is False
+    assert (d / "node1" / "srv").is_dir()  # the nodes' files stay for the next `up` ...
+    assert clusterctl("lab", "down", "--name", name, "--dir", str(d), "--purge", env=env).returncode == 0
+    assert not d.exists()  # ... unless purged
 
 
 def test_up_reclaims_what_a_crashed_run_left_behind(tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""`clusterctl provision` on a real 3-node simulated lab: fresh venvs from the head's wheelhouse.
+
+Heavy by nature (a real install of PyTorch + TensorFlow on every node, ~4 GB of
+wheels pushed over SSH): one lab for the module, removed with its files at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster import lab
+from tests.integration.conftest import REASON, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def plab(tmp_path_factory: pytest.TempPathFactory):
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("plab")
+    state = lab.up(3, name=lab_name("p"), subnet=lab_subnet(3), directory=d / "lab")
+    env = {"CLUSTERCTL_HOME": str(d / "home"),
+           # one download per machine, shared with other runs (the lab's nodes get their own copies)
+           "CLUSTERCTL_WHEELHOUSE": os.environ.get("CLUSTERCTL_TEST_WHEELHOUSE", str(Path.home() / ".cache/clusterctl-test-wheelhouse"))}
+    try:
+        yield state, env
+    finally:
+        lab.down(state.name, d / "lab")
+        shutil.rmtree(d, ignore_errors=True)  # ~8 GB of venv per node
+
+
+def provision(state, env, *extra: str) -> tuple[int, dict]:
+    return clusterctl_json("provision", state.inventory, *extra, env=env, timeout=3000)
+
+
+def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
+    state, env = plab
+    for n in state.nodes:  # the lab network has no route out: nothing can come from the internet
+        routes = subprocess.run(["ip", "-n", n.netns, "route"], capture_output=True, text=True).stdout
+        assert "default" not in routes
+    rc, dry = provision(state, env, "--dry-run")
+    assert rc == 0 and dry["dry_run"] and not any((Path(n.dir) / "srv" / "venv").exists() for n in state.nodes)
+    assert {b["tf_package"] for b in dry["plan"]["nodes"].values()} == {"tensorflow-cpu"}
+
+    rc, rep = provision(state, env)
+    assert rc == 0, json.dumps(rep, indent=1)[-3000:]
+    nodes = {n["host"]: n for n in rep["nodes"]}
+    for n in state.nodes:
+        o = nodes[n.name]
+        assert o["status"] == "ok" and o["changed"] >= 5
+        # a fresh venv in the node's own /srv/cluster, its Python the node's, not the head's venv
+        cfg = (Path(n.dir) / "srv" / "venv" / "pyvenv.cfg").read_text()
+        assert "home = /usr/bin" in cfg
+        fp = o["fingerprint"]
+        assert fp["torch"].startswith("2.14.1") and fp["tensorflow"] == "2.21.0" and fp["gloo"]
+        ar = o["allreduce"]
+        assert ar["ok"] and ar["world"] == 3 and ar["busbw_MBps"] > 0
+        node_state = json.loads((Path(n.dir) / "srv" / "clusterctl" / "state.json").read_text())
+        assert node_state["fingerprint"] == fp
+        env_file = (Path(n.dir) / "srv" / "cluster.env").read_text()
+        assert "GLOO_SOCKET_IFNAME=eth0" in env_file and "NCCL_SOCKET_IFNAME==eth0" in env_file
+    assert rep["fingerprint_diff"] == []
+    assert {o["fingerprint"]["torch"] for o in nodes.values()} == {nodes["node1"]["fingerprint"]["torch"]}
+    head_state = Path(env["CLUSTERCTL_HOME"]) / "state" / f"{state.name}.json"
+    assert json.loads(head_state.read_text())["ok"]
+
+    rc, again = provision(state, env)
+    assert rc == 0 and again["nothing_to_do"]
+    assert all(s["status"] in ("unchanged", "skipped") for n in again["nodes"] for s in n["steps"])
+
+
+def test_broken_venv_fails_alone_then_is_repaired(plab) -> None:
+    state, env = plab
+    bad = state.nodes[2]
+    init = next((Path(bad.dir) / "srv" / "venv" / "lib").glob("python3*/site-packages/torch/__init__.py"))
+    init.write_text("raise ImportError('this venv was corrupted by the test')\n")
+    rc, rep = provision(state, env)
+    nodes = {n["host"]: n for n in rep["nodes"]}
+    assert rc == 1
+    assert nodes[bad.name]["status"] == "failed"
+    assert "cannot import torch" in nodes[bad.name]["error"] and "corrupted by the test" in nodes[bad.name]["error"]
+    assert "rebuilds it" in nodes[bad.name]["fix"]
+    for n in state.nodes[:2]:  # the others provision and verify, all-reduce among themselves
+        assert nodes[n.name]["status"] == "ok" and nodes[n.name]["allreduce"]["world"] == 2
+
+    rc, rep = provision(state, env)
+    nodes = {n["host"]: n for n in rep["nodes"]}
+    assert rc == 0, json.dumps(rep, indent=1)[-3000:]
+    assert nodes[bad.name]["changed"] >= 2 and nodes[bad.name]["allreduce"]["world"] == 3
+    assert all(nodes[n.name]["changed"] == 0 for n in state.nodes[:2])
