@@ -290,7 +290,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         live.update(tasks[host], description=f"{host}: wheels {sent[host] / 2**20:.0f} MiB sent")
 
     with live:
-        report = provision.run(inv, hosts, dry_run=args.dry_run, forks=args.forks, log=log, on_step=on_step,
+        report = provision.run(inv, hosts, dry_run=args.dry_run, verify=args.verify, forks=args.forks, log=log, on_step=on_step,
                                on_bytes=on_bytes)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
         context.set_current(inv.path)
@@ -340,7 +340,7 @@ def _print_provision(report: Any) -> None:
     for note in report.notes:
         out.print(f"note: {escape(note)}")
     if not report.dry_run and report.nothing_to_do:
-        out.print("nothing to do: every step was already done; environments verified again")
+        out.print("nothing to do: every step was already done and every environment is as verified")
 
 
 # --------------------------------------------------------------------------- context
@@ -409,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("provision", cmd_provision, "install and verify an identical training environment on every node")
     _add_inventory_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="show the plan and what would change; change nothing")
+    sp.add_argument("--verify", action="store_true",
+                    help="repeat the imports and the all-reduce even when nothing changed since the last run")
 
     sp = add("context", cmd_context, "show or set the current inventory used when none is given")
     sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")

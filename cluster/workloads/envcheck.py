@@ -2,9 +2,10 @@
 import json
 import platform
 import sys
+import sysconfig
 import time
 
-out = {"python": platform.python_version(), "errors": {}}
+out = {"python": platform.python_version(), "purelib": sysconfig.get_paths()["purelib"], "errors": {}}
 start = time.time()
 try:
     import torch

@@ -60,7 +60,7 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
         ar = o["allreduce"]
         assert ar["ok"] and ar["world"] == 3 and ar["busbw_MBps"] > 0
         node_state = json.loads((Path(n.dir) / "srv" / "clusterctl" / "state.json").read_text())
-        assert node_state["fingerprint"] == fp
+        assert node_state["fingerprint"]["torch"] == fp["torch"] and node_state["stamp"] == fp["stamp"]
         env_file = (Path(n.dir) / "srv" / "cluster.env").read_text()
         assert "GLOO_SOCKET_IFNAME=eth0" in env_file and "NCCL_SOCKET_IFNAME==eth0" in env_file
     assert rep["fingerprint_diff"] == []
@@ -71,6 +71,12 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
     rc, again = provision(state, env)
     assert rc == 0 and again["nothing_to_do"]
     assert all(s["status"] in ("unchanged", "skipped") for n in again["nodes"] for s in n["steps"])
+    # nothing changed: the recorded verification stands (stamps compared), no imports, no all-reduce
+    assert all(n["fingerprint"]["reused_from"] for n in again["nodes"]) and "not repeated" in again["notes"][0]
+    rc, forced = provision(state, env, "--verify")
+    assert rc == 0 and forced["nothing_to_do"]
+    assert not any(n["fingerprint"].get("reused_from") for n in forced["nodes"])
+    assert all(n["allreduce"]["ok"] and n["allreduce"]["world"] == 3 for n in forced["nodes"])
 
 
 def test_broken_venv_fails_alone_then_is_repaired(plab) -> None:
