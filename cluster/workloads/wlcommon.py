@@ -1,0 +1,71 @@
+"""What both training programs share, so the study compares frameworks, not hyperparameters."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+REF_BATCH = 64  # the global batch the base learning rate is given for
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data", help="prepared dataset (.npz from the head); else --dataset is loaded here")
+    ap.add_argument("--dataset", default="digits", help="digits | cifar10 | imagefolder | synthetic")
+    ap.add_argument("--data-path", help="archive or folder for cifar10 / imagefolder")
+    ap.add_argument("--size", type=int, default=32, help="image side in pixels")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32, help="per-worker batch size")
+    ap.add_argument("--lr", type=float, default=0.01, help=f"learning rate for a global batch of {REF_BATCH}; "
+                    "scaled linearly with the global batch")
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight-decay", type=float, default=5e-4, help="L2, added to the gradient (as torch SGD)")
+    ap.add_argument("--warmup-epochs", type=float, default=1.0)
+    ap.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="out", help="metrics, summary and checkpoint go here")
+    ap.add_argument("--resume", default="auto", choices=["auto", "no"],
+                    help="auto: continue from the checkpoint in --out when there is one")
+    ap.add_argument("--log-every", type=int, default=10, help="steps between step records")
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps per epoch (tests)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / local processes)")
+    ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
+                    help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
+
+
+def peak_lr(base_lr: float, global_batch: int) -> float:
+    return base_lr * global_batch / REF_BATCH
+
+
+def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epochs: float, schedule: str) -> float:
+    """Linear warm-up from peak/10, then cosine to zero (or constant). `step` counts from 0 over the run."""
+    total = max(1, steps_per_epoch * epochs)
+    warm = int(round(warmup_epochs * steps_per_epoch))
+    if step < warm:
+        return peak * (0.1 + 0.9 * step / warm)
+    if schedule == "constant":
+        return peak
+    progress = (step - warm) / max(1, total - warm)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def threads_per_process(requested: int, local_processes: int) -> int:
+    """Cores of this process's CPU set divided among the node's processes, so they don't oversubscribe."""
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_processes))
+
+
+def amp_wanted(mode: str, compute_capability: tuple[int, int] | None) -> bool:
+    if mode == "on":
+        return True
+    if mode == "off" or compute_capability is None:
+        return False
+    return compute_capability >= (7, 0)  # a GTX 10xx runs fp16 at 1/64 of fp32
+
+
+def epoch_order(n: int, seed: int, epoch: int):
+    """The same shuffled order on every rank (each then takes its own shard of it)."""
+    import numpy as np
+
+    return np.random.default_rng(seed * 1000003 + epoch).permutation(n)

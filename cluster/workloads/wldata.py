@@ -1,0 +1,162 @@
+"""Datasets for the ResNet50 study, the same arrays for PyTorch and TensorFlow.
+
+Runs on the nodes (numpy, scikit-learn, Pillow; no clusterctl imports). Every
+loader returns uint8 NHWC images at `size`x`size`x3 and int64 labels, split
+into train/validation with a fixed seed, so both frameworks see identical data.
+
+    digits       scikit-learn's 1797 real 8x8 digits (ships in the package: no download)
+    cifar10      the CIFAR-10 python archive (cifar-10-python.tar.gz) or its extracted folder
+    imagefolder  ROOT/<class>/<image>: one subfolder per class
+    synthetic    random images, for throughput only (accuracy is meaningless and labelled so)
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: np.ndarray  # uint8, N x H x W x 3
+    y_train: np.ndarray  # int64
+    x_val: np.ndarray
+    y_val: np.ndarray
+    classes: int
+    synthetic: bool = False
+
+    def normalization(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel mean and std of the training images, in [0, 1] units."""
+        x = self.x_train.astype(np.float32) / 255.0
+        return x.mean(axis=(0, 1, 2)), x.std(axis=(0, 1, 2)) + 1e-6
+
+
+def _resize(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 N x h x w x 3 -> N x size x size x 3 (bilinear, Pillow)."""
+    from PIL import Image
+
+    if images.shape[1:3] == (size, size):
+        return images
+    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR)) for im in images])
+
+
+def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_val = int(round(len(x) * val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    return x[train], y[train], x[val], y[val]
+
+
+def digits(size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    gray = (d.images / 16.0 * 255.0).round().astype(np.uint8)  # 0..16 -> 0..255
+    x = _resize(np.repeat(gray[..., None], 3, axis=3), size)
+    return Dataset("digits", *_split(x, d.target.astype(np.int64), val_fraction, seed), classes=10)
+
+
+def _cifar_batches(path: Path) -> dict[str, dict]:
+    """name -> unpickled batch, from the .tar.gz archive or the extracted folder."""
+    wanted = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    out: dict[str, dict] = {}
+    if path.is_file():
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if name in wanted and member.isfile():
+                    f = tar.extractfile(member)
+                    assert f is not None
+                    out[name] = pickle.load(io.BytesIO(f.read()), encoding="bytes")
+    else:
+        folder = path / "cifar-10-batches-py" if (path / "cifar-10-batches-py").is_dir() else path
+        for name in wanted:
+            if (folder / name).exists():
+                with open(folder / name, "rb") as f:
+                    out[name] = pickle.load(f, encoding="bytes")
+    missing = [w for w in wanted if w not in out]
+    if missing:
+        raise FileNotFoundError(f"{path}: not a CIFAR-10 python archive or folder (missing {', '.join(missing)})")
+    return out
+
+
+def cifar10(path: str | Path, size: int = 32) -> Dataset:
+    """The official split: data_batch_1..5 train, test_batch validates."""
+    b = _cifar_batches(Path(path))
+
+    def arrays(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.concatenate([b[n][b"data"] for n in names]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        y = np.concatenate([np.asarray(b[n][b"labels"]) for n in names]).astype(np.int64)
+        return _resize(x.astype(np.uint8), size), y
+
+    xt, yt = arrays([f"data_batch_{i}" for i in range(1, 6)])
+    xv, yv = arrays(["test_batch"])
+    return Dataset("cifar10", xt, yt, xv, yv, classes=10)
+
+
+def imagefolder(path: str | Path, size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    from PIL import Image
+
+    root = Path(path)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if len(classes) < 2:
+        raise FileNotFoundError(f"{root}: expected one subfolder per class (at least two)")
+    xs, ys = [], []
+    for label, cls in enumerate(classes):
+        for f in sorted((root / cls).iterdir()):
+            if f.suffix.lower() in IMAGE_SUFFIXES:
+                with Image.open(f) as im:
+                    xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)))
+                ys.append(label)
+    x, y = np.stack(xs).astype(np.uint8), np.asarray(ys, dtype=np.int64)
+    return Dataset("imagefolder", *_split(x, y, val_fraction, seed), classes=len(classes))
+
+
+def synthetic(n: int = 2048, size: int = 32, classes: int = 10, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
+    y = rng.integers(0, classes, size=n).astype(np.int64)
+    return Dataset("synthetic", *_split(x, y, 0.2, seed), classes=classes, synthetic=True)
+
+
+def load(name: str, path: str | None = None, size: int = 32, seed: int = 0) -> Dataset:
+    if name == "digits":
+        return digits(size, seed=seed)
+    if name == "cifar10":
+        if not path:
+            raise ValueError("cifar10 needs the path of cifar-10-python.tar.gz or its extracted folder")
+        return cifar10(path, size)
+    if name == "imagefolder":
+        if not path:
+            raise ValueError("imagefolder needs the path of a folder with one subfolder per class")
+        return imagefolder(path, size, seed=seed)
+    if name == "synthetic":
+        return synthetic(size=size, seed=seed)
+    raise ValueError(f"unknown dataset {name!r}: one of {', '.join(NAMES)}")
+
+
+def save(ds: Dataset, path: str | Path) -> None:
+    """The prepared arrays, staged to nodes as one file."""
+    np.savez(path, x_train=ds.x_train, y_train=ds.y_train, x_val=ds.x_val, y_val=ds.y_val,
+             meta=np.asarray([ds.name, str(ds.classes), str(int(ds.synthetic))]))
+
+
+def open_prepared(path: str | Path) -> Dataset:
+    with np.load(path) as z:
+        name, classes, synth = (str(v) for v in z["meta"])
+        return Dataset(name, z["x_train"], z["y_train"], z["x_val"], z["y_val"], int(classes), synth == "1")
+
+
+def shard(n: int, rank: int, world: int) -> np.ndarray:
+    """Indices of this rank's share: equal sizes on every rank (the remainder is dropped), so all
+    ranks take the same number of steps."""
+    usable = n - n % world
+    return np.arange(rank, usable, world)

@@ -1,0 +1,109 @@
+"""Metrics written by the training programs: one JSONL file per rank, one summary per run.
+
+Schema: docs/metrics.md. Records are built as dicts and written with json.dumps,
+flushed per line, so a stopped or crashed run keeps everything written so far.
+Every record carries `time` (wall clock, seconds since the epoch) and `mono`
+(this process's monotonic clock); the `start` record pairs both with the host
+name, so the head can align nodes using the clock offsets `check` measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+RECORD_TYPES = ("start", "step", "epoch", "end")
+
+
+class MetricsWriter:
+    def __init__(self, out_dir: str | Path, rank: int, framework: str) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.framework = rank, framework
+        self.path = self.dir / f"metrics-rank{rank}.jsonl"
+        self._f = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        assert kind in RECORD_TYPES, kind
+        rec = {"type": kind, "schema": SCHEMA_VERSION, "framework": self.framework, "rank": self.rank,
+               "time": round(time.time(), 6), "mono": round(time.monotonic(), 6), **fields}
+        self._f.write(json.dumps(rec) + "\n")
+        return rec
+
+    def start(self, **fields: Any) -> dict[str, Any]:
+        return self.write("start", host=socket.gethostname(), pid=os.getpid(), **fields)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def system_sample() -> dict[str, Any]:
+    """CPU and RAM of this process and the node (psutil); GPUs when present (NVML, else nvidia-smi)."""
+    out: dict[str, Any] = {}
+    try:
+        import psutil
+
+        p = psutil.Process()
+        out["cpu_percent_node"] = psutil.cpu_percent(interval=None)
+        out["cpu_percent_process"] = p.cpu_percent(interval=None)
+        out["ram_used_mib_node"] = round((psutil.virtual_memory().total - psutil.virtual_memory().available) / 2**20)
+        out["rss_mib_process"] = round(p.memory_info().rss / 2**20)
+    except ImportError:
+        pass
+    gpus = gpu_sample()
+    if gpus:
+        out["gpus"] = gpus
+    return out
+
+
+def gpu_sample() -> list[dict[str, Any]]:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        res = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            res.append({"index": i, "util_percent": util.gpu, "mem_used_mib": mem.used // 2**20,
+                        "temp_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                        "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0})
+        return res
+    except Exception:  # noqa: BLE001 - no NVML: try nvidia-smi, else no GPU figures
+        pass
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,temperature.gpu,power.draw",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi_sample(r.stdout) if r.returncode == 0 else []
+
+
+def parse_nvidia_smi_sample(text: str) -> list[dict[str, Any]]:
+    def num(v: str) -> float | None:
+        try:
+            return float(v)
+        except ValueError:  # "[N/A]" on cards without the sensor
+            return None
+
+    res = []
+    for line in text.strip().splitlines():
+        c = [x.strip() for x in line.split(",")]
+        if len(c) == 5:
+            res.append({"index": int(c[0]), "util_percent": num(c[1]), "mem_used_mib": num(c[2]),
+                        "temp_c": num(c[3]), "power_w": num(c[4])})
+    return res
+
+
+def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
+    p = Path(out_dir) / "summary.json"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    os.replace(tmp, p)
+    return p

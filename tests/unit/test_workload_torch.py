@@ -1,0 +1,113 @@
+"""The PyTorch training program: DDP arithmetic, resume, metrics (real torch, gloo on loopback)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+sys.path.insert(0, str(WL))
+import train_torch  # noqa: E402
+
+
+def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
+    # Batch statistics are per rank in DDP (no SyncBatchNorm on CPU), so the comparison holds BN in
+    # eval mode: what is compared is the gradient averaging, loss scaling and optimizer step.
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.eval()
+    return model
+
+
+def _args():
+    import argparse
+
+    return argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4)
+
+
+def _rank(rank: int, world: int, init: str, state: str, x: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model = _frozen_bn(train_torch.build_model(10)).double()
+    model.load_state_dict(torch.load(state))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = train_torch.make_optimizer(ddp, _args())
+    data = torch.load(x)
+    half = len(data["x"]) // world
+    for _ in range(2):  # two steps: momentum buffers are exercised too
+        train_torch.train_step(ddp, opt, data["x"][rank * half:(rank + 1) * half],
+                               data["y"][rank * half:(rank + 1) * half], lr=0.01)
+    if rank == 0:
+        torch.save(model.state_dict(), out)
+    dist.destroy_process_group()
+
+
+def test_ddp_step_on_two_ranks_equals_one_step_on_the_concatenated_batch(tmp_path: Path) -> None:
+    # float64 so that the comparison sees the arithmetic, not float32 rounding through 50 layers
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = _frozen_bn(train_torch.build_model(10)).double()
+    torch.save(model.state_dict(), tmp_path / "init.pt")
+    x, y = torch.randn(8, 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (8,))
+    torch.save({"x": x, "y": y}, tmp_path / "data.pt")
+    opt = train_torch.make_optimizer(model, _args())
+    for _ in range(2):
+        train_torch.train_step(model, opt, x, y, lr=0.01)
+    mp.spawn(_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path / "init.pt"), str(tmp_path / "data.pt"),
+                          str(tmp_path / "ddp.pt")), nprocs=2, join=True)
+    ddp = torch.load(tmp_path / "ddp.pt")
+    init = torch.load(tmp_path / "init.pt")
+    moved = 0
+    for k, v in model.state_dict().items():
+        if not v.is_floating_point():
+            continue
+        d_single, d_ddp = v - init[k], ddp[k] - init[k]  # what the two steps changed
+        scale = d_single.abs().max().item()
+        assert (d_ddp - d_single).abs().max().item() <= 1e-9 * scale + 1e-12, k
+        moved += int(scale > 0)
+    assert moved > 100  # the steps really changed the weights
+
+
+def run_program(out: Path, *extra: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    cmd = [sys.executable, str(WL / "train_torch.py"), "--dataset", "digits", "--epochs", "2", "--batch", "32",
+           "--max-steps", "4", "--log-every", "2", "--threads", "1", "--out", str(out), *extra]
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+    whole = run_program(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    p = run_program(tmp_path / "stopped", wait=False)
+    ckpt = tmp_path / "stopped" / "checkpoint.pt"
+    deadline = time.monotonic() + 300
+    while not ckpt.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)  # stopped hard during epoch 1
+    p.wait()
+    assert torch.load(ckpt, weights_only=False)["epoch"] == 0
+    again = run_program(tmp_path / "stopped")
+    assert again.returncode == 0, again.stderr[-2000:]
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)
+    b = torch.load(ckpt, weights_only=False)
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (1, 8)
+    for k in a["model"]:
+        assert torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-5), k
+    recs = [json.loads(line) for line in (tmp_path / "stopped" / "metrics-rank0.jsonl").read_text().splitlines()]
+    starts = [r for r in recs if r["type"] == "start"]
+    assert [s["start_epoch"] for s in starts] == [0, 1]  # what the stopped run wrote is kept, then continued
+    lrs_whole = [r["lr"] for r in map(json.loads, (tmp_path / "whole" / "metrics-rank0.jsonl").read_text().splitlines())
+                 if r["type"] == "step" and r["epoch"] == 1]
+    assert lrs_whole == [r["lr"] for r in recs if r["type"] == "step" and r["epoch"] == 1]
