@@ -23,8 +23,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 want=$(cat pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing clusterctl and its Python dependencies into .venv" >&2
+  # The frameworks too: the tests run the training programs on the head (torch ~5 GB, from this
+  # machine's disk where it lies there, else PyPI).
+  echo "setup: installing clusterctl, PyTorch, TensorFlow and the test tools into .venv (a few minutes)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,torch,tf,workloads]'
   echo "$want" > .venv/.setup-stamp
 fi
