@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402 - installed by scripts/setup.sh; a missing torch must fail, not skip
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 

@@ -1,0 +1,224 @@
+"""ResNet50 with TensorFlow MultiWorkerMirroredStrategy: the TensorFlow half of the study.
+
+One process per node, TF_CONFIG in the environment (worker 0 is the chief), or
+alone without it. tf-keras's ResNet50 (weights=None) in a custom loop with
+`strategy.run`: the same data order, shards, learning-rate schedule, L2 weight
+decay and evaluation as train_torch.py, and the same metrics (docs/metrics.md).
+Keras 3's model.fit fails under MWMS (DESIGN.md), hence tf-keras and this loop.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wlcommon  # noqa: E402
+import wldata  # noqa: E402
+import wlmetrics  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+
+def worker_info() -> tuple[int, int]:
+    cfg = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    if not cfg:
+        return 0, 1
+    return int(cfg["task"]["index"]), len(cfg["cluster"]["worker"])
+
+
+def build_model(classes: int, size: int) -> keras.Model:
+    return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
+                                       classifier_activation=None)  # logits, as torchvision's
+
+
+def normalize(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    return ((x.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
+
+
+class Trainer:
+    """The model, optimizer and compiled steps of one worker."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, classes: int, size: int, a: argparse.Namespace,
+                 global_batch: int) -> None:
+        self.strategy, self.a, self.global_batch = strategy, a, global_batch
+        with strategy.scope():
+            self.model = build_model(classes, size)
+            self.opt = keras.optimizers.SGD(learning_rate=a.lr, momentum=a.momentum)
+            self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function
+    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                logits = self.model(x, training=True)
+                # sum over the local batch / global batch: the all-reduced (summed) gradient is then the
+                # mean over the global batch, as DDP's averaged gradient of equal local means
+                loss = tf.nn.compute_average_loss(self.loss_fn(y, logits), global_batch_size=self.global_batch)
+            variables = self.model.trainable_variables
+            grads = tape.gradient(loss, variables)
+            world = self.strategy.num_replicas_in_sync
+            # L2 weight decay added to the gradient, as torch's SGD does (each replica adds 1/world of it)
+            grads = [g + self.a.weight_decay / world * v for g, v in zip(grads, variables)]
+            self.opt.apply_gradients(zip(grads, variables))
+            return loss * world  # this replica's mean loss
+
+        per_replica = self.strategy.run(replica, args=(x, y))
+        return self.strategy.experimental_local_results(per_replica)[0]
+
+    @tf.function
+    def eval_sums(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def replica(x, y):
+            logits = self.model(x, training=False)
+            loss = tf.reduce_sum(self.loss_fn(y, logits))
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+            return tf.stack([loss, correct, tf.cast(tf.shape(y)[0], tf.float32)])
+
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(replica, args=(x, y)), axis=None)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, max_len: int, batch: int = 256) -> tuple[float, float]:
+        """Each worker scores its share; all run ceil(max_len / batch) collective steps, even if empty."""
+        sums = np.zeros(3)
+        for i in range(-(-max_len // batch)):
+            xb, yb = x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+            sums += self.eval_sums(tf.constant(xb), tf.constant(yb)).numpy()
+        return float(sums[0] / sums[2]), float(sums[1] / sums[2])
+
+    def broadcast_from_chief(self, chief: bool) -> None:
+        """After the chief restored a checkpoint (nodes don't share disks): everyone takes its values."""
+        opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
+        variables = self.model.variables + list(opt_vars) + [self.epoch, self.step]
+
+        @tf.function
+        def bcast():
+            def replica():
+                ctx = tf.distribute.get_replica_context()
+                mine = [tf.cast(v.read_value(), tf.float64) if chief else tf.zeros(v.shape, tf.float64)
+                        for v in variables]
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+            return self.strategy.run(replica)
+
+        for v, val in zip(variables, bcast()):
+            v.assign(tf.cast(self.strategy.experimental_local_results(val)[0], v.dtype))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    wlcommon.add_args(ap)
+    a = ap.parse_args(argv)
+    rank, world = worker_info()
+    threads = wlcommon.threads_per_process(a.threads, 1)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
+    tf.random.set_seed(a.seed)
+    keras.utils.set_random_seed(a.seed)
+    out = Path(a.out)
+    metrics = wlmetrics.MetricsWriter(out, rank, "tensorflow")
+
+    ds = wldata.open_prepared(a.data) if a.data else wldata.load(a.dataset, a.data_path, a.size, a.seed)
+    mean, std = ds.normalization()
+    xtr, ytr = normalize(ds.x_train, mean, std), ds.y_train
+    vidx = np.arange(rank, len(ds.x_val), world)
+    xva, yva = normalize(ds.x_val[vidx], mean, std), ds.y_val[vidx]
+
+    global_batch = a.batch * world
+    steps_per_epoch = len(wldata.shard(len(ds.x_train), 0, world)) // a.batch
+    if a.max_steps:
+        steps_per_epoch = min(steps_per_epoch, a.max_steps)
+    peak = wlcommon.peak_lr(a.lr, global_batch)
+    tr = Trainer(strategy, ds.classes, a.size, a, global_batch)
+    ckpt_dir = out / "checkpoint"
+    ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
+    if a.resume == "auto":
+        latest = tf.train.latest_checkpoint(str(ckpt_dir)) if rank == 0 else None
+        if latest:
+            ckpt.read(latest).expect_partial()
+        if world > 1:
+            _build_optimizer_slots(tr)
+            tr.broadcast_from_chief(chief=rank == 0)
+    start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
+    metrics.start(world=world, local_rank=0, device="cpu" if not tf.config.list_physical_devices("GPU") else "gpu",
+                  amp=False, dataset=ds.name, synthetic=ds.synthetic, train_samples=len(ds.x_train),
+                  val_samples=len(ds.x_val), batch=a.batch, global_batch=global_batch,
+                  steps_per_epoch=steps_per_epoch, epochs=a.epochs, peak_lr=peak, momentum=a.momentum,
+                  weight_decay=a.weight_decay, schedule=a.schedule, warmup_epochs=a.warmup_epochs,
+                  start_epoch=start_epoch, tensorflow=tf.__version__, threads=threads)
+    history = []
+    run_start = time.time()
+    for epoch in range(start_epoch, a.epochs):
+        order = wlcommon.epoch_order(len(xtr), a.seed, epoch)
+        mine = order[wldata.shard(len(order), rank, world)]
+        ep_start = time.perf_counter()
+        tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
+        for i in range(steps_per_epoch):
+            t0 = time.perf_counter()
+            idx = mine[i * a.batch:(i + 1) * a.batch]
+            x, y = tf.constant(xtr[idx]), tf.constant(ytr[idx])
+            t1 = time.perf_counter()
+            lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)
+            tr.opt.learning_rate.assign(lr)
+            loss_v = float(tr.train_step(x, y).numpy())
+            t2 = time.perf_counter()
+            data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
+            tot_loss, seen = tot_loss + loss_v * len(idx), seen + len(idx)
+            step += 1
+            if step % a.log_every == 0 or i == steps_per_epoch - 1:
+                metrics.write("step", epoch=epoch, step=step, loss=loss_v, lr=lr,
+                              images_per_s=round(global_batch / max(t2 - t0, 1e-9), 2),
+                              data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5))
+        ep_s = time.perf_counter() - ep_start
+        train_loss = _allsum(strategy, np.array([tot_loss, seen]))
+        val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(ds.x_val) // world))
+        _, tr_acc = tr.evaluate(xtr[mine[:512]], ytr[mine[:512]], max_len=min(512, len(mine)))
+        rec = metrics.write("epoch", epoch=epoch, step=step, train_loss=float(train_loss[0] / train_loss[1]),
+                            train_acc=tr_acc, val_loss=val_loss, val_acc=val_acc, epoch_s=round(ep_s, 3),
+                            images_per_s=round(steps_per_epoch * global_batch / ep_s, 2),
+                            data_s=round(data_s, 3), compute_s=round(comp_s, 3), **wlmetrics.system_sample())
+        history.append(rec)
+        tr.epoch.assign(epoch)
+        tr.step.assign(step)
+        # every worker writes (MWMS collectives); only the chief's copy is kept
+        target = ckpt_dir if rank == 0 else out / f".checkpoint-worker{rank}"
+        ckpt.write(str(target / "ckpt"))
+        if rank == 0:
+            (ckpt_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt"\n')
+    metrics.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - run_start, 3))
+    if rank == 0:
+        vals = [h["val_acc"] for h in history]
+        wlmetrics.write_summary(out, {
+            "framework": "tensorflow", "world": world, "batch": a.batch, "global_batch": global_batch,
+            "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "dataset": ds.name, "synthetic": ds.synthetic,
+            "final_val_acc": vals[-1] if vals else None, "best_val_acc": max(vals) if vals else None,
+            "epoch_s": [h["epoch_s"] for h in history], "images_per_s": [h["images_per_s"] for h in history],
+            "val_acc": vals, "wall_s": round(time.time() - run_start, 3),
+            "final_step": history[-1]["step"] if history else None})
+    metrics.close()
+    return 0
+
+
+def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
+    if strategy.num_replicas_in_sync == 1:
+        return values
+    t = tf.constant(values, dtype=tf.float64)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(t)), axis=None).numpy()
+
+
+def _build_optimizer_slots(tr: Trainer) -> None:
+    """Momentum slots exist only after the first apply; create them (zero update) before broadcasting."""
+    with tr.strategy.scope():
+        tr.opt.build(tr.model.trainable_variables)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
