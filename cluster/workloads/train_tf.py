@@ -204,7 +204,17 @@ def main(argv: list[str] | None = None) -> int:
             "val_acc": vals, "wall_s": round(time.time() - run_start, 3),
             "final_step": history[-1]["step"] if history else None})
     metrics.close()
+    wait_for_all_workers(world)
     return 0
+
+
+def wait_for_all_workers(world: int, name: str = "clusterctl-exit") -> None:
+    """Leave together: a worker that exits right after the last all-reduce can close the socket its peer
+    still pulls that result's buffers from ("Collective ops is aborted by: Socket closed")."""
+    if world > 1:
+        from tensorflow.python.eager import context
+
+        context.context().wait_at_barrier(name, 300_000)  # the coordination service's barrier
 
 
 def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:

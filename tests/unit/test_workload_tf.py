@@ -1,0 +1,97 @@
+"""The TensorFlow program's arithmetic: 2 MWMS workers on loopback == 1 process on the whole batch."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+
+HELPER = f"""
+import argparse, sys
+import numpy as np
+sys.path.insert(0, {str(WL)!r})
+import tf_keras as keras
+keras.backend.set_floatx("float64")  # the comparison sees the arithmetic, not float32 rounding
+import tensorflow as tf
+import train_tf
+
+mode, init, data, out = sys.argv[1:5]
+rank, world = train_tf.worker_info()
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
+a = argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4)
+tr = train_tf.Trainer(strategy, 10, 32, a, global_batch=8)
+if mode == "init":
+    np.savez(init, *tr.model.get_weights())
+    sys.exit(0)
+# BN statistics are per worker in MWMS (as in DDP): hold BN in inference mode for the comparison
+for layer in tr.model.layers:
+    if isinstance(layer, keras.layers.BatchNormalization):
+        layer.trainable = False
+with np.load(init) as w:
+    tr.model.set_weights([w[f"arr_{{i}}"] for i in range(len(w.files))])
+with np.load(data) as d:
+    half = len(d["x"]) // world
+    x, y = d["x"][rank * half:(rank + 1) * half], d["y"][rank * half:(rank + 1) * half]
+for _ in range(2):  # two steps: the momentum slots are exercised too
+    tr.opt.learning_rate.assign(0.01)
+    tr.train_step(tf.constant(x), tf.constant(y))
+weights = tr.model.get_weights()  # on every worker: reading BN's sync-on-read variables is a collective
+if rank == 0:
+    np.savez(out, *weights)
+train_tf.wait_for_all_workers(world)
+"""
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _run(helper: Path, args: list[str], tf_config: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TF_CONFIG", None)
+    if tf_config:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    return subprocess.Popen([sys.executable, str(helper), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _ok(p: subprocess.Popen) -> None:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+
+
+def test_mwms_step_on_two_workers_equals_one_step_on_the_concatenated_batch(tmp_path: Path) -> None:
+    helper = tmp_path / "helper.py"
+    helper.write_text(HELPER)
+    init, data = tmp_path / "init.npz", tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.standard_normal((8, 32, 32, 3)), y=rng.integers(0, 10, 8))
+    _ok(_run(helper, ["init", str(init), str(data), "-"]))
+    _ok(_run(helper, ["train", str(init), str(data), str(tmp_path / "single.npz")]))
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = [_run(helper, ["train", str(init), str(data), str(tmp_path / "mwms.npz")],
+                  {"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, "\n---\n".join(e[-2500:] for _, e in results)
+    with np.load(init) as w0, np.load(tmp_path / "single.npz") as s, np.load(tmp_path / "mwms.npz") as m:
+        moved = 0
+        for k in w0.files:
+            d_single, d_mwms = s[k] - w0[k], m[k] - w0[k]
+            scale = np.abs(d_single).max()
+            assert np.abs(d_mwms - d_single).max() <= 1e-9 * scale + 1e-12, k
+            moved += int(scale > 0)
+    assert moved > 100  # the steps really changed the weights
