@@ -35,8 +35,14 @@ def worker_info() -> tuple[int, int]:
 
 
 def build_model(classes: int, size: int) -> keras.Model:
-    return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
-                                       classifier_activation=None)  # logits, as torchvision's
+    model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
+                                        classifier_activation=None)  # logits, as torchvision's
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            # torch's BN keeps 90% of its running statistics per step (momentum 0.1), Keras's default 99%:
+            # with 0.99 a short run evaluates with statistics still near their initial values.
+            layer.momentum = 0.9
+    return model
 
 
 def normalize(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
