@@ -107,3 +107,35 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(summary, indent=1) + "\n")
     os.replace(tmp, p)
     return p
+
+
+# Required fields per record type (docs/metrics.md); values' types checked by `validate`.
+REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "start": {"host": (str,), "world": (int,), "batch": (int,), "global_batch": (int,), "steps_per_epoch": (int,),
+              "epochs": (int,), "peak_lr": (float, int), "dataset": (str,), "synthetic": (bool,),
+              "start_epoch": (int,)},
+    "step": {"epoch": (int,), "step": (int,), "loss": (float, int), "lr": (float, int),
+             "images_per_s": (float, int), "data_s": (float, int), "compute_s": (float, int)},
+    "epoch": {"epoch": (int,), "step": (int,), "train_loss": (float, int), "train_acc": (float, int),
+              "val_loss": (float, int), "val_acc": (float, int), "epoch_s": (float, int),
+              "images_per_s": (float, int), "data_s": (float, int), "compute_s": (float, int)},
+    "end": {"epochs_done": (int,), "step": (int,), "wall_s": (float, int)},
+}
+COMMON: dict[str, tuple[type, ...]] = {"type": (str,), "schema": (int,), "framework": (str,), "rank": (int,),
+                                       "time": (float,), "mono": (float, int)}
+
+
+def validate(record: dict[str, Any]) -> list[str]:
+    """Problems with one metrics record against the documented schema (empty: valid)."""
+    kind = record.get("type")
+    if kind not in REQUIRED:
+        return [f"unknown type {kind!r}"]
+    problems = []
+    for name, types in {**COMMON, **REQUIRED[kind]}.items():
+        if name not in record:
+            problems.append(f"{kind}: missing {name}")
+        elif not isinstance(record[name], types) or (isinstance(record[name], bool) and bool not in types):
+            problems.append(f"{kind}: {name} is {type(record[name]).__name__}")
+    if record.get("framework") not in ("pytorch", "tensorflow"):
+        problems.append(f"{kind}: framework {record.get('framework')!r}")
+    return problems

@@ -106,6 +106,9 @@ def test_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) -> No
     for k in a["model"]:
         assert torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-5), k
     recs = [json.loads(line) for line in (tmp_path / "stopped" / "metrics-rank0.jsonl").read_text().splitlines()]
+    import wlmetrics
+
+    assert all(wlmetrics.validate(r) == [] for r in recs)  # docs/metrics.md's schema
     starts = [r for r in recs if r["type"] == "start"]
     assert [s["start_epoch"] for s in starts] == [0, 1]  # what the stopped run wrote is kept, then continued
     lrs_whole = [r["lr"] for r in map(json.loads, (tmp_path / "whole" / "metrics-rank0.jsonl").read_text().splitlines())
