@@ -15,32 +15,21 @@ Rows:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import lab_parser, median_time  # noqa: E402
 from cluster import inventory, lab  # noqa: E402
 from cluster.fanout import Group  # noqa: E402
 
-
-def median_time(fn: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
-    fn()  # warm-up: page cache, sshd's first fork
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
 
 
 def check(proc: subprocess.CompletedProcess[str], what: str) -> None:
@@ -49,12 +38,7 @@ def check(proc: subprocess.CompletedProcess[str], what: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--name", default="fbench")
-    ap.add_argument("--subnet", default="10.76.0.0/24")
-    args = ap.parse_args()
+    args = lab_parser(__doc__, "fbench", "10.76.0.0/24", repeats=7).parse_args()
     if not shutil.which("pdsh"):
         raise SystemExit("pdsh is not installed: apt-get install pdsh (scripts/setup.sh does)")
 

@@ -12,15 +12,12 @@ explicitly asks for it: `python_env: existing`), because 16 fresh venvs would ne
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -28,6 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import lab_parser, median_time  # noqa: E402
 from cluster import compat, lab, provision, wheelhouse  # noqa: E402
 
 ANSIBLE_PLAYBOOK = """\
@@ -60,23 +58,9 @@ def sh(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> sub
     return p
 
 
-def median(fn, repeats: int) -> tuple[float, list[float]]:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), times
-
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--name", default="pbench")
-    ap.add_argument("--subnet", default="10.73.0.0/24")
-    args = ap.parse_args()
+    args = lab_parser(__doc__, "pbench", "10.73.0.0/24", repeats=5).parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="clusterctl-pbench-"))
     home = tmp / "home"
@@ -135,8 +119,8 @@ def main() -> int:
                    aenv, "ansible-playbook")
             assert "changed=0" in r.stdout and "failed=0" in r.stdout, r.stdout[-2000:]
 
-        results = {"ansible-playbook (baseline)": median(ansible, args.repeats),
-                   "clusterctl provision": median(clusterctl, args.repeats)}
+        results = {"ansible-playbook (baseline)": median_time(ansible, args.repeats),
+                   "clusterctl provision": median_time(clusterctl, args.repeats)}
     finally:
         lab.down(args.name, tmp / "lab")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -201,14 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             (ckpt_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt"\n')
     metrics.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - run_start, 3))
     if rank == 0:
-        vals = [h["val_acc"] for h in history]
-        wlmetrics.write_summary(out, {
-            "framework": "tensorflow", "world": world, "batch": a.batch, "global_batch": global_batch,
-            "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "dataset": ds.name, "synthetic": ds.synthetic,
-            "final_val_acc": vals[-1] if vals else None, "best_val_acc": max(vals) if vals else None,
-            "epoch_s": [h["epoch_s"] for h in history], "images_per_s": [h["images_per_s"] for h in history],
-            "val_acc": vals, "wall_s": round(time.time() - run_start, 3),
-            "final_step": history[-1]["step"] if history else None})
+        wlmetrics.write_summary(out, wlmetrics.summary("tensorflow", a, world, steps_per_epoch, history,
+                                                       time.time() - run_start, ds))
     metrics.close()
     wait_for_all_workers(world)
     return 0

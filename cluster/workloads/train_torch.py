@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         order = wlcommon.epoch_order(len(ds.x_train), a.seed, epoch)
         mine = order[wldata.shard(len(order), rank, world)]
         ep_start = time.perf_counter()
-        tot_loss, tot_correct, seen, data_s, comp_s = 0.0, 0, 0, 0.0, 0.0
+        tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
         for i in range(steps_per_epoch):
             t0 = time.perf_counter()
             idx = torch.from_numpy(mine[i * a.batch:(i + 1) * a.batch])
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             _save(model, opt, epoch, step, ckpt)
     metrics.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - run_start, 3))
     if rank == 0:
-        wlmetrics.write_summary(out, _summary("pytorch", a, world, global_batch, steps_per_epoch, history,
-                                              time.time() - run_start, ds))
+        wlmetrics.write_summary(out, wlmetrics.summary("pytorch", a, world, steps_per_epoch, history,
+                                                       time.time() - run_start, ds))
     metrics.close()
     if world > 1:
         dist.destroy_process_group()
@@ -199,15 +199,6 @@ def _resume(model, opt, path: Path, rank: int, world: int) -> tuple[int, int]:
     model.load_state_dict(state[0]["model"])
     opt.load_state_dict(state[0]["optimizer"])
     return state[0]["epoch"] + 1, state[0]["step"]
-
-
-def _summary(framework, a, world, global_batch, steps_per_epoch, history, wall, ds) -> dict:
-    vals = [h["val_acc"] for h in history]
-    return {"framework": framework, "world": world, "batch": a.batch, "global_batch": global_batch,
-            "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "dataset": ds.name, "synthetic": ds.synthetic,
-            "final_val_acc": vals[-1] if vals else None, "best_val_acc": max(vals) if vals else None,
-            "epoch_s": [h["epoch_s"] for h in history], "images_per_s": [h["images_per_s"] for h in history],
-            "val_acc": vals, "wall_s": round(wall, 3), "final_step": history[-1]["step"] if history else None}
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def parse_nvidia_smi_sample(text: str) -> list[dict[str, Any]]:
     return res
 
 
+def summary(framework: str, args: Any, world: int, steps_per_epoch: int, history: list[dict[str, Any]],
+            wall_s: float, ds: Any) -> dict[str, Any]:
+    """The run's summary.json from its epoch records (the same fields for both frameworks)."""
+    vals = [h["val_acc"] for h in history]
+    return {"framework": framework, "world": world, "batch": args.batch, "global_batch": args.batch * world,
+            "epochs": args.epochs, "steps_per_epoch": steps_per_epoch, "dataset": ds.name, "synthetic": ds.synthetic,
+            "final_val_acc": vals[-1] if vals else None, "best_val_acc": max(vals) if vals else None,
+            "epoch_s": [h["epoch_s"] for h in history], "images_per_s": [h["images_per_s"] for h in history],
+            "val_acc": vals, "wall_s": round(wall_s, 3), "final_step": history[-1]["step"] if history else None}
+
+
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
     p = Path(out_dir) / "summary.json"
     tmp = p.with_suffix(".tmp")

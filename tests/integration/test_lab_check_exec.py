@@ -1,14 +1,13 @@
 """check / exec / trust against a real 3-node simulated lab (real sshd in network namespaces)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
 
-from cluster import hostkeys, lab
+from cluster import lab
 from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark  # noqa: F401
 
 

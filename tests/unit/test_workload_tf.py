@@ -95,3 +95,43 @@ def test_mwms_step_on_two_workers_equals_one_step_on_the_concatenated_batch(tmp_
             assert np.abs(d_mwms - d_single).max() <= 1e-9 * scale + 1e-12, k
             moved += int(scale > 0)
     assert moved > 100  # the steps really changed the weights
+
+
+def _tf_program(out: Path, wait: bool = True):
+    cmd = [sys.executable, str(WL / "train_tf.py"), "--dataset", "digits", "--epochs", "2", "--batch", "32",
+           "--max-steps", "3", "--log-every", "1", "--threads", "1", "--out", str(out)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TF_CONFIG", None)
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_tf_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    whole = _tf_program(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    p = _tf_program(tmp_path / "stopped", wait=False)
+    marker = tmp_path / "stopped" / "checkpoint" / "checkpoint"
+    deadline = time.monotonic() + 600
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # let the chief finish writing epoch 0's files
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    again = _tf_program(tmp_path / "stopped")
+    assert again.returncode == 0, again.stderr[-2000:]
+
+    def records(d: Path) -> list[dict]:
+        return [json.loads(x) for x in (d / "metrics-rank0.jsonl").read_text().splitlines()]
+
+    a, b = records(tmp_path / "whole"), records(tmp_path / "stopped")
+    assert [r["start_epoch"] for r in b if r["type"] == "start"] == [0, 1]
+    last_a = [r for r in a if r["type"] == "epoch"][-1]
+    last_b = [r for r in b if r["type"] == "epoch"][-1]
+    assert (last_a["epoch"], last_a["step"]) == (last_b["epoch"], last_b["step"]) == (1, 6)
+    assert [r["lr"] for r in a if r["type"] == "step" and r["epoch"] == 1] == \
+           [r["lr"] for r in b if r["type"] == "step" and r["epoch"] == 1]
+    assert abs(last_a["train_loss"] - last_b["train_loss"]) < 1e-4 * max(1.0, abs(last_a["train_loss"]))

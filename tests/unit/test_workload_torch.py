@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 import torch  # noqa: E402 - installed by scripts/setup.sh; a missing torch must fail, not skip
 import torch.distributed as dist  # noqa: E402
