@@ -42,7 +42,7 @@ def _load_inventory(args: argparse.Namespace) -> inventory_mod.Inventory:
     return inventory_mod.load(path, overrides=getattr(args, "set", None) or ())
 
 
-def _progress(total: int, label: str) -> Progress:
+def _progress(label: str) -> Progress:
     return Progress(SpinnerColumn(), TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, transient=True, disable=not err.is_terminal)
 
@@ -196,7 +196,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     inv = _load_inventory(args)
     hosts = inv.select(args.limit)
-    with Group(hosts, forks=args.forks) as group, _progress(len(hosts), "gathering facts") as prog:
+    with Group(hosts, forks=args.forks) as group, _progress("gathering facts") as prog:
         task = prog.add_task("facts", total=len(hosts))
         report = check.run(group, on_done=lambda r: prog.advance(task))
     if args.json:
