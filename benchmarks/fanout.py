@@ -1,6 +1,6 @@
 """Fan-out benchmark: one command on a 16-node simulated lab, clusterctl vs ssh loop vs pdsh.
 
-    sudo .venv/bin/python benchmarks/fanout.py [--nodes 16] [--repeats 7]
+    .venv/bin/python benchmarks/fanout.py [--nodes 16] [--repeats 7]
 
 Prints a table (median wall time of several runs, ratios against pdsh measured in
 the same run) and the numbers for docs/performance.md. Contacts only the lab it

@@ -1,6 +1,6 @@
 """No-op re-provision of a 16-node simulated lab: clusterctl vs an equivalent Ansible playbook.
 
-    sudo .venv/bin/python benchmarks/provision.py [--nodes 16] [--repeats 5]
+    .venv/bin/python benchmarks/provision.py [--nodes 16] [--repeats 5]
 
 Both sides find every node already provisioned and only check it, with the same
 checks: facts, the work directory, the venv (existing interpreter), the network
