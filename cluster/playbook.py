@@ -44,11 +44,11 @@ def _shell_finalize(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def _env(shell: bool) -> jinja2.Environment:
+def _env(quote: bool) -> jinja2.Environment:
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-        finalize=_shell_finalize if shell else None,
+        finalize=_shell_finalize if quote else None,
     )
     env.filters["raw"] = Raw
     env.filters["q"] = shlex.quote
@@ -147,21 +147,21 @@ class Renderer:
         merged_vars = dict(self.ctx.get("vars", {}))
         for k, v in pb.vars.items():
             if k not in merged_vars:  # inventory vars win over playbook defaults
-                merged_vars[k] = self._render(v, None, f"vars.{k}", shell=False, extra=merged_vars)
+                merged_vars[k] = self._render(v, None, f"vars.{k}", quote=False, extra=merged_vars)
         self.ctx["vars"] = merged_vars
         self.ctx.update({k: v for k, v in merged_vars.items() if k not in self.ctx})
 
-    def _render(self, value: Any, step: Step | None, what: str, shell: bool,
+    def _render(self, value: Any, step: Step | None, what: str, quote: bool,
                 extra: dict[str, Any] | None = None) -> Any:
         if isinstance(value, dict):
-            return {k: self._render(v, step, f"{what}.{k}", shell, extra) for k, v in value.items()}
+            return {k: self._render(v, step, f"{what}.{k}", quote, extra) for k, v in value.items()}
         if isinstance(value, list):
-            return [self._render(v, step, what, shell, extra) for v in value]
+            return [self._render(v, step, what, quote, extra) for v in value]
         if not isinstance(value, str):
             return value
         ctx = {**self.ctx, **(extra or {})}
         try:
-            return (SHELL_ENV if shell else TEXT_ENV).from_string(value).render(ctx)
+            return (SHELL_ENV if quote else TEXT_ENV).from_string(value).render(ctx)
         except jinja2.TemplateError as e:
             raise self.error(step, f"{what}: {e.message if hasattr(e, 'message') else e}") from None
 
@@ -171,10 +171,10 @@ class Renderer:
                              "(vars, host, facts, build)")
 
     def shell(self, step: Step, value: str, what: str) -> str:
-        return self._render(value, step, what, shell=True)
+        return self._render(value, step, what, quote=True)
 
     def text(self, step: Step, value: Any, what: str) -> Any:
-        return self._render(value, step, what, shell=False)
+        return self._render(value, step, what, quote=False)
 
     def condition(self, step: Step) -> bool:
         if step.when is None:

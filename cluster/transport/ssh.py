@@ -1,7 +1,7 @@
 """SSH to one node through paramiko, host keys verified against the inventory's known_hosts.
 
-NOTE: paramiko directly rather than fabric's Connection: fabric installs
-AutoAddPolicy by default and runs each command through invoke's polling Runner;
+NOTE: paramiko directly rather than fabric's Connection: fabric accepts unknown
+host keys by default and runs each command through invoke's polling Runner;
 here host-key policy, timeouts and per-host results must be ours, and the
 fan-out benchmark (docs/performance.md) counts every millisecond per command.
 """
