@@ -150,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             tot_loss, seen = tot_loss + loss_v * len(y), seen + len(y)
             step += 1
             if step % a.log_every == 0 or i == steps_per_epoch - 1:
-                metrics.write("step", epoch=epoch, step=step, loss=loss_v, lr=lr,
-                              images_per_s=round(global_batch / max(t2 - t0, 1e-9), 2),
-                              data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5))
+                metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2)
         train_loss = torch.tensor([tot_loss, seen], dtype=torch.float64)
         if world > 1:
             dist.all_reduce(train_loss)

@@ -38,6 +38,13 @@ class MetricsWriter:
     def start(self, **fields: Any) -> dict[str, Any]:
         return self.write("start", host=socket.gethostname(), pid=os.getpid(), **fields)
 
+    def step(self, epoch: int, step: int, loss: float, lr: float, global_batch: int,
+             t0: float, t1: float, t2: float) -> dict[str, Any]:
+        """A step record from the step's timestamps: t0 batch asked for, t1 batch ready, t2 step done."""
+        return self.write("step", epoch=epoch, step=step, loss=loss, lr=lr,
+                          images_per_s=round(global_batch / max(t2 - t0, 1e-9), 2),
+                          data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5))
+
     def close(self) -> None:
         self._f.close()
 
