@@ -44,9 +44,10 @@ def _shell_finalize(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def _env(quote: bool) -> jinja2.Environment:
+def _env(quote: bool, trim: bool = False) -> jinja2.Environment:
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+        trim_blocks=trim, lstrip_blocks=trim,
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         finalize=_shell_finalize if quote else None,
     )
@@ -56,6 +57,7 @@ def _env(quote: bool) -> jinja2.Environment:
 
 
 SHELL_ENV, TEXT_ENV = _env(True), _env(False)
+SCRIPT_ENV = _env(True, trim=True)  # whole shell scripts (launch files): block tags leave no blank lines
 
 
 @dataclass

@@ -1,0 +1,229 @@
+"""Job specs: what to train, on which nodes, with which settings (schema: docs/jobs.md).
+
+A spec is data (playbooks/<name>.yaml), resolved with `--set` overrides and
+validated here; rendering it into per-node launch files is cluster.render, and
+running it is cluster.launch. Every error names the file, line, field and fix.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from cluster import paths, yamlfile
+from cluster.errors import UsageError
+from cluster.inventory import parse_override
+
+JOBS_DIR = paths.PROJECT_ROOT / "playbooks"
+WORKLOADS_DIR = paths.PROJECT_ROOT / "cluster" / "workloads"
+FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
+DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")
+ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+# Every key a spec may hold, with its default; a spec file gives some, --set overrides any.
+DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "description": "",
+    "framework": None,
+    "entry": None,  # default: the framework's program in cluster/workloads
+    "dataset": {"name": "digits", "path": None, "size": 32},
+    "epochs": 4,
+    "batch": 32,
+    "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
+    "seed": 0,
+    "nodes": "all",
+    "procs_per_node": "auto",
+    "threads": 0,
+    "amp": "auto",
+    "max_restarts": 0,
+    "max_steps": 0,
+    "log_every": 10,
+    "port": 0,
+    "env": {},
+}
+
+
+class JobError(UsageError):
+    """A spec that cannot be used: names the file (and line) and the dotted field."""
+
+    def __init__(self, file: str, line: int | None, field: str, message: str, fix: str) -> None:
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {field}: {message}", fix)
+        self.file, self.line, self.field = file, line, field
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    path: Path
+    settings: dict[str, Any]  # every key of DEFAULTS, resolved and validated
+
+    def __getitem__(self, key: str) -> Any:
+        return self.settings[key]
+
+    @property
+    def name(self) -> str:
+        return str(self.settings["name"])
+
+    @property
+    def framework(self) -> str:
+        return str(self.settings["framework"])
+
+    @property
+    def entry(self) -> str:
+        return str(self.settings["entry"])
+
+    def program_args(self, data_file: str, out_dir: str) -> list[str]:
+        """The training program's command line (wlcommon.add_args), one list item per word."""
+        s, o = self.settings, self.settings["optimizer"]
+        args = ["--data", data_file, "--out", out_dir, "--epochs", s["epochs"], "--batch", s["batch"],
+                "--lr", o["lr"], "--momentum", o["momentum"], "--weight-decay", o["weight_decay"],
+                "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
+                "--threads", s["threads"], "--amp", s["amp"], "--log-every", s["log_every"],
+                "--max-steps", s["max_steps"]]
+        return [str(a) for a in args]
+
+
+def find(name_or_path: str) -> Path:
+    """A job by name (playbooks/<name>.yaml) or by path."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return JOBS_DIR / f"{name_or_path}.yaml"
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in JOBS_DIR.glob("*.yaml") if p.stem != "provision")
+
+
+def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
+    path = find(name_or_path)
+    file = str(path)
+    try:
+        data = yamlfile.load(path.read_text())
+    except OSError as e:
+        raise JobError(file, None, "job", f"cannot read the job spec: {e.strerror}",
+                       f"name a job ({', '.join(available())}) or the path of a spec file") from None
+    except Exception as e:  # noqa: BLE001 - yaml errors carry their own position
+        raise JobError(file, None, "job", f"YAML error: {e}", "check the indentation and quoting") from None
+    if not isinstance(data, dict):
+        raise JobError(file, None, "job", "a job spec is a mapping of settings", "see docs/jobs.md")
+    settings = copy.deepcopy(DEFAULTS)
+    lines: dict[str, int | None] = {}
+    _merge(settings, data, "", file, lines)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set(settings, key, value, file)
+        lines[key] = None
+    if settings["entry"] is None and settings["framework"] in FRAMEWORKS:
+        settings["entry"] = FRAMEWORKS[settings["framework"]]
+    _validate(settings, file, lines)
+    return JobSpec(path, settings)
+
+
+def _merge(into: dict[str, Any], data: dict[str, Any], prefix: str, file: str, lines: dict[str, int | None]) -> None:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        line = yamlfile.line_of(data, key)
+        if key not in into:
+            raise JobError(file, line, dotted, "unknown setting",
+                           f"allowed here: {', '.join(into)} (docs/jobs.md)")
+        lines[dotted] = line
+        if isinstance(into[key], dict) and key != "env":
+            if not isinstance(value, dict):
+                raise JobError(file, line, dotted, f"expected a mapping, got {value!r}",
+                               f"e.g. {key}: {{{next(iter(into[key]))}: ...}}")
+            _merge(into[key], value, dotted + ".", file, lines)
+        else:
+            into[key] = dict(value) if isinstance(value, dict) else value
+
+
+def _set(settings: dict[str, Any], key: str, value: Any, file: str) -> None:
+    """--set a.b=value; env.NAME=value adds a variable."""
+    parts = key.split(".")
+    node = settings
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node.get(part), dict):
+            raise JobError("command line", None, key, f"'{'.'.join(parts[:i + 1])}' has no sub-settings",
+                           f"settable keys: {', '.join(_keys(DEFAULTS))} (spec: {file})")
+        node = node[part]
+    if parts[-1] not in node and parts[0] != "env":
+        raise JobError("command line", None, key, "unknown setting",
+                       f"settable keys: {', '.join(_keys(DEFAULTS))} (spec: {file})")
+    node[parts[-1]] = value
+
+
+def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "env":
+            out += _keys(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}" + (".NAME" if k == "env" else ""))
+    return out
+
+
+def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
+    def fail(field: str, message: str, fix: str) -> None:
+        raise JobError(file, lines.get(field), field, message, fix)
+
+    def number(field: str, value: Any, minimum: float, integer: bool, strict: bool = False) -> None:
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if not ok or isinstance(value, bool) or value < minimum or (strict and value <= minimum):
+            kind = "a whole number" if integer else "a number"
+            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+            fail(field, f"expected {kind} {bound}, got {value!r}", f"e.g. --set {field}="
+                 + ("2" if integer else "0.01"))
+
+    if not isinstance(s["name"], str) or not s["name"] or not all(c.isalnum() or c in "-_." for c in s["name"]):
+        fail("name", f"expected a name of letters, digits, '-', '_' or '.', got {s['name']!r}",
+             "e.g. name: resnet50-ddp")
+    if s["framework"] not in FRAMEWORKS:
+        fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
+             "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy)")
+    entry = s["entry"]
+    if not isinstance(entry, str) or "/" in entry or not (WORKLOADS_DIR / entry).is_file():
+        fail("entry", f"no program {entry!r} in cluster/workloads/",
+             f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
+    ds = s["dataset"]
+    if ds["name"] not in DATASETS:
+        fail("dataset.name", f"expected one of {', '.join(DATASETS)}, got {ds['name']!r}",
+             "dataset: {name: digits} needs no download")
+    if ds["name"] in ("cifar10", "imagefolder"):
+        if not ds["path"] or not Path(str(ds["path"])).expanduser().exists():
+            fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}",
+                 "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
+    number("dataset.size", ds["size"], 8, True)
+    number("epochs", s["epochs"], 1, True)
+    number("batch", s["batch"], 1, True)
+    o = s["optimizer"]
+    number("optimizer.lr", o["lr"], 0, False, strict=True)
+    number("optimizer.momentum", o["momentum"], 0, False)
+    number("optimizer.weight_decay", o["weight_decay"], 0, False)
+    number("optimizer.warmup_epochs", o["warmup_epochs"], 0, False)
+    if o["schedule"] not in ("cosine", "constant"):
+        fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
+    for field in ("seed", "threads", "max_restarts", "max_steps", "port"):
+        number(field, s[field], 0, True)
+    number("log_every", s["log_every"], 1, True)
+    if s["port"] > 65535:
+        fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
+    ppn = s["procs_per_node"]
+    if ppn != "auto" and (not isinstance(ppn, int) or isinstance(ppn, bool) or ppn < 1):
+        fail("procs_per_node", f"expected auto or a whole number >= 1, got {ppn!r}",
+             "auto: one process per GPU, one on a CPU-only node")
+    if s["amp"] not in ("auto", "on", "off"):
+        fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
+    nodes = s["nodes"]
+    if not (isinstance(nodes, str) and nodes) and not (
+            isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
+        fail("nodes", f"expected all, a group name or a list of host names, got {nodes!r}",
+             "nodes: all | nodes: gpu | nodes: [pc1, pc2]")
+    if not isinstance(s["env"], dict):
+        fail("env", f"expected a mapping NAME: value, got {s['env']!r}", "env: {OMP_PROC_BIND: close}")
+    for k, v in s["env"].items():
+        if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
+            fail(f"env.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
+                 "with a digit")
+        if isinstance(v, (dict, list)) or v is None:
+            fail(f"env.{k}", f"expected a plain value, got {v!r}", f"env: {{{k}: '1'}}")

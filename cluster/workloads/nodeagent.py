@@ -1,0 +1,230 @@
+"""Runs on a node with its system Python (stdlib only): start, watch and stop one run's processes.
+
+    nodeagent.py start  RUN_DIR        detach `sh launch.sh` in its own session; print pid/pgid as JSON
+    nodeagent.py status RUN_DIR        state, exit code, live processes, last metrics and log lines as JSON
+    nodeagent.py stop   RUN_DIR        SIGTERM the run's processes, SIGKILL what is left after a grace time
+    nodeagent.py freeport              a TCP port free on this node right now
+
+A run's processes are found three ways, because torchrun puts its workers in
+sessions of their own: the process group started here, the descendants of its
+leader, and any process whose environment carries this run's CLUSTER_RUN_ID and
+this node's CLUSTER_NODE_NAME (set by launch.sh). Output is one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LOG = "node.log"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _env_tags(run_dir: Path) -> tuple[bytes, bytes]:
+    job = _read_json(run_dir / "job.json") or {}
+    return (f"CLUSTER_RUN_ID={job.get('run_id', '')}".encode(), f"CLUSTER_NODE_NAME={job.get('node', '')}".encode())
+
+
+def _procs() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, pgid) for every process we can see."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            out[int(d)] = (int(fields[1]), int(fields[2]))
+    return out
+
+
+def run_processes(run_dir: Path) -> list[int]:
+    """Every live process of this run on this node (see the module docstring)."""
+    pid_doc = _read_json(run_dir / "pid.json") or {}
+    leader = pid_doc.get("pgid")
+    tags = _env_tags(run_dir)
+    procs = _procs()
+    found = {p for p, (_, pgid) in procs.items() if leader and pgid == leader}
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(p)
+    stack = list(found)
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in found:
+                found.add(c)
+                stack.append(c)
+    if tags[0] != b"CLUSTER_RUN_ID=":
+        for p in procs:
+            if p in found:
+                continue
+            try:
+                env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tags[0] in env and tags[1] in env:
+                found.add(p)
+    found.discard(os.getpid())
+    return sorted(found)
+
+
+def start(run_dir: Path) -> dict:
+    """Fork a session leader that runs launch.sh and records its exit; return at once."""
+    if (run_dir / "pid.json").exists():
+        return {"ok": False, "error": f"{run_dir} was already started"}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the session leader: pgid == its pid, outlives the SSH session
+        os.close(r)
+        os.setsid()
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        log = os.open(run_dir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        # A handler, not SIG_IGN: `stop` signals the whole group, this process must live on to record
+        # the exit, and exec resets handlers (an ignored signal would be inherited by the job).
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)
+        doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time()}
+        _write_json(run_dir / "pid.json", doc)
+        os.write(w, json.dumps(doc).encode())
+        os.close(w)
+        code = child.wait()
+        _write_json(run_dir / "exit.json", {"code": code, "ended": time.time()})
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    return {"ok": True, **json.loads(data)}
+
+
+def _tail_lines(path: Path, n: int, max_bytes: int = 65536) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return [x.decode("utf-8", "replace") for x in f.read().splitlines()[-n:]]
+    except OSError:
+        return []
+
+
+def _last_records(path: Path) -> dict:
+    """The last step and epoch records of a metrics file (and its start record's world size)."""
+    out: dict = {}
+    for line in _tail_lines(path, 200, 262144):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line being written right now
+        out[rec.get("type")] = rec
+    first = _first_record(path)
+    if first:
+        out.setdefault("start", first)
+    return out
+
+
+def _first_record(path: Path) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+
+
+def status(run_dir: Path, lines: int = 20) -> dict:
+    pid_doc = _read_json(run_dir / "pid.json")
+    exit_doc = _read_json(run_dir / "exit.json")
+    alive = run_processes(run_dir)
+    stopped = (run_dir / "stop.json").exists()
+    if pid_doc is None:
+        state = "not started"
+    elif alive and exit_doc is None:
+        state = "running"
+    elif exit_doc is not None and not alive:
+        state = "stopped" if stopped else ("succeeded" if exit_doc["code"] == 0 else "failed")
+    elif exit_doc is not None:
+        state = "stopping"  # the launcher ended, some of its processes did not (yet)
+    else:
+        state = "stopped" if stopped else "vanished"  # the leader died without recording an exit
+    metrics = {}
+    for f in sorted((run_dir / "out").glob("metrics-rank*.jsonl")):
+        metrics[f.stem.removeprefix("metrics-rank")] = _last_records(f)
+    return {"state": state, "pid": pid_doc, "exit": exit_doc, "processes": alive, "metrics": metrics,
+            "log": _tail_lines(run_dir / LOG, lines), "time": time.time()}
+
+
+def stop(run_dir: Path, grace: float = 10.0) -> dict:
+    if not (run_dir / "stop.json").exists() and not (run_dir / "exit.json").exists():
+        _write_json(run_dir / "stop.json", {"time": time.time()})
+    sent = run_processes(run_dir)
+    for p in sent:
+        try:
+            os.kill(p, signal.SIGTERM)  # torchrun forwards it to its workers and exits
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + grace
+    while time.time() < deadline and run_processes(run_dir):
+        time.sleep(0.2)
+    killed = run_processes(run_dir)
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.2)
+    return {"ok": not run_processes(run_dir), "terminated": sent, "killed": killed,
+            "left": run_processes(run_dir)}
+
+
+def freeport() -> dict:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return {"port": s.getsockname()[1]}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("start", "status", "stop", "freeport"):
+        sys.stderr.write(__doc__ or "")
+        return 2
+    if argv[0] == "freeport":
+        result = freeport()
+    else:
+        run_dir = Path(argv[1]).resolve()
+        if not run_dir.is_dir():
+            sys.stdout.write(json.dumps({"ok": False, "state": "missing", "error": f"no run folder {run_dir}"}) + "\n")
+            return 1
+        if argv[0] == "start":
+            result = start(run_dir)
+        elif argv[0] == "status":
+            result = status(run_dir, int(argv[2]) if len(argv) > 2 else 20)
+        else:
+            result = stop(run_dir, float(argv[2]) if len(argv) > 2 else 10.0)
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0 if result.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,17 @@
+#!/bin/sh
+# resnet50-tf: run resnet50-20261129-120000-abcd (worker 0 of 4; worker 0 is the chief), rendered by clusterctl 0.1.0.
+# MultiWorkerMirroredStrategy reads the cluster and this worker's index from TF_CONFIG
+# (tf_config.json next to this file, written with json.dumps). Every value below is shell-quoted.
+set -eu
+cd -- /srv/cluster
+. ./cluster.env
+CLUSTER_RUN_ID=resnet50-20261129-120000-abcd
+CLUSTER_NODE_NAME=pc1
+CLUSTER_NODE_RANK=0
+export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
+OMP_PROC_BIND=close
+export OMP_PROC_BIND
+cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
+TF_CONFIG=$(cat tf_config.json)
+export TF_CONFIG
+exec "$CLUSTER_PYTHON" program/train_tf.py --data /srv/cluster/datasets/digits-0123456789abcdef.npz --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --amp auto --log-every 10 --max-steps 0
