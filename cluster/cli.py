@@ -343,6 +343,201 @@ def _print_provision(report: Any) -> None:
         out.print("nothing to do: every step was already done and every environment is as verified")
 
 
+# --------------------------------------------------------------------------- launch and runs
+
+_RUN_STYLE = {"running": "yellow", "starting": "yellow", "succeeded": "green", "failed": "red", "stopped": "magenta",
+              "stopping": "magenta", "vanished": "red", "unreachable": "red", "missing": "red", "not started": "dim"}
+
+
+def _run_table(record: dict[str, Any], statuses: dict[str, Any]) -> Table:
+    state = record["state"]
+    t = Table(title=f"{record['run_id']}: [{_RUN_STYLE.get(state, 'white')}]{state}[/] "
+                    f"({record['job']}, world size {record['world_size']})")
+    for col in ("node", "state", "procs", "world", "epoch", "step", "loss", "images/s"):
+        t.add_column(col)
+    for n in record["nodes"]:
+        s = statuses.get(n["node"])
+        if s is None:
+            t.add_row(n["node"], "?", *["-"] * 6)
+            continue
+        d = s if isinstance(s, dict) else s.to_dict()
+        t.add_row(n["node"], f"[{_RUN_STYLE.get(d['state'], 'white')}]{d['state']}[/]", str(d["processes"]),
+                  str(d["world"] or "-"), str(d["epoch"] if d["epoch"] is not None else "-"),
+                  str(d["step"] if d["step"] is not None else "-"),
+                  f"{d['loss']:.4f}" if d["loss"] is not None else "-",
+                  f"{d['images_per_s']:.1f}" if d["images_per_s"] is not None else "-")
+    return t
+
+
+def _print_failure(record: dict[str, Any]) -> None:
+    f = record.get("failure")
+    if not f:
+        return
+    out.print(f"[red]run failed[/red] on {f['node']}: {escape(f['reason'])}"
+              + (f" (also: {', '.join(f['also'])})" if f.get("also") else ""))
+    for line in f.get("log") or []:
+        out.print(f"  [dim]{f['node']}|[/dim] {escape(line)}")
+    left = {n: r.get("left") for n, r in (record.get("stop_results") or {}).items() if r.get("left")}
+    out.print("the other nodes were stopped" + (f"; still running: {left}" if left else "") +
+              f"; logs and metrics stay on the nodes (`clusterctl logs {record['run_id']}`)")
+
+
+def _run_exit(record: dict[str, Any]) -> int:
+    return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
+            "dry-run": errors.EXIT_OK}.get(record["state"], errors.EXIT_FAILED)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    from cluster import jobs, launch
+
+    spec = jobs.load(args.job, args.set or ())
+    inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=args.host_set))
+    record, plan = launch.launch(inv, spec, limit=args.limit, dry_run=args.dry_run, forks=args.forks,
+                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
+    if args.dry_run:
+        if args.json:
+            _emit_json({**plan.to_dict(), "files": {n.node: n.files for n in plan.nodes}})
+            return errors.EXIT_OK
+        for n in plan.nodes:
+            for name, content in n.files.items():
+                out.rule(f"{n.node}: {n.run_dir}/{name}")
+                out.out(content.rstrip("\n"), highlight=False)
+            out.print(f"[bold]{n.node}[/] starts with: {escape(n.start_command)}")
+        out.print(f"dry run: {len(plan.nodes)} nodes, world size {plan.world_size}; nothing was changed "
+                  f"(the port is picked when the run starts unless the job sets `port:`)")
+        return errors.EXIT_OK
+    if not args.json:
+        err.print(f"run {record['run_id']} started on {len(record['nodes'])} nodes "
+                  f"(world size {record['world_size']})")
+    if args.detach:
+        if args.json:
+            _emit_json(record)
+        else:
+            out.print(f"detached: follow it with `clusterctl status {record['run_id']}` or "
+                      f"`clusterctl logs {record['run_id']} -f`; stop it with `clusterctl stop {record['run_id']}`")
+        return errors.EXIT_OK
+    live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal and not args.json else None
+    seen: dict[str, str] = {}
+
+    def update(rec: dict[str, Any], statuses: dict[str, Any]) -> None:
+        if live is not None:
+            live.update(_run_table(rec, statuses), refresh=True)
+        elif not args.json:  # piped: one line per change of a node's state or epoch
+            for name, s in statuses.items():
+                key = f"{s.state} epoch {s.epoch}"
+                if seen.get(name) != key:
+                    seen[name] = key
+                    err.print(f"{name}: {s.state}" + (f", epoch {s.epoch} step {s.step} loss {s.loss:.4f}"
+                                                      if s.loss is not None else ""))
+
+    try:
+        if live is not None:
+            with live:
+                record = launch.follow(record, on_update=update)
+        else:
+            record = launch.follow(record, on_update=update)
+    except KeyboardInterrupt:
+        err.print(f"detached; the run goes on. Stop it with `clusterctl stop {record['run_id']}`")
+        return 130
+    _print_run_end(args, record)
+    return _run_exit(record)
+
+
+def _print_run_end(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    if args.json:
+        _emit_json(record)
+        return
+    if record.get("last_status"):
+        out.print(_run_table(record, record["last_status"]))
+    _print_failure(record)
+    if record["state"] == "succeeded":
+        took = (record["ended"] or 0) - (record["started"] or 0)
+        out.print(f"run {record['run_id']} succeeded in {took:.0f} s; "
+                  f"results stay on the nodes under runs/{record['run_id']}/")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from cluster import runs
+
+    records = runs.list_runs()
+    if args.json:
+        _emit_json([{k: r.get(k) for k in ("run_id", "job", "state", "created", "started", "ended", "world_size")}
+                    | {"nodes": [n["node"] for n in r["nodes"]]} for r in records])
+        return errors.EXIT_OK
+    t = Table(title=f"runs in {escape(str(runs.runs_dir()))}")
+    for col in ("run", "job", "state", "nodes", "world", "started", "took"):
+        t.add_column(col)
+    for r in records:
+        took = f"{(r.get('ended') or time.time()) - r['started']:.0f}s" if r.get("started") else "-"
+        t.add_row(r["run_id"], r["job"], f"[{_RUN_STYLE.get(r['state'], 'white')}]{r['state']}[/]",
+                  ",".join(n["node"] for n in r["nodes"]), str(r["world_size"]),
+                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r.get("started") else "-", took)
+    out.print(t)
+    if not records:
+        out.print("no runs yet: clusterctl launch resnet50-ddp")
+    return errors.EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cluster import launch, runs
+
+    record = launch.refresh(runs.load(args.run))
+    if args.json:
+        _emit_json(record)
+    else:
+        out.print(_run_table(record, record.get("last_status") or {}))
+        _print_failure(record)
+    return _run_exit(record)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from cluster import launch, runs
+
+    record = runs.load(args.run)
+    if not args.follow:
+        got = launch.logs(record, args.node, lines=args.lines)
+        if args.json:
+            _emit_json({n: text for n, (text, _) in got.items()})
+        for name, (text, _) in got.items():
+            if not args.json:
+                out.rule(name)
+                out.out(text.rstrip("\n"), highlight=False)
+        return errors.EXIT_OK
+    offsets: dict[str, int] = {}
+    try:
+        while True:
+            got = launch.logs(record, args.node, offsets=offsets)
+            for name, (text, size) in got.items():
+                offsets[name] = size
+                for line in text.splitlines():
+                    out.out(f"{name}| {line}", highlight=False)
+            if record["state"] not in runs.ACTIVE:
+                return errors.EXIT_OK
+            record = launch.refresh(record)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from cluster import launch, runs
+
+    record = runs.load(args.run)
+    with err.status(f"stopping {record['run_id']} on {len(record['nodes'])} nodes"):
+        record = launch.stop(record, grace=args.grace)
+    left = {n: r.get("left") or r.get("error") for n, r in record["stop_results"].items() if not r.get("ok")}
+    if args.json:
+        _emit_json(record)
+    else:
+        for n, r in record["stop_results"].items():
+            out.print(f"{n}: " + ("[green]nothing left running[/]" if r.get("ok") else f"[red]{escape(str(r))}[/]")
+                      + (f" (terminated {len(r['terminated'])}, killed {len(r['killed'])})" if r.get("ok") else ""))
+        out.print(f"run {record['run_id']}: {record['state']}; logs and metrics stay on the nodes")
+    return errors.EXIT_OK if not left else errors.EXIT_FAILED
+
+
 # --------------------------------------------------------------------------- context
 
 
@@ -411,6 +606,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="show the plan and what would change; change nothing")
     sp.add_argument("--verify", action="store_true",
                     help="repeat the imports and the all-reduce even when nothing changed since the last run")
+
+    sp = add("launch", cmd_launch, "start a job on every node at once and follow it: clusterctl launch resnet50-ddp")
+    sp.add_argument("job", metavar="JOB", help="a job name (playbooks/JOB.yaml) or a spec file; see docs/jobs.md")
+    sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
+    sp.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a job setting, e.g. --set epochs=2 --set optimizer.lr=0.02; repeatable")
+    sp.add_argument("--host-set", action="append", metavar="KEY=VALUE", help="override a host field on every host")
+    sp.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+    sp.add_argument("--dry-run", action="store_true", help="print every node's files and commands; change nothing")
+    sp.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
+
+    sp = add("runs", cmd_runs, "list the runs recorded on this head node")
+    for name, fn, help in (("status", cmd_status, "a run's state on every node (default: the latest run)"),
+                           ("logs", cmd_logs, "a run's output on each node (default: the latest run)"),
+                           ("stop", cmd_stop, "stop a run on every node, leaving nothing running (default: latest)")):
+        sp = add(name, fn, help)
+        sp.add_argument("run", nargs="?", metavar="RUN", help="run id or a unique prefix (default: the latest)")
+        if name == "logs":
+            sp.add_argument("--node", help="only this node")
+            sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+            sp.add_argument("-n", "--lines", type=int, default=50, help="last lines per node (default 50)")
+        if name == "stop":
+            sp.add_argument("--grace", type=float, default=10.0,
+                            help="seconds between SIGTERM and SIGKILL (default 10)")
 
     sp = add("context", cmd_context, "show or set the current inventory used when none is given")
     sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")

@@ -2,7 +2,7 @@
 
     bridge <name>-br (first address of the subnet, the head's side)
       └─ veth <name>-vN ── eth0 in netns <name>-nN (subnet .10+N), sshd on :22,
-         hostname nodeN, <dir>/nodeN/srv bind-mounted on /srv/cluster
+         hostname nodeN (on 127.0.1.1 in its /etc/hosts, as Debian does), <dir>/nodeN/srv on /srv/cluster
 
 Nodes have no default route: like a lab network without internet. Everything a
 lab owns carries its name, so `up` can reclaim what a crashed run left behind and
@@ -211,10 +211,14 @@ def _start_sshd(node: NodeState, d: Path) -> None:
     # A fresh PC's shell: the head's ~/.bashrc (pyenv, conda...) would run before every command.
     bashrc = Path(os.path.expanduser("~root")) / ".bashrc"
     (nd / "bashrc").write_text("# clusterctl lab node: the head's ~/.bashrc is masked in this node\n")
+    # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
+    (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
+                              "::1\tlocalhost ip6-localhost ip6-loopback\n")
     q = shlex.quote
     mask = f"mount --bind {q(str(nd / 'bashrc'))} {q(str(bashrc))} && " if bashrc.exists() else ""
     script = (
         f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && {mask}"
+        f"mount --bind {q(str(nd / 'hosts'))} /etc/hosts && "
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
     )

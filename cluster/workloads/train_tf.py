@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
             tot_loss, seen = tot_loss + loss_v * len(idx), seen + len(idx)
             step += 1
-            if step % a.log_every == 0 or i == steps_per_epoch - 1:
+            if step % a.log_every == 0 or i == steps_per_epoch - 1 or i == 0:  # first: the run is up
                 metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2)
         ep_s = time.perf_counter() - ep_start
         train_loss = _allsum(strategy, np.array([tot_loss, seen]))

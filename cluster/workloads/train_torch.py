@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
             tot_loss, seen = tot_loss + loss_v * len(y), seen + len(y)
             step += 1
-            if step % a.log_every == 0 or i == steps_per_epoch - 1:
+            if step % a.log_every == 0 or i == steps_per_epoch - 1 or i == 0:  # first: the run is up
                 metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2)
         train_loss = torch.tensor([tot_loss, seen], dtype=torch.float64)
         if world > 1:
@@ -188,15 +188,22 @@ def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: 
 
 
 def _resume(model, opt, path: Path, rank: int, world: int) -> tuple[int, int]:
-    """Rank 0 reads its checkpoint (nodes don't share disks) and hands it to every rank."""
-    state = [torch.load(path, map_location="cpu", weights_only=False) if rank == 0 and path.exists() else None]
+    """The newest checkpoint any rank holds (nodes don't share disks, and a c10d rendezvous after a
+    restart may give rank 0 to another node) is read there and handed to every rank."""
+    state = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+    src = 0
     if world > 1:
-        dist.broadcast_object_list(state, src=0)
-    if state[0] is None:
+        epochs = [None] * world
+        dist.all_gather_object(epochs, state["epoch"] if state else -1)
+        src = max(range(world), key=lambda r: (epochs[r], -r))
+        box = [state if rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        state = box[0]
+    if state is None:
         return 0, 0
-    model.load_state_dict(state[0]["model"])
-    opt.load_state_dict(state[0]["optimizer"])
-    return state[0]["epoch"] + 1, state[0]["step"]
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return state["epoch"] + 1, state["step"]
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ class MetricsWriter:
         return rec
 
     def start(self, **fields: Any) -> dict[str, Any]:
-        return self.write("start", host=socket.gethostname(), pid=os.getpid(), **fields)
+        return self.write("start", host=socket.gethostname(), pid=os.getpid(),
+                          node=os.environ.get("CLUSTER_NODE_NAME"), run_id=os.environ.get("CLUSTER_RUN_ID"), **fields)
 
     def step(self, epoch: int, step: int, loss: float, lr: float, global_batch: int,
              t0: float, t1: float, t2: float) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 # torchrun joins a c10d rendezvous hosted by the first node at its inventory address; the
 # rendezvous gives out the global ranks (torchrun ignores --node-rank outside static rendezvous),
 # so CLUSTER_NODE_RANK below records this node's place in the inventory, not its rank.
+# is_host says outright which node serves the rendezvous store: torchrun would guess it from the
+# hostname, and a Debian PC's hostname resolves to 127.0.1.1, so no node would serve it.
 # Every value below is shell-quoted.
 set -eu
 cd -- '/home/student/cluster work'
@@ -17,5 +19,6 @@ cd -- '/home/student/cluster work/runs/resnet50-20261129-120000-abcd'
 exec "$CLUSTER_PYTHON" -m torch.distributed.run \
   --nnodes 4 --nproc-per-node 1 \
   --rdzv-backend c10d --rdzv-endpoint 192.168.1.11:29400 --rdzv-id resnet50-20261129-120000-abcd \
+  --rdzv-conf is_host=0 \
   --max-restarts 0 --local-addr "$CLUSTER_NODE_ADDRESS" \
   program/train_torch.py --data '/home/student/cluster work/datasets/digits-0123456789abcdef.npz' --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --amp auto --log-every 10 --max-steps 0

@@ -1,0 +1,100 @@
+"""Datasets on the head: prepared once (cluster/workloads/wldata.py), staged to every node, verified.
+
+The prepared file's name is a hash of what it is made from (dataset, source file,
+image size, split seed, loader code), so a second launch finds it in the head's
+cache and on the nodes, and staging sends nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cluster import paths
+from cluster.errors import ClusterError
+from cluster.jobs import WORKLOADS_DIR, JobSpec
+from cluster.transport import Transport
+
+
+@dataclass(frozen=True)
+class Prepared:
+    file_name: str
+    path: Path
+    sha256: str
+    size: int
+
+
+def cache_dir() -> Path:
+    return paths.home() / "datasets"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_name(spec: JobSpec) -> str:
+    """`<dataset>-<hash of its inputs>.npz`: known without preparing anything (dry runs)."""
+    ds = spec["dataset"]
+    source: dict[str, Any] | None = None
+    if ds["path"]:
+        p = Path(str(ds["path"])).expanduser().resolve()
+        st = p.stat()
+        source = {"path": str(p), "size": st.st_size, "mtime": st.st_mtime_ns}
+    blob = json.dumps({"name": ds["name"], "source": source, "size": ds["size"], "seed": spec["seed"],
+                       "loader": hashlib.sha256((WORKLOADS_DIR / "wldata.py").read_bytes()).hexdigest()},
+                      sort_keys=True)
+    return f"{ds['name']}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.npz"
+
+
+def prepare(spec: JobSpec, log: Callable[[str], None] = lambda s: None) -> Prepared:
+    """Load and split the dataset on the head (once), as the training programs would."""
+    from cluster.workloads import wldata
+
+    name = file_name(spec)
+    d = cache_dir()
+    path, sums = d / name, d / f"{name}.sha256"
+    if path.exists() and sums.exists():
+        return Prepared(name, path, sums.read_text().split()[0], path.stat().st_size)
+    ds = spec["dataset"]
+    log(f"preparing dataset {ds['name']} at {ds['size']}px on the head")
+    try:
+        data = wldata.load(ds["name"], ds["path"], ds["size"], spec["seed"])
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"dataset {ds['name']}: {e}", "check dataset.path in the job spec or --set") from None
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{name}.part.npz"
+    wldata.save(data, tmp)
+    digest = _sha256(tmp)
+    tmp.replace(path)
+    sums.write_text(f"{digest}  {name}\n")
+    return Prepared(name, path, digest, path.stat().st_size)
+
+
+def stage(t: Transport, prepared: Prepared, progress: Callable[[int], None] | None = None) -> str:
+    """Put the prepared file in <workdir>/datasets/ unless an identical one is there; verify by sha256."""
+    dest_dir = f"{t.host.workdir}/datasets"
+    dest = f"{dest_dir}/{prepared.file_name}"
+    q = shlex.quote
+    r = t.run(f"test -f {q(dest)} && stat -c %s -- {q(dest)} && sha256sum -- {q(dest)}", timeout=600)
+    lines = r.stdout.split()
+    if r.exit_code == 0 and lines and lines[0] == str(prepared.size) and lines[1] == prepared.sha256:
+        return "present, sha256 verified"
+    part = f"{dest_dir}/.{prepared.file_name}.part"
+    t.run(f"mkdir -p -- {q(dest_dir)}", timeout=60)
+    t.put_file(prepared.path, part)
+    got = t.run(f"sha256sum -- {q(part)}", timeout=600).stdout.split()
+    if not got or got[0] != prepared.sha256:
+        t.run(f"rm -f -- {q(part)}", timeout=60)
+        raise ClusterError(f"dataset {prepared.file_name}: sha256 mismatch after the copy (removed on the node)",
+                           "launch again; if it repeats, check the node's disk and memory")
+    t.run(f"mv -f -- {q(part)} {q(dest)}", timeout=60)
+    if progress:
+        progress(prepared.size)
+    return f"sent {prepared.size / 2**20:.1f} MiB, sha256 verified"
