@@ -109,12 +109,12 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     if not isinstance(data, dict):
         raise JobError(file, None, "job", "a job spec is a mapping of settings", "see docs/jobs.md")
     settings = copy.deepcopy(DEFAULTS)
-    lines: dict[str, int | None] = {}
+    lines: dict[str, int | None] = {}  # field -> line in the file, -1: from --set
     _merge(settings, data, "", file, lines)
     for text in overrides:
         key, value = parse_override(text)
         _set(settings, key, value, file)
-        lines[key] = None
+        lines[key] = -1  # given on the command line
     if settings["entry"] is None and settings["framework"] in FRAMEWORKS:
         settings["entry"] = FRAMEWORKS[settings["framework"]]
     _validate(settings, file, lines)
@@ -165,7 +165,9 @@ def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
     def fail(field: str, message: str, fix: str) -> None:
-        raise JobError(file, lines.get(field), field, message, fix)
+        line = lines.get(field)
+        raise JobError("command line (--set)" if line == -1 else file, None if line == -1 else line,
+                       field, message, fix)
 
     def number(field: str, value: Any, minimum: float, integer: bool, strict: bool = False) -> None:
         ok = isinstance(value, int) if integer else isinstance(value, (int, float))

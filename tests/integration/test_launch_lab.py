@@ -1,0 +1,178 @@
+"""`clusterctl launch` and the run lifecycle on a real 2-node lab, as a user runs them.
+
+The nodes are provisioned with `python_env: existing` (the head's .venv, reached through the
+shared filesystem): launch reads the same verified state a venv provision writes, in seconds
+(test_provision.py covers the venv path).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import lab
+from tests.conftest import ROOT
+from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+
+TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def plab(tmp_path_factory: pytest.TempPathFactory):
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("plab")
+    state = lab.up(2, name=lab_name("l"), subnet=lab_subnet(5), directory=d / "lab")
+    env = {"CLUSTERCTL_HOME": str(d / "home")}
+    try:
+        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                                  "--set", "vars.python_env=existing", env=env, timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+        yield state, env
+    finally:
+        lab.down(state.name, d / "lab")
+
+
+def node_run_dir(state, node: int, run_id: str) -> Path:
+    return Path(state.nodes[node].dir) / "srv" / "runs" / run_id
+
+
+def records(state, run_id: str) -> dict[int, list[dict]]:
+    """rank -> its metrics records, read from every node's run folder."""
+    out = {}
+    for i in range(len(state.nodes)):
+        for f in (node_run_dir(state, i, run_id) / "out").glob("metrics-rank*.jsonl"):
+            out[int(f.stem.removeprefix("metrics-rank"))] = [json.loads(x) for x in f.read_text().splitlines()]
+    return out
+
+
+def run_processes(state, run_id: str) -> dict[str, list[str]]:
+    """Processes carrying the run's id, asked on every node with `clusterctl exec`."""
+    cmd = (f"for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx "
+           f"CLUSTER_RUN_ID={run_id} && echo ${{p#/proc/}}; done; true")
+    rc, res = clusterctl_json("exec", state.inventory, "--", cmd)
+    assert rc == 0, res
+    return {n["host"]: n["stdout"].split() for n in res["nodes"]}
+
+
+@pytest.mark.parametrize("job", ["resnet50-ddp", "resnet50-tf"])
+def test_job_runs_to_completion_with_one_command(plab, job: str) -> None:
+    state, env = plab
+    start = time.monotonic()
+    rc, rec = clusterctl_json("launch", job, *TINY, env=env, timeout=900)  # the lab is the current context
+    took = time.monotonic() - start
+    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+    assert rec["world_size"] == 2 and [n["node"] for n in rec["nodes"]] == ["node1", "node2"]
+    by_rank = records(state, rec["run_id"])
+    assert sorted(by_rank) == [0, 1]
+    starts = {r: next(x for x in recs if x["type"] == "start") for r, recs in by_rank.items()}
+    ends = {r: next(x for x in recs if x["type"] == "end") for r, recs in by_rank.items()}
+    assert {s["world"] for s in starts.values()} == {2}  # every rank / worker sees the same world
+    assert {e["step"] for e in ends.values()} == {8}  # and the same global step count: 2 epochs x 4
+    assert {s["node"] for s in starts.values()} == {"node1", "node2"}
+    assert {s["run_id"] for s in starts.values()} == {rec["run_id"]}
+    head_run = Path(env["CLUSTERCTL_HOME"]) / "runs" / rec["run_id"]
+    saved = json.loads((head_run / "run.json").read_text())
+    assert saved["state"] == "succeeded" and saved["settings"]["epochs"] == 2
+    assert saved["inventory"]["hosts"][0]["address"] == state.nodes[0].address
+    assert all(n["pids"]["pgid"] > 0 for n in saved["nodes"])
+    launch_file = (head_run / "rendered" / "node2" / "launch.sh").read_text()
+    assert launch_file == (node_run_dir(state, 1, rec["run_id"]) / "launch.sh").read_text()
+    rc, listed = clusterctl_json("runs", env=env)
+    assert rec["run_id"] in [r["run_id"] for r in listed]
+    rc, logs = clusterctl_json("logs", rec["run_id"], env=env)
+    assert rc == 0 and set(logs) == {"node1", "node2"}
+    print(f"{job}: launch to end {took:.1f} s")
+
+
+def wait_for_step(state, run_id: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        recs = records(state, run_id)
+        if len(recs) == 2 and all(any(x["type"] == "step" for x in r) for r in recs.values()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no training step on every node within {timeout} s")
+
+
+def test_stop_leaves_no_process_on_any_node(plab) -> None:
+    state, env = plab
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--detach", "--set", "threads=1", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+    wait_for_step(state, run_id)
+    assert all(run_processes(state, run_id).values())  # it really runs on both nodes
+    rc, stopped = clusterctl_json("stop", env=env, timeout=120)  # the latest run is the default
+    assert rc == 0 and stopped["state"] == "stopped", stopped
+    assert run_processes(state, run_id) == {"node1": [], "node2": []}
+    rc, st = clusterctl_json("status", run_id, env=env)
+    assert st["state"] == "stopped" and {s["state"] for s in st["last_status"].values()} == {"stopped"}
+    assert records(state, run_id)  # what the run wrote stays on the nodes
+
+
+def test_a_killed_training_process_fails_the_run_and_stops_the_others(plab) -> None:
+    state, env = plab
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", "launch", "resnet50-ddp", "--json", "--set", "threads=1"],
+                            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        run_dir = None
+        deadline = time.monotonic() + 120
+        while run_dir is None and time.monotonic() < deadline:
+            found = sorted((Path(state.nodes[1].dir) / "srv" / "runs").glob("resnet50-ddp-*/pid.json"))
+            fresh = [p.parent for p in found if p.stat().st_mtime > time.time() - 120 and
+                     not (p.parent / "exit.json").exists()]
+            run_dir = fresh[-1] if fresh else None
+            time.sleep(0.3)
+        assert run_dir is not None, "the run did not start on node2"
+        run_id = run_dir.name
+        wait_for_step(state, run_id)
+        victims = [int(p) for p in run_processes(state, run_id)["node2"]
+                   if "train_torch.py" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                   and b"CLUSTER_NODE_NAME=node2" in Path(f"/proc/{p}/environ").read_bytes()
+                   and b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, errs = proc.communicate(timeout=120)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rec = json.loads(out)
+    assert proc.returncode == 1 and rec["state"] == "failed", errs[-2000:]
+    assert rec["failure"]["node"] == "node2" and rec["failure"]["log"], rec["failure"]
+    assert ended_after < 60, f"the run took {ended_after:.0f} s to fail and stop"
+    assert run_processes(state, run_id) == {"node1": [], "node2": []}
+    assert "run failed on node2" in errs or rec["failure"]["node"] == "node2"
+    print(f"killed on node2: run failed and node1 stopped {ended_after:.1f} s later")
+
+
+def test_launch_refuses_unprovisioned_or_differing_nodes(plab) -> None:
+    state, env = plab
+    st = Path(state.nodes[1].dir) / "srv" / "clusterctl" / "state.json"
+    original = st.read_text()
+    try:
+        st.unlink()
+        r = clusterctl("launch", "resnet50-ddp", env=env)
+        assert r.returncode == 1 and "not provisioned" in r.stderr and "node2" in r.stderr, r.stderr
+        assert "clusterctl provision" in r.stderr
+        doc = json.loads(original)
+        doc["fingerprint"]["torch"] = "2.13.0"
+        st.write_text(json.dumps(doc))
+        r = clusterctl("launch", "resnet50-ddp", env=env)
+        assert r.returncode == 1 and "torch: node1 = " in r.stderr and "node2 = 2.13.0" in r.stderr, r.stderr
+    finally:
+        st.write_text(original)
+
+
+def test_bad_job_settings_name_the_field(plab) -> None:
+    _, env = plab
+    r = clusterctl("launch", "resnet50-tf", "--set", "optimizer.lr=-1", env=env)
+    assert r.returncode == 2 and "command line (--set): optimizer.lr: expected a number > 0, got -1" in r.stderr, r.stderr

@@ -1,0 +1,97 @@
+"""The node agent, run for real on this machine: detached start, status, stop of a whole process tree."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.launch import NodeStatus, judge
+from tests.conftest import ROOT
+
+AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
+
+
+def agent(*args: str) -> dict:
+    r = subprocess.run([sys.executable, str(AGENT), *args], capture_output=True, text=True, timeout=60)
+    return json.loads(r.stdout)
+
+
+def make_run(tmp_path: Path, script: str, run_id: str = "r1") -> Path:
+    d = tmp_path / run_id
+    (d / "out").mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"run_id": run_id, "node": "n1"}))
+    (d / "launch.sh").write_text(f"CLUSTER_RUN_ID={run_id} CLUSTER_NODE_NAME=n1\n"
+                                 f"export CLUSTER_RUN_ID CLUSTER_NODE_NAME\n{script}")
+    return d
+
+
+def wait_state(d: Path, want: str, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = agent("status", str(d))
+        if st["state"] == want:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"state {st['state']}, wanted {want}")
+
+
+def test_start_returns_at_once_and_stop_ends_every_process(tmp_path: Path) -> None:
+    # a child in its own session (as torchrun's workers are) must be found and stopped too
+    d = make_run(tmp_path, "echo started\nsleep 300 &\nsetsid sleep 301 &\n"
+                           "echo '{\"type\": \"step\", \"step\": 3, \"loss\": 1.5}' > out/metrics-rank0.jsonl\nwait\n")
+    t0 = time.monotonic()
+    started = agent("start", str(d))
+    assert started["ok"] and time.monotonic() - t0 < 5
+    st = wait_state(d, "running")
+    assert len(st["processes"]) >= 4
+    assert st["metrics"]["0"]["step"]["step"] == 3
+    stopped = agent("stop", str(d), "5")
+    assert stopped["ok"] and stopped["left"] == []
+    st = agent("status", str(d))
+    assert st["state"] == "stopped" and st["processes"] == [] and "started" in st["log"]
+    assert agent("start", str(d))["ok"] is False  # a run folder starts once
+
+
+def test_exit_codes_become_succeeded_or_failed(tmp_path: Path) -> None:
+    ok, bad = make_run(tmp_path, "exit 0\n", "ok"), make_run(tmp_path, "echo boom >&2; exit 3\n", "bad")
+    agent("start", str(ok))
+    agent("start", str(bad))
+    assert wait_state(ok, "succeeded")["exit"]["code"] == 0
+    st = wait_state(bad, "failed")
+    assert st["exit"]["code"] == 3 and st["log"] == ["boom"]
+
+
+def test_a_leader_killed_without_an_exit_record_is_vanished(tmp_path: Path) -> None:
+    d = make_run(tmp_path, "sleep 300\n")
+    pgid = agent("start", str(d))["pgid"]
+    wait_state(d, "running")
+    subprocess.run(["kill", "-9", "--", f"-{pgid}"], check=True)
+    wait_state(d, "vanished")
+
+
+def test_judge_names_the_first_node_to_fail() -> None:
+    rec: dict = {"failure": None}
+    st = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "failed", exit_code=1, ended=20.0, log=["x"]),
+          "c": NodeStatus("c", "failed", exit_code=1, ended=10.0)}
+    assert judge(rec, st) == "failed"
+    assert rec["failure"]["node"] == "c" and rec["failure"]["also"] == ["b"]
+    assert judge({}, {"a": NodeStatus("a", "succeeded"), "b": NodeStatus("b", "succeeded")}) == "succeeded"
+    assert judge({}, {"a": NodeStatus("a", "stopped"), "b": NodeStatus("b", "succeeded")}) == "stopped"
+
+
+def test_judge_waits_a_grace_time_for_an_unreachable_node() -> None:
+    rec: dict = {}
+    st = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unreachable")}
+    assert judge(rec, st, now=100.0) == "running"
+    assert judge(rec, st, now=159.0) == "running"
+    assert judge(rec, st, now=161.0) == "failed" and "unreachable" in rec["failure"]["reason"]
+
+
+@pytest.mark.parametrize("arg", ["", "bogus"])
+def test_usage(arg: str) -> None:
+    r = subprocess.run([sys.executable, str(AGENT), *([arg] if arg else [])], capture_output=True, text=True)
+    assert r.returncode == 2 and "start" in r.stderr
