@@ -3,7 +3,9 @@
 # one sshd each, 1 GbE links, no internet), check it, run a command on every node,
 # provision PyTorch + TensorFlow on every node from the head's wheelhouse (the first
 # time downloads ~4 GB once, then installs on each node: several minutes), show that
-# a second provision has nothing to do, tear the lab down.
+# a second provision has nothing to do, train ResNet50 on the digits dataset with
+# PyTorch DDP and then TensorFlow MultiWorkerMirroredStrategy on all 3 nodes
+# (one command each, a live table while they run), tear the lab down.
 # Without root or network namespaces it runs on the embedded local inventory instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +38,11 @@ echo; echo "== clusterctl provision   (fresh venv per node from the head's wheel
 $CTL provision
 echo; echo "== clusterctl provision again   (idempotent: only checks)"
 $CTL provision
+# The 3 simulated nodes share this machine's cores: one thread per training process.
+echo; echo "== clusterctl launch resnet50-ddp   (PyTorch DDP, torchrun on every node)"
+$CTL launch resnet50-ddp --set epochs=3 --set threads=1
+echo; echo "== clusterctl launch resnet50-tf   (TensorFlow MultiWorkerMirroredStrategy, TF_CONFIG per worker)"
+$CTL launch resnet50-tf --set epochs=3 --set threads=1
+echo; echo "== clusterctl runs"
+$CTL runs
 echo; echo "== clusterctl lab down   (nothing left behind)"
