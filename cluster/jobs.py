@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "nodes": "all",
     "procs_per_node": "auto",
     "threads": 0,
+    "loader_workers": -1,
     "amp": "auto",
     "max_restarts": 0,
     "max_steps": 0,
@@ -79,7 +80,7 @@ class JobSpec:
         args = ["--data", data_file, "--out", out_dir, "--epochs", s["epochs"], "--batch", s["batch"],
                 "--lr", o["lr"], "--momentum", o["momentum"], "--weight-decay", o["weight_decay"],
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
-                "--threads", s["threads"], "--amp", s["amp"], "--log-every", s["log_every"],
+                "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
         return [str(a) for a in args]
 
@@ -208,6 +209,7 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
     for field in ("seed", "threads", "max_restarts", "max_steps", "port"):
         number(field, s[field], 0, True)
     number("log_every", s["log_every"], 1, True)
+    number("loader_workers", s["loader_workers"], -1, True)
     if s["port"] > 65535:
         fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
     ppn = s["procs_per_node"]

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rank, world = worker_info()
     threads = wlcommon.threads_per_process(a.threads, 1)
+    workers = wlcommon.loader_workers(a.loader_workers, bool(tf.config.list_physical_devices("GPU")), 1)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                   val_samples=len(ds.x_val), batch=a.batch, global_batch=global_batch,
                   steps_per_epoch=steps_per_epoch, epochs=a.epochs, peak_lr=peak, momentum=a.momentum,
                   weight_decay=a.weight_decay, schedule=a.schedule, warmup_epochs=a.warmup_epochs,
-                  start_epoch=start_epoch, tensorflow=tf.__version__, threads=threads)
+                  start_epoch=start_epoch, tensorflow=tf.__version__, threads=threads,
+                  loader_workers=workers)
     history = []
     run_start = time.time()
     for epoch in range(start_epoch, a.epochs):
@@ -167,17 +169,20 @@ def main(argv: list[str] | None = None) -> int:
         mine = order[wldata.shard(len(order), rank, world)]
         ep_start = time.perf_counter()
         tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
+        batches = iter(wlcommon.Prefetcher(lambda i: (xtr[mine[i * a.batch:(i + 1) * a.batch]],
+                                                      ytr[mine[i * a.batch:(i + 1) * a.batch]]),
+                                           steps_per_epoch, workers))
         for i in range(steps_per_epoch):
             t0 = time.perf_counter()
-            idx = mine[i * a.batch:(i + 1) * a.batch]
-            x, y = tf.constant(xtr[idx]), tf.constant(ytr[idx])
+            xb, yb = next(batches)
+            x, y = tf.constant(xb), tf.constant(yb)
             t1 = time.perf_counter()
             lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)
             tr.opt.learning_rate.assign(lr)
             loss_v = float(tr.train_step(x, y).numpy())
             t2 = time.perf_counter()
             data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
-            tot_loss, seen = tot_loss + loss_v * len(idx), seen + len(idx)
+            tot_loss, seen = tot_loss + loss_v * len(yb), seen + len(yb)
             step += 1
             if step % a.log_every == 0 or i == steps_per_epoch - 1 or i == 0:  # first: the run is up
                 metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2)

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     vidx = np.arange(rank, len(ds.x_val), world)  # validation: every sample scored exactly once
     xva, yva = to_tensor(ds.x_val[vidx], mean, std).to(device), torch.from_numpy(ds.y_val[vidx]).to(device)
 
+    workers = wlcommon.loader_workers(a.loader_workers, cuda, local_world)
     cc = torch.cuda.get_device_capability(device) if cuda else None
     amp = wlcommon.amp_wanted(a.amp, cc)
     model = build_model(ds.classes).to(device)
@@ -127,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                   batch=a.batch, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=a.epochs,
                   peak_lr=peak, momentum=a.momentum, weight_decay=a.weight_decay, schedule=a.schedule,
                   warmup_epochs=a.warmup_epochs, start_epoch=start_epoch, torch=torch.__version__,
-                  threads=torch.get_num_threads())
+                  threads=torch.get_num_threads(), loader_workers=workers)
+    def gather(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.from_numpy(idx)
+        x, y = xtr[t], ytr[t]
+        return (x.pin_memory(), y.pin_memory()) if cuda else (x, y)
+
     history = []
     run_start = time.time()
     for epoch in range(start_epoch, a.epochs):
@@ -135,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         mine = order[wldata.shard(len(order), rank, world)]
         ep_start = time.perf_counter()
         tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
+        batches = iter(wlcommon.Prefetcher(lambda i: gather(mine[i * a.batch:(i + 1) * a.batch]),
+                                           steps_per_epoch, workers))
         for i in range(steps_per_epoch):
             t0 = time.perf_counter()
-            idx = torch.from_numpy(mine[i * a.batch:(i + 1) * a.batch])
-            x, y = xtr[idx].to(device, non_blocking=True), ytr[idx].to(device, non_blocking=True)
+            x, y = next(batches)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if cuda:
                 x = x.contiguous(memory_format=torch.channels_last)
             t1 = time.perf_counter()

@@ -28,6 +28,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--log-every", type=int, default=10, help="steps between step records")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps per epoch (tests)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / local processes)")
+    ap.add_argument("--loader-workers", type=int, default=-1,
+                    help="threads that prepare the next batches during a step; -1: from the node's cores "
+                    "on GPU nodes, 0 on CPU-only nodes (whose cores do the training)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
 
@@ -54,6 +57,44 @@ def threads_per_process(requested: int, local_processes: int) -> int:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, local_processes))
+
+
+def loader_workers(requested: int, accelerator: bool, local_processes: int) -> int:
+    """Batch-preparing threads: spare cores on a GPU node (up to 4 per process); none on a CPU-only
+    node, where every core already computes (threads_per_process hands them all out)."""
+    if requested >= 0:
+        return requested
+    if not accelerator:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores // max(1, local_processes) - 1))
+
+
+class Prefetcher:
+    """Yields make_batch(0..n-1) in order, with up to `workers` of the next batches prepared in
+    threads while the caller computes (the arrays are in memory: threads, no worker processes and
+    no copies between them; numpy and torch release the GIL while gathering)."""
+
+    def __init__(self, make_batch, n: int, workers: int) -> None:
+        self.make_batch, self.n, self.workers = make_batch, n, workers
+
+    def __iter__(self):
+        if self.workers <= 0:
+            for i in range(self.n):
+                yield self.make_batch(i)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="loader") as pool:
+            pending = deque(pool.submit(self.make_batch, i) for i in range(min(self.n, self.workers)))
+            nxt = len(pending)
+            while pending:
+                batch = pending.popleft().result()
+                if nxt < self.n:
+                    pending.append(pool.submit(self.make_batch, nxt))
+                    nxt += 1
+                yield batch
 
 
 def amp_wanted(mode: str, compute_capability: tuple[int, int] | None) -> bool:

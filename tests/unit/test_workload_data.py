@@ -94,3 +94,28 @@ def test_nvidia_smi_sample_parser() -> None:
     assert wlmetrics.parse_nvidia_smi_sample(text) == [
         {"index": 0, "util_percent": 97.0, "mem_used_mib": 3811.0, "temp_c": 71.0, "power_w": 74.52},
         {"index": 1, "util_percent": 0.0, "mem_used_mib": 0.0, "temp_c": 35.0, "power_w": None}]
+
+
+def test_prefetcher_yields_every_batch_once_in_order() -> None:
+    import threading
+
+    import wlcommon
+
+    seen_threads = set()
+
+    def make(i: int) -> int:
+        seen_threads.add(threading.current_thread().name)
+        return i * i
+
+    for workers in (0, 1, 3, 10):
+        assert list(wlcommon.Prefetcher(make, 7, workers)) == [i * i for i in range(7)]
+    assert any(t.startswith("loader") for t in seen_threads)
+    assert list(wlcommon.Prefetcher(make, 0, 2)) == []
+
+
+def test_loader_workers_leave_cpu_nodes_cores_to_compute() -> None:
+    import wlcommon
+
+    assert wlcommon.loader_workers(-1, accelerator=False, local_processes=1) == 0
+    assert 1 <= wlcommon.loader_workers(-1, accelerator=True, local_processes=2) <= 4
+    assert wlcommon.loader_workers(3, accelerator=False, local_processes=1) == 3

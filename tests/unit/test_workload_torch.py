@@ -114,3 +114,15 @@ def test_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) -> No
                  if r["type"] == "step" and r["epoch"] == 1]
     resumed = recs[max(i for i, r in enumerate(recs) if r["type"] == "start"):]  # the killed run may have
     assert lrs_whole == [r["lr"] for r in resumed if r["type"] == "step" and r["epoch"] == 1]  # logged epoch 1 too
+
+
+def test_loader_threads_feed_the_same_batches_as_direct_indexing(tmp_path: Path) -> None:
+    """--loader-workers 2 prepares batches ahead in threads; the run must be the same run."""
+    runs = {w: run_program(tmp_path / f"w{w}", "--loader-workers", str(w), "--epochs", "1") for w in (0, 2)}
+    losses = {}
+    for w, r in runs.items():
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = [json.loads(x) for x in (tmp_path / f"w{w}" / "metrics-rank0.jsonl").read_text().splitlines()]
+        assert next(x for x in recs if x["type"] == "start")["loader_workers"] == w
+        losses[w] = [x["loss"] for x in recs if x["type"] == "step"]
+    assert losses[0] == losses[2] and len(losses[0]) >= 2

@@ -21,4 +21,4 @@ exec "$CLUSTER_PYTHON" -m torch.distributed.run \
   --rdzv-backend c10d --rdzv-endpoint 192.168.1.11:29400 --rdzv-id resnet50-20261129-120000-abcd \
   --rdzv-conf is_host=0 \
   --max-restarts 0 --local-addr "$CLUSTER_NODE_ADDRESS" \
-  program/train_torch.py --data /srv/cluster/datasets/digits-0123456789abcdef.npz --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --amp auto --log-every 10 --max-steps 0
+  program/train_torch.py --data /srv/cluster/datasets/digits-0123456789abcdef.npz --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --loader-workers -1 --amp auto --log-every 10 --max-steps 0

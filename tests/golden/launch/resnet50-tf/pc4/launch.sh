@@ -14,4 +14,4 @@ export OMP_PROC_BIND
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
 TF_CONFIG=$(cat tf_config.json)
 export TF_CONFIG
-exec "$CLUSTER_PYTHON" program/train_tf.py --data /srv/cluster/datasets/digits-0123456789abcdef.npz --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --amp auto --log-every 10 --max-steps 0
+exec "$CLUSTER_PYTHON" program/train_tf.py --data /srv/cluster/datasets/digits-0123456789abcdef.npz --out out --epochs 2 --batch 32 --lr 0.01 --momentum 0.9 --weight-decay 0.0005 --warmup-epochs 1 --schedule cosine --seed 0 --threads 0 --loader-workers -1 --amp auto --log-every 10 --max-steps 0

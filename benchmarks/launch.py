@@ -1,0 +1,152 @@
+"""Launch overhead: `clusterctl launch` vs starting the same torchrun scripts by hand over ssh.
+
+    .venv/bin/python benchmarks/launch.py [--sizes 2,4,8] [--repeats 3]
+
+One simulated lab of max(sizes) nodes, provisioned with `python_env: existing`
+(the head's .venv). For each size N (the first N nodes, `--limit`):
+  clusterctl launch   `clusterctl launch resnet50-ddp --detach` from a fresh process:
+                      preflight, dataset check, render, upload, detached start
+  by hand over ssh    the same rendered launch.sh files, already on the nodes,
+                      started with one `ssh node sh launch.sh` per node in parallel
+Measured: seconds from the start of the command to the first completed training
+step on every node (the `time` of each rank's first step record; one clock, as all
+nodes are on this machine). Median of --repeats, the two ways alternating.
+ResNet50 at 8x8 px, batch 4, 1 thread per process: the first step is mostly
+interpreter and framework start-up, the part both ways share. Contacts only
+the lab it starts; removes it at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import lab_parser  # noqa: E402
+from cluster import inventory, lab  # noqa: E402
+
+PY = sys.executable
+AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
+JOB = ["--set", "dataset.size=8", "--set", "batch=4", "--set", "threads=1", "--set", "epochs=1",
+       "--set", "log_every=1000"]
+
+
+def ctl(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "cluster", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def first_steps(dirs: list[Path], timeout: float = 600) -> list[float]:
+    """Wall time of the first step record of every rank, waiting until each node has one."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = []
+        for d in dirs:
+            for f in (d / "out").glob("metrics-rank*.jsonl"):
+                for line in f.read_text().splitlines():
+                    rec = json.loads(line) if line.endswith("}") else {}
+                    if rec.get("type") == "step":
+                        found.append(rec["time"])
+                        break
+        if len(found) >= len(dirs):
+            return found
+        time.sleep(0.05)
+    raise RuntimeError(f"no first step on every node within {timeout} s: {dirs}")
+
+
+def stop_dir(d: Path) -> None:
+    """The node agent on the head: the lab shares its process table, and job.json names the run."""
+    subprocess.run([PY, str(AGENT), "stop", str(d), "5"], capture_output=True, timeout=60)
+
+
+def by_launch(env: dict[str, str], state: lab.LabState, n: int) -> tuple[float, str]:
+    limit = ",".join(x.name for x in state.nodes[:n])
+    t0 = time.time()
+    r = ctl(env, "launch", "resnet50-ddp", "--detach", "--json", "--limit", limit, *JOB)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    run_id = json.loads(r.stdout)["run_id"]
+    dirs = [Path(x.dir) / "srv" / "runs" / run_id for x in state.nodes[:n]]
+    took = max(first_steps(dirs)) - t0
+    ctl(env, "stop", run_id, "--grace", "5")
+    return took, run_id
+
+
+def by_hand(state: lab.LabState, inv: inventory.Inventory, n: int, template_run: str, k: int) -> float:
+    """Copy a launched run's folder to a new one on each node (files in place, as a user who prepared
+    them by hand), then time one ssh per node running its launch.sh."""
+    new_id = f"{template_run}-hand{k}"
+    dirs = []
+    for x in state.nodes[:n]:
+        src, dst = Path(x.dir) / "srv" / "runs" / template_run, Path(x.dir) / "srv" / "runs" / new_id
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir()
+        shutil.copytree(src / "program", dst / "program")
+        (dst / "out").mkdir()
+        for name in ("launch.sh", "job.json"):
+            (dst / name).write_text((src / name).read_text().replace(template_run, new_id))
+        dirs.append(dst)
+    procs = []
+    t0 = time.time()
+    for x in state.nodes[:n]:
+        h = inv.hosts[x.name]
+        rdir = f"{h.workdir}/runs/{new_id}"
+        procs.append(subprocess.Popen(
+            ["ssh", "-i", str(h.key_path), "-o", f"UserKnownHostsFile={h.known_hosts_path}",
+             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{h.user}@{h.address}",
+             f"cd {rdir} && sh launch.sh > node.log 2>&1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    took = max(first_steps(dirs)) - t0
+    for d in dirs:
+        stop_dir(d)
+    for p in procs:
+        p.wait(timeout=60)
+    return took
+
+
+def main() -> int:
+    ap = lab_parser(__doc__, "benchlc", "10.231.0.0/24", 3)
+    ap.add_argument("--sizes", default="2,4,8")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-launch-"))
+    env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home")}
+    state = lab.up(max(sizes), name=args.name, subnet=args.subnet, directory=tmp / "lab")
+    try:
+        r = ctl(env, "provision", state.inventory, "--set", f"python={PY}", "--set", "vars.python_env=existing",
+                timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError(f"provision failed:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
+        inv = inventory.load(state.inventory)
+        rows = []
+        for n in sizes:
+            launch_times, hand_times = [], []
+            _, template = by_launch(env, state, n)  # warm-up: page cache, dataset prepared and staged
+            for k in range(args.repeats):
+                hand_times.append(by_hand(state, inv, n, template, k))
+                launch_times.append(by_launch(env, state, n)[0])
+            rows.append((n, statistics.median(hand_times), statistics.median(launch_times), hand_times,
+                         launch_times))
+            print(f"{n} nodes: by hand {hand_times}, clusterctl launch {launch_times}", file=sys.stderr)
+        print(f"\nlaunch to first completed step on every node, median of {args.repeats} "
+              f"(ResNet50 8 px, batch 4, 1 thread/process, {os.cpu_count()} cores shared by the nodes)\n")
+        print(f"{'nodes':>5}  {'by hand over ssh (s)':>21}  {'clusterctl launch (s)':>22}  {'ratio':>6}")
+        for n, hand, lc, _, _ in rows:
+            print(f"{n:>5}  {hand:>21.2f}  {lc:>22.2f}  {lc / hand:>5.2f}x")
+        print("\nratio = clusterctl launch / by hand (target <= 1.2x)")
+    finally:
+        lab.down(state.name, tmp / "lab", purge=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
