@@ -538,6 +538,114 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return errors.EXIT_OK if not left else errors.EXIT_FAILED
 
 
+# --------------------------------------------------------------------------- collect
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    from cluster import collect, runs
+
+    if args.all and args.run:
+        raise errors.UsageError("give a RUN or --all, not both", "clusterctl collect --all")
+    records = [r for r in runs.list_runs() if r["state"] != "dry-run"] if args.all else [runs.load(args.run)]
+    override = None
+    if args.inventory:
+        override = inventory_mod.load(args.inventory).hosts
+    worst = errors.EXIT_OK
+    summary = []
+    for record in records:
+        prog = Progress(TextColumn("{task.description}"), DownloadColumn(), TransferSpeedColumn(), console=err,
+                        transient=True, disable=not err.is_terminal or args.json)
+        tasks = {n["node"]: prog.add_task(f"{record['run_id']} {n['node']}", total=None) for n in record["nodes"]}
+        with prog:
+            result = collect.collect(record, checkpoints=args.with_checkpoints, forks=args.forks,
+                                     on_bytes=lambda node, n: prog.advance(tasks[node], n), inventory_hosts=override)
+        summary.append({"run_id": record["run_id"], "folder": str(runs.run_path(record["run_id"])),
+                        "nodes": [c.to_dict() for c in result.values()]})
+        if any(c.status == "unreachable" for c in result.values()):
+            worst = max(worst, errors.EXIT_UNREACHABLE)
+        elif any(c.status != "ok" or c.refused for c in result.values()):
+            worst = max(worst, errors.EXIT_FAILED)
+        if args.json:
+            continue
+        t = Table(title=f"collect {record['run_id']} -> {escape(str(runs.run_path(record['run_id'])))}")
+        for col in ("node", "status", "files", "fetched", "transferred", "node total", "skipped", "refused", "time"):
+            t.add_column(col)
+        for c in result.values():
+            t.add_row(c.node, f"[{'green' if c.status == 'ok' else 'red'}]{c.status}[/]", str(c.files),
+                      str(c.fetched), f"{c.bytes / 2**20:.2f} MiB", f"{c.total_bytes / 2**20:.2f} MiB",
+                      str(len(c.skipped)), str(len(c.refused)), f"{c.duration:.1f}s")
+        out.print(t)
+        for c in result.values():
+            if c.error:
+                out.print(f"[red]error[/red] {c.node}: {escape(c.error)}" + (f"\n    fix: {escape(c.fix)}" if c.fix else ""))
+            for x in c.refused:
+                out.print(f"[red]refused[/red] {c.node}: {escape(x['reason'])}")
+            for x in c.skipped:
+                out.print(f"[yellow]skipped[/yellow] {c.node}: {escape(x['path'])} ({escape(x['reason'])})")
+    if args.json:
+        _emit_json(summary if args.all else summary[0])
+    return worst
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cluster import paths, report, runs
+
+    ids = args.runs or [runs.load()["run_id"]]
+    figs = report.build(ids, price_kwh=args.price_kwh)
+    images = report.plots(figs)
+    html_path = Path(args.html) if args.html else None
+    if html_path is None and not args.markdown:
+        html_path = (runs.run_path(figs[0].run_id) / "report.html" if len(figs) == 1 else
+                     paths.home() / "reports" / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html")
+    written = []
+    if html_path is not None:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(report.html_page(figs, images, args.price_kwh))
+        written.append(str(html_path.resolve()))
+    if args.markdown:
+        md = Path(args.markdown)
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(report.markdown_page(figs, md.parent / f"{md.stem}-plots", images))
+        written.append(str(md.resolve()))
+    if args.json:
+        _emit_json({"runs": [f.to_dict() for f in figs], "written": written})
+        return errors.EXIT_OK
+    head, rows = report.summary_rows(figs)
+    t = Table(title="ResNet50 study")
+    for h in head:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    out.print(t)
+    for w in written:
+        out.print(f"written: {escape(w)}")
+    return errors.EXIT_OK
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from cluster import study
+
+    inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
+    sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    sid, cells, page = study.run(inv, args.jobs, sizes, args.set or [], args.price_kwh,
+                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
+    if args.json:
+        _emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})
+    else:
+        t = Table(title=f"{sid} ({escape(str(inv.path))})")
+        for col in ("job", "nodes", "run", "state", "note"):
+            t.add_column(col)
+        for c in cells:
+            t.add_row(c.job, str(c.nodes), c.run_id or "-", f"[{_RUN_STYLE.get(c.state, 'red')}]{c.state}[/]",
+                      "done before" if c.skipped else escape(c.error or ""))
+        out.print(t)
+        if page:
+            out.print(f"report: {escape(str(page))}")
+    return errors.EXIT_OK if all(c.state == "succeeded" for c in cells) else errors.EXIT_FAILED
+
+
 # --------------------------------------------------------------------------- context
 
 
@@ -631,6 +739,28 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "stop":
             sp.add_argument("--grace", type=float, default=10.0,
                             help="seconds between SIGTERM and SIGKILL (default 10)")
+
+    sp = add("collect", cmd_collect, "bring a run's logs, metrics, facts and state from every node to the head")
+    sp.add_argument("run", nargs="?", metavar="RUN", help="run id or a unique prefix (default: the latest)")
+    sp.add_argument("--all", action="store_true", help="every recorded run")
+    sp.add_argument("-i", "--inventory", metavar="INVENTORY",
+                    help="reach the nodes as this inventory says (default: as recorded when the run started)")
+    sp.add_argument("--with-checkpoints", action="store_true", help="also the checkpoints (large)")
+    sp.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+
+    sp = add("report", cmd_report, "tables and plots comparing collected runs (HTML, Markdown, JSON)")
+    sp.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: the latest run)")
+    sp.add_argument("--html", metavar="FILE", help="the HTML page (default: runs/<run>/report.html, or "
+                    "reports/report-<time>.html for several runs)")
+    sp.add_argument("--markdown", metavar="FILE", help="also (or only) a Markdown page, plots next to it")
+    sp.add_argument("--price-kwh", type=float, metavar="PRICE", help="electricity price per kWh, for the cost column")
+
+    sp = add("study", cmd_study, "run each job on 1, 2, ... N nodes, collect every run and write one report")
+    sp.add_argument("jobs", nargs="+", metavar="JOB", help="job names or spec files, e.g. resnet50-ddp resnet50-tf")
+    sp.add_argument("--nodes", default="1,2", help="node counts, comma-separated (default 1,2); the first N nodes")
+    sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting for every run; repeatable")
+    sp.add_argument("--price-kwh", type=float, metavar="PRICE", help="electricity price per kWh, for the cost column")
 
     sp = add("context", cmd_context, "show or set the current inventory used when none is given")
     sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")

@@ -6,6 +6,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from cluster.inventory import Host
 
@@ -47,6 +48,10 @@ class Transport(ABC):
     def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
         """Copy a (possibly large) file; transports stream it."""
         self.put_bytes(local.read_bytes(), remote_path, mode)
+
+    def get_range(self, remote_path: str, offset: int, length: int, sink: Callable[[bytes], None]) -> None:
+        """Bytes [offset, offset+length) of a remote file, handed to `sink` in chunks (transports stream)."""
+        sink(self.get_bytes(remote_path)[offset:offset + length])
 
     @property
     def peer_address(self) -> str | None:

@@ -3,6 +3,7 @@
     nodeagent.py start  RUN_DIR        detach `sh launch.sh` in its own session; print pid/pgid as JSON
     nodeagent.py status RUN_DIR        state, exit code, live processes, last metrics and log lines as JSON
     nodeagent.py stop   RUN_DIR        SIGTERM the run's processes, SIGKILL what is left after a grace time
+    nodeagent.py manifest RUN_DIR [checkpoints]   regular files of the run with size and sha256
     nodeagent.py freeport              a TCP port free on this node right now
 
 A run's processes are found three ways, because torchrun puts its workers in
@@ -199,6 +200,60 @@ def stop(run_dir: Path, grace: float = 10.0) -> dict:
             "left": run_processes(run_dir)}
 
 
+CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
+
+
+def _sha256_prefix(path: Path, length: int | None = None) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    left = length
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def manifest(run_dir: Path, checkpoints: bool = False) -> dict:
+    """Every regular file under the run folder (never following a link), with size and sha256;
+    links and other special files are listed as skipped, not read."""
+    import stat as stat_mod
+
+    files, skipped = [], []
+    for root, dirs, names in os.walk(run_dir, followlinks=False):
+        rel_root = Path(root).relative_to(run_dir)
+        for d in list(dirs):
+            rel = (rel_root / d).as_posix()
+            if os.path.islink(Path(root) / d):
+                skipped.append({"path": rel, "reason": "symbolic link"})
+                dirs.remove(d)
+            elif not checkpoints and d.startswith(CHECKPOINT_NAMES):
+                dirs.remove(d)
+        for n in sorted(names):
+            full, rel = Path(root) / n, (rel_root / n).as_posix()
+            if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
+                continue
+            st = os.lstat(full)
+            if not stat_mod.S_ISREG(st.st_mode):
+                skipped.append({"path": rel, "reason": "symbolic link" if stat_mod.S_ISLNK(st.st_mode)
+                                else "not a regular file"})
+                continue
+            try:
+                files.append({"path": rel, "size": st.st_size, "sha256": _sha256_prefix(full, st.st_size)})
+            except OSError as e:
+                skipped.append({"path": rel, "reason": f"unreadable: {e.strerror}"})
+    return {"ok": True, "files": files, "skipped": skipped}
+
+
+def prefix_sha(path: Path, length: int) -> dict:
+    return {"ok": True, "sha256": _sha256_prefix(path, length)}
+
+
 def freeport() -> dict:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -206,11 +261,13 @@ def freeport() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("start", "status", "stop", "freeport"):
+    if not argv or argv[0] not in ("start", "status", "stop", "manifest", "prefix", "freeport"):
         sys.stderr.write(__doc__ or "")
         return 2
     if argv[0] == "freeport":
         result = freeport()
+    elif argv[0] == "prefix":  # prefix FILE LENGTH: sha256 of the first LENGTH bytes (resuming a copy)
+        result = prefix_sha(Path(argv[1]), int(argv[2]))
     else:
         run_dir = Path(argv[1]).resolve()
         if not run_dir.is_dir():
@@ -218,6 +275,8 @@ def main(argv: list[str]) -> int:
             return 1
         if argv[0] == "start":
             result = start(run_dir)
+        elif argv[0] == "manifest":
+            result = manifest(run_dir, len(argv) > 2 and argv[2] == "checkpoints")
         elif argv[0] == "status":
             result = status(run_dir, int(argv[2]) if len(argv) > 2 else 20)
         else:

@@ -1,0 +1,180 @@
+"""`clusterctl collect`: every node's run folder on the head, incremental, verified, confined.
+
+For each node: the agent lists the run's regular files with size and sha256 (links
+are listed as skipped, never read); the head fetches only what it lacks. A local
+copy that is a verified prefix of the node's file (a log that grew, a transfer
+that was interrupted) gets only the missing tail. Every file is checked against
+the node's sha256 before it takes its final name. Every path a node sends is
+checked to stay inside runs/<run-id>/<node>/ on the head.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+
+from cluster import facts, render, runs
+from cluster.errors import ClusterError
+from cluster.fanout import Group
+from cluster.inventory import Host
+from cluster.transport import Transport
+
+
+class UnsafePath(ClusterError):
+    """A path from a node that would land outside the run folder."""
+
+
+@dataclass
+class NodeCollect:
+    node: str
+    status: str = "ok"  # ok | failed | unreachable
+    files: int = 0
+    fetched: int = 0  # files that needed bytes
+    bytes: int = 0  # bytes transferred
+    total_bytes: int = 0  # bytes the node holds for this run
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    refused: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+    fix: str | None = None
+    duration: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def safe_dest(base: Path, rel: str) -> Path:
+    """base/rel, refusing absolute paths, `..`, empty parts and anything that resolves outside base
+    (also through a symlink already on the head)."""
+    p = PurePosixPath(rel)
+    if not rel or p.is_absolute() or any(part in ("..", "") for part in rel.split("/")) or "\0" in rel:
+        raise UnsafePath(f"refused path {rel!r}: absolute or climbing out of the run folder")
+    dest = base.joinpath(*p.parts)
+    root = base.resolve()
+    if not dest.resolve().is_relative_to(root):
+        raise UnsafePath(f"refused path {rel!r}: resolves outside {base}")
+    for parent in [dest, *dest.parents]:
+        if parent == base or not parent.is_relative_to(base):
+            break
+        if parent.is_symlink():
+            raise UnsafePath(f"refused path {rel!r}: {parent} is a symbolic link on the head")
+    return dest
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
+           on_bytes: Callable[[int], None]) -> int:
+    """Make dest equal the node's file (size, sha256); returns the bytes transferred.
+
+    Work happens in dest.part: a copy cut short stays there for the next collect, and a head copy
+    that the node's file has outgrown is extended from there (after checking it is a prefix)."""
+    size, sha = int(entry["size"]), str(entry["sha256"])
+    if dest.exists() and dest.stat().st_size == size and _sha256_file(dest) == sha:
+        return 0
+    part = dest.with_name(dest.name + ".part")
+    if part.is_symlink():
+        part.unlink()
+    if not part.exists() and dest.exists() and dest.stat().st_size < size:
+        shutil.copyfile(dest, part)  # a local copy: its bytes need not cross the network again
+    offset = part.stat().st_size if part.exists() else 0
+    if 0 < offset < size:
+        r = t.run(render.agent_command(t.host, "prefix", remote, str(offset)), timeout=600)
+        try:
+            same = json.loads(r.stdout)["sha256"] == _sha256_file(part)
+        except (ValueError, KeyError):
+            same = False
+        offset = offset if same else 0
+    elif offset >= size:
+        offset = 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_APPEND if offset else os.O_TRUNC)
+    with os.fdopen(os.open(part, flags, 0o644), "ab" if offset else "wb") as f:
+        def sink(chunk: bytes) -> None:
+            f.write(chunk)
+            on_bytes(len(chunk))
+
+        t.get_range(remote, offset, size - offset, sink)
+    if _sha256_file(part) != sha:
+        part.unlink(missing_ok=True)
+        raise ClusterError(f"{remote}: sha256 differs from the node's after the copy (local copy removed)",
+                           "collect again; the file may have been rewritten during the copy")
+    os.replace(part, dest)
+    return size - offset
+
+
+def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
+                 on_bytes: Callable[[int], None] = lambda n: None) -> NodeCollect:
+    h = t.host
+    res = NodeCollect(h.name)
+    start = time.monotonic()
+    args = [run_dir] + (["checkpoints"] if checkpoints else [])
+    r = t.run(render.agent_command(h, "manifest", *args), timeout=1800)
+    try:
+        listing = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ClusterError(f"no file list from the node: {(r.stderr or r.stdout).strip()[-300:]}",
+                           "is the run folder still there? `clusterctl exec -- ls <workdir>/runs`") from None
+    if not listing.get("ok"):
+        raise ClusterError(f"no file list from the node: {listing.get('error')}", "check `clusterctl runs`")
+    dest.mkdir(parents=True, exist_ok=True)
+    res.skipped = listing.get("skipped", [])
+    for entry in listing["files"]:
+        rel = str(entry.get("path", ""))
+        try:
+            target = safe_dest(dest, rel)
+        except UnsafePath as e:
+            res.refused.append({"path": rel, "reason": e.message})
+            continue
+        res.files += 1
+        res.total_bytes += int(entry["size"])
+        n = _fetch(t, f"{run_dir}/{rel}", entry, target, on_bytes)
+        if n:
+            res.fetched += 1
+            res.bytes += n
+    # what the node is: its provisioning record, as the head last saw it verified
+    state = t.run(f"cat -- {shlex.quote(h.workdir + '/clusterctl/state.json')} 2>/dev/null", timeout=60)
+    if state.exit_code == 0 and state.stdout.strip():
+        (dest / "provision-state.json").write_text(state.stdout)
+    res.duration = time.monotonic() - start
+    return res
+
+
+def collect(record: dict[str, Any], checkpoints: bool = False, forks: int = 32,
+            on_bytes: Callable[[str, int], None] | None = None,
+            inventory_hosts: dict[str, Host] | None = None) -> dict[str, NodeCollect]:
+    """Bring the run's files from every node into runs/<run-id>/<node>/; one node's failure is data.
+    `inventory_hosts` (from -i) replaces the record's snapshot of how to reach each node."""
+    hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in runs.hosts(record)]
+    base = runs.run_path(record["run_id"])
+    dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
+    out: dict[str, NodeCollect] = {}
+    with Group(hosts, forks=forks) as group:
+        results = group.call(lambda t: collect_node(
+            t, dirs[t.host.name], safe_dest(base, t.host.name), checkpoints,
+            (lambda n, name=t.host.name: on_bytes(name, n)) if on_bytes else (lambda n: None)))
+        gathered = facts.gather(group, [h for h in hosts if results[h.name].ok])
+    for h in hosts:
+        r = results[h.name]
+        if r.ok:
+            out[h.name] = r.value
+            f = gathered.get(h.name)
+            if f is not None and f.ok:
+                (base / h.name / "facts.json").write_text(json.dumps(f.value.to_dict(), indent=1, default=str))
+        else:
+            out[h.name] = NodeCollect(h.name, status=r.status, error=r.error, fix=r.fix, duration=r.duration)
+    record.setdefault("collected", {})
+    record["collected"] = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
+    runs.save(record)
+    return out

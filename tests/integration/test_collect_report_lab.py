@@ -1,0 +1,189 @@
+"""`collect`, `report` and `study` on a real 2-node lab after tiny DDP and TF runs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import lab
+from tests.conftest import ROOT
+from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+
+TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def clab(tmp_path_factory: pytest.TempPathFactory):
+    """Two nodes on 200 Mbit links (so a large transfer can be interrupted), both jobs run once."""
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("clab")
+    state = lab.up(2, name=lab_name("c"), subnet=lab_subnet(6), bandwidth="200mbit", directory=d / "lab")
+    env = {"CLUSTERCTL_HOME": str(d / "home")}
+    try:
+        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                                  "--set", "vars.python_env=existing", env=env, timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+        ids = {}
+        for job in ("resnet50-ddp", "resnet50-tf"):
+            rc, rec = clusterctl_json("launch", job, *TINY, env=env, timeout=900)
+            assert rc == 0, json.dumps(rec)[-2000:]
+            ids[job] = rec["run_id"]
+        yield state, env, ids, Path(env["CLUSTERCTL_HOME"])
+    finally:
+        lab.down(state.name, d / "lab")
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def node_files(state, i: int, run_id: str, checkpoints: bool = False) -> dict[str, str]:
+    root = Path(state.nodes[i].dir) / "srv" / "runs" / run_id
+    return {p.relative_to(root).as_posix(): sha(p) for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink() and (checkpoints or "checkpoint" not in p.name)}
+
+
+def test_collect_brings_everything_then_nothing_new(clab) -> None:
+    state, env, ids, home = clab
+    for job, run_id in ids.items():
+        rc, res = clusterctl_json("collect", run_id, env=env, timeout=600)
+        assert rc == 0, res
+        for i, n in enumerate(state.nodes):
+            got = home / "runs" / run_id / n.name
+            want = node_files(state, i, run_id)
+            assert want and {k: sha(got / k) for k in want} == want  # every file, byte for byte
+            assert (got / "facts.json").exists() and (got / "provision-state.json").exists()
+            assert not list(got.rglob("*.part"))
+        again_rc, again = clusterctl_json("collect", run_id, env=env, timeout=600)
+        assert again_rc == 0 and [x["bytes"] for x in again["nodes"]] == [0, 0], again  # nothing transferred
+
+
+def test_interrupted_collect_resumes_to_identical_verified_files(clab) -> None:
+    state, env, ids, home = clab
+    run_id = ids["resnet50-ddp"]
+    ckpt_name = "out/checkpoint.pt"
+    size = (Path(state.nodes[0].dir) / "srv" / "runs" / run_id / ckpt_name).stat().st_size
+    part = home / "runs" / run_id / "node1" / (ckpt_name + ".part")
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", "collect", run_id, "--with-checkpoints"], cwd=ROOT,
+                            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (part.exists() and part.stat().st_size > size // 5) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)  # cut mid-transfer
+    proc.wait()
+    cut = part.stat().st_size
+    assert 0 < cut < size, (cut, size)
+    rc, res = clusterctl_json("collect", run_id, "--with-checkpoints", env=env, timeout=600)
+    assert rc == 0, res
+    node1 = next(x for x in res["nodes"] if x["node"] == "node1")
+    assert node1["bytes"] <= size - cut + 1_000_000  # the cut copy kept its bytes (only the rest and new logs)
+    want = node_files(state, 0, run_id, checkpoints=True)
+    assert ckpt_name in want
+    assert {k: sha(home / "runs" / run_id / "node1" / k) for k in want} == want
+    assert not part.exists()
+
+
+def test_a_node_cannot_make_collect_write_outside_the_run_folder(clab) -> None:
+    state, env, ids, home = clab
+    run_id = ids["resnet50-tf"]
+    node2 = Path(state.nodes[1].dir) / "srv"
+    rdir = node2 / "runs" / run_id
+    (rdir / "out" / "etc").symlink_to("/etc")
+    (rdir / "out" / "passwd").symlink_to("/etc/passwd")
+    agent = node2 / "clusterctl" / "nodeagent.py"
+    real = agent.read_text()
+    outside = home.parent / "escaped-by-collect"
+    # a node that lies: its agent lists names that climb out of the folder or are absolute
+    crafted = [{"path": p, "size": 5, "sha256": hashlib.sha256(b"evil\n").hexdigest()}
+               for p in ("../../../escaped-by-collect", str(outside), "out/../../../../escaped-by-collect")]
+    agent.write_text(real.replace('            result = manifest(run_dir, len(argv) > 2 and argv[2] == "checkpoints")',
+                                  '            result = manifest(run_dir, len(argv) > 2 and argv[2] == "checkpoints")\n'
+                                  f'            result["files"] += {crafted!r}'))
+    try:
+        before = set(home.parent.rglob("*"))
+        rc, res = clusterctl_json("collect", run_id, env=env, timeout=600)
+    finally:
+        agent.write_text(real)
+    node = next(x for x in res["nodes"] if x["node"] == "node2")
+    assert rc == 1  # refusals are reported as a failure
+    assert sorted(x["path"] for x in node["refused"]) == sorted(c["path"] for c in crafted)
+    assert {x["path"]: x["reason"] for x in node["skipped"]} == {"out/etc": "symbolic link",
+                                                                   "out/passwd": "symbolic link"}
+    assert not outside.exists()
+    created = {p for p in set(home.parent.rglob("*")) - before}
+    assert all(p.is_relative_to(home / "runs" / run_id) for p in created), created
+    assert not (home / "runs" / run_id / "node2" / "out" / "etc").exists()
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_report_numbers_match_the_metrics_and_the_page_renders_in_chromium(clab, tmp_path: Path) -> None:
+    state, env, ids, home = clab
+    for run_id in ids.values():
+        clusterctl_json("collect", run_id, env=env, timeout=600)
+    page = tmp_path / "report.html"
+    rc, rep = clusterctl_json("report", *ids.values(), "--html", str(page), "--markdown", str(tmp_path / "r.md"),
+                              "--price-kwh", "0.3", env=env, timeout=300)
+    assert rc == 0, rep
+    html_text = page.read_text()
+    for fig in rep["runs"]:
+        recs = [json.loads(x) for x in (home / "runs" / fig["run_id"] / "node1" / "out" / "metrics-rank0.jsonl")
+                .read_text().splitlines()]
+        epochs = [r for r in recs if r["type"] == "epoch"]
+        assert fig["final_val_acc"] == epochs[-1]["val_acc"]
+        assert fig["best_val_acc"] == max(e["val_acc"] for e in epochs)
+        assert fig["images_per_s"] == pytest.approx(statistics.median([e["images_per_s"] for e in epochs[1:]]))
+        assert f"{fig['final_val_acc']:.4f}" in html_text and f"{fig['images_per_s']:.1f}" in html_text
+        assert fig["energy_kwh"] > 0 and fig["cost"] == pytest.approx(fig["energy_kwh"] * 0.3)
+        assert {n["node"] for n in fig["per_node"]} == {"node1", "node2"}
+    assert (tmp_path / "r-plots" / "accuracy_loss.png").exists() and "r-plots/step_time.png" in (tmp_path / "r.md").read_text()
+    chromium = _chromium()
+    assert chromium, "chromium is installed by scripts/setup.sh"
+    probe = tmp_path / "probe.html"  # the page plus a check that runs in the browser after it loaded
+    probe.write_text(html_text.replace("</body>", "<script>window.addEventListener('load', () => {"
+                     "const imgs = [...document.images]; const ok = imgs.filter(i => i.complete && i.naturalWidth > 0);"
+                     "const rows = document.querySelectorAll('table tbody tr').length;"
+                     "document.body.insertAdjacentHTML('beforeend', `<p id=probe>images ${ok.length}/${imgs.length} rows ${rows}</p>`);"
+                     "});</script></body>"))
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                        "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    m = re.search(r"<p id=\"probe\">images (\d+)/(\d+) rows (\d+)</p>", r.stdout)
+    assert m, r.stdout[-2000:] + r.stderr[-2000:]
+    loaded, total, rows = map(int, m.groups())
+    assert total == 3 and loaded == total  # every plot decoded and laid out
+    assert rows >= 2 + 2 * 2  # the runs table and each run's per-node table
+
+
+def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> None:
+    state, env, _, home = clab
+    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", *TINY]
+    rc, res = clusterctl_json(*args, env=env, timeout=1800)
+    assert rc == 0, json.dumps(res)[-3000:]
+    assert [(c["job"], c["nodes"], c["state"]) for c in res["cells"]] == [
+        ("resnet50-ddp", 1, "succeeded"), ("resnet50-ddp", 2, "succeeded"),
+        ("resnet50-tf", 1, "succeeded"), ("resnet50-tf", 2, "succeeded")]
+    page = Path(res["report"])
+    assert page.exists() and "scaling eff." in page.read_text()
+    figs = json.loads((page.parent / "report.json").read_text())
+    two = {f["framework"]: f for f in figs if len(f["nodes"]) == 2}
+    assert set(two) == {"pytorch", "tensorflow"}
+    for f in two.values():
+        one = next(x for x in figs if x["run_id"] == f["scaling"]["baseline"])
+        assert len(one["nodes"]) == 1 and one["job"] == f["job"]
+        assert f["scaling"]["efficiency"] == pytest.approx(f["images_per_s"] / (2 * one["images_per_s"]))
+    rc, again = clusterctl_json(*args, env=env, timeout=600)  # resumable: nothing is run twice
+    assert rc == 0 and all(c["skipped"] for c in again["cells"])
+    assert [c["run_id"] for c in again["cells"]] == [c["run_id"] for c in res["cells"]]

@@ -1,0 +1,89 @@
+"""Collect's path checks and the report's figures, on files written here (no lab needed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster import collect, report, runs
+
+
+@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "out/../../x", "a//b", "", "./../x", "out/\0x"])
+def test_paths_that_climb_or_are_absolute_are_refused(tmp_path: Path, rel: str) -> None:
+    with pytest.raises(collect.UnsafePath):
+        collect.safe_dest(tmp_path / "run" / "node1", rel)
+
+
+def test_a_symlink_already_on_the_head_is_not_followed(tmp_path: Path) -> None:
+    base = tmp_path / "run" / "node1"
+    (base / "out").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (base / "out" / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(collect.UnsafePath, match="resolves outside|symbolic link"):
+        collect.safe_dest(base, "out/link/file")
+    assert collect.safe_dest(base, "out/metrics-rank0.jsonl") == base / "out" / "metrics-rank0.jsonl"
+
+
+def _write_run(home: Path, run_id: str, nodes: list[str], ips: list[float], val: list[float], job: str = "j",
+               settings: dict | None = None, power: float | None = None) -> dict:
+    rec = {"run_id": run_id, "job": job, "framework": "pytorch", "state": "succeeded", "created": 1, "started": 1,
+           "world_size": len(nodes), "settings": settings or {"epochs": len(val)},
+           "nodes": [{"node": n, "run_dir": f"/srv/runs/{run_id}"} for n in nodes],
+           "inventory": {"hosts": [{"name": n, "address": f"10.0.0.{i + 1}"} for i, n in enumerate(nodes)]}}
+    runs.save(rec)
+    for r, n in enumerate(nodes):
+        out = runs.run_path(run_id) / n / "out"
+        out.mkdir(parents=True)
+        lines = [{"type": "start", "time": 100.0, "world": len(nodes), "batch": 32, "global_batch": 32 * len(nodes),
+                  "dataset": "digits", "synthetic": False}]
+        for s in range(1, 5):
+            lines.append({"type": "step", "time": 100.0 + s, "epoch": 0, "step": s, "loss": 1.0,
+                          "data_s": 0.01, "compute_s": 0.5 * (r + 1)})
+        for e, (i, v) in enumerate(zip(ips, val)):
+            ep = {"type": "epoch", "time": 110.0 + 10 * e, "epoch": e, "step": 4 * (e + 1), "train_loss": 1.0 / (e + 1),
+                  "train_acc": v, "val_loss": 1.5 / (e + 1), "val_acc": v, "epoch_s": 10.0, "images_per_s": i,
+                  "cpu_percent_node": 50.0}
+            if power is not None:
+                ep["gpus"] = [{"index": 0, "power_w": power}]
+            lines.append(ep)
+        lines.append({"type": "end", "time": 110.0 + 10 * len(val), "step": 4 * len(val)})
+        (out / f"metrics-rank{r}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"cut")
+    return rec
+
+
+def test_report_figures_come_from_the_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
+    _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75], power=100.0)
+    figs = {f.run_id: f for f in report.build(["one", "two"], price_kwh=0.5)}
+    two = figs["two"]
+    assert two.images_per_s == 95.0 and two.epoch_s == 10.0  # median of the epochs after the first
+    assert (two.final_val_acc, two.best_val_acc) == (0.75, 0.8)
+    assert two.scaling["baseline"] == "one" and two.scaling["efficiency"] == pytest.approx(95.0 / (2 * 61.0))
+    assert [p.step_s_median for p in two.per_node] == [0.51, 1.01] and two.straggler == "b"
+    assert two.step_spread == pytest.approx(1.01 / 0.51)
+    # measured GPU power: idle + half-loaded CPU + 100 W GPU, per node, over the 40 s wall time
+    assert two.per_node[0].watts == 40 + 32.5 + 100 and two.energy_source == "measured GPU power"
+    assert two.energy_kwh == pytest.approx(2 * 172.5 * 40 / 3.6e6) and two.cost == pytest.approx(two.energy_kwh * 0.5)
+    assert figs["one"].energy_source == "estimated" and figs["one"].per_node[0].watts == 72.5
+    pngs = report.plots(list(figs.values()))
+    assert set(pngs) == {"accuracy_loss", "throughput_nodes", "step_time"}
+    assert all(p.startswith(b"\x89PNG") for p in pngs.values())
+    page = report.html_page(list(figs.values()), pngs, 0.5)
+    assert page.count("data:image/png;base64,") == 3 and "0.7500" in page and "95.0" in page
+
+
+def test_scaling_needs_the_same_job_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _write_run(tmp_path, "one", ["a"], [50.0, 60.0], [0.2, 0.6], settings={"epochs": 2, "batch": 64})
+    _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0], [0.3, 0.8], settings={"epochs": 2, "batch": 32})
+    assert report.build(["two"])[0].scaling is None
+
+
+def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    runs.save({"run_id": "r", "job": "j", "framework": "pytorch", "state": "succeeded", "created": 1,
+               "nodes": [{"node": "a"}], "inventory": {"hosts": []}})
+    with pytest.raises(Exception, match="collect them first: clusterctl collect r"):
+        report.build(["r"])
