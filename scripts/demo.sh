@@ -5,13 +5,15 @@
 # time downloads ~4 GB once, then installs on each node: several minutes), show that
 # a second provision has nothing to do, train ResNet50 on the digits dataset with
 # PyTorch DDP and then TensorFlow MultiWorkerMirroredStrategy on all 3 nodes
-# (one command each, a live table while they run), tear the lab down.
+# (one command each, a live table while they run), collect every node's results
+# on the head, write the comparison report (demo-report.html), tear the lab down.
 # Without root or network namespaces it runs on the embedded local inventory instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 CTL=.venv/bin/clusterctl
 LAB=demo
+CLUSTERCTL_REPORT=${CLUSTERCTL_REPORT:-$PWD/demo-report.html}
 
 set +e
 $CTL lab up 3 --name "$LAB" --subnet 10.77.0.0/24 --bandwidth 1gbit
@@ -28,7 +30,8 @@ elif [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
 # --purge: the nodes' venvs (~8 GB each) go with the lab; the head's wheelhouse cache stays for a rerun.
-trap '$CTL lab down --name "$LAB" --purge' EXIT
+trap '$CTL lab down --name "$LAB" --purge
+      [ -f "$CLUSTERCTL_REPORT" ] && echo && echo "The report is $CLUSTERCTL_REPORT: open it in a browser."' EXIT
 
 echo; echo "== clusterctl check   (facts and problems of every node)"
 $CTL check
@@ -45,4 +48,9 @@ echo; echo "== clusterctl launch resnet50-tf   (TensorFlow MultiWorkerMirroredSt
 $CTL launch resnet50-tf --set epochs=3 --set threads=1
 echo; echo "== clusterctl runs"
 $CTL runs
+RUNS=$($CTL runs --json | .venv/bin/python -c 'import json, sys; print(" ".join(r["run_id"] for r in json.load(sys.stdin)[-2:]))')
+echo; echo "== clusterctl collect   (every node's logs, metrics, facts to the head; sha256-verified)"
+for r in $RUNS; do $CTL collect "$r"; done
+echo; echo "== clusterctl report   (PyTorch DDP vs TensorFlow MWMS: tables, plots, one HTML page)"
+$CTL report $RUNS --html "$CLUSTERCTL_REPORT"
 echo; echo "== clusterctl lab down   (nothing left behind)"

@@ -51,7 +51,8 @@ def sha(p: Path) -> str:
 def node_files(state, i: int, run_id: str, checkpoints: bool = False) -> dict[str, str]:
     root = Path(state.nodes[i].dir) / "srv" / "runs" / run_id
     return {p.relative_to(root).as_posix(): sha(p) for p in root.rglob("*")
-            if p.is_file() and not p.is_symlink() and (checkpoints or "checkpoint" not in p.name)}
+            if p.is_file() and not p.is_symlink() and (checkpoints or not any(
+                part.startswith(("checkpoint", ".checkpoint-worker")) for part in p.relative_to(root).parts))}
 
 
 def test_collect_brings_everything_then_nothing_new(clab) -> None:
