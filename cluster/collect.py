@@ -174,7 +174,6 @@ def collect(record: dict[str, Any], checkpoints: bool = False, forks: int = 32,
                 (base / h.name / "facts.json").write_text(json.dumps(f.value.to_dict(), indent=1, default=str))
         else:
             out[h.name] = NodeCollect(h.name, status=r.status, error=r.error, fix=r.fix, duration=r.duration)
-    record.setdefault("collected", {})
     record["collected"] = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
     runs.save(record)
     return out

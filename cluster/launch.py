@@ -55,14 +55,14 @@ class NodeStatus:
             s.exit_code, s.ended = doc["exit"].get("code"), doc["exit"].get("ended")
         metrics = doc.get("metrics") or {}
         s.ranks = len(metrics)
-        for recs in metrics.values():  # the node's lowest rank speaks for it
+        if metrics:
+            recs = metrics[min(metrics, key=int)]  # the node's lowest rank speaks for it
             last = recs.get("step") or {}
             s.world = (recs.get("start") or {}).get("world")
             s.epoch, s.step, s.loss = last.get("epoch"), last.get("step"), last.get("loss")
             s.images_per_s = last.get("images_per_s")
             if recs.get("end"):
                 s.step = recs["end"].get("step", s.step)
-            break
         return s
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,7 +72,7 @@ class NodeStatus:
 # --------------------------------------------------------------------------- preflight
 
 
-def _select(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]:
+def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]:
     nodes = spec["nodes"]
     chosen = inv.select(None if nodes == "all" else ",".join(nodes) if isinstance(nodes, list) else nodes)
     if limit:
@@ -144,7 +144,7 @@ def _program(entry: str) -> dict[str, str]:
 def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: bool = False, forks: int = 32,
            log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, Any], render.LaunchPlan]:
     """Start the job on its nodes; returns the run record (saved) and the rendered plan."""
-    hosts = _select(inv, spec, limit)
+    hosts = select_hosts(inv, spec, limit)
     run_id = runs.new_run_id(spec.name)
     with Group(hosts, forks=forks) as group:
         log(f"checking {len(hosts)} nodes are provisioned and identical")
@@ -255,14 +255,10 @@ def _keep_rendered(plan: render.LaunchPlan) -> None:
 # --------------------------------------------------------------------------- lifecycle
 
 
-def _hosts(record: dict[str, Any]) -> list[Host]:
-    return runs.hosts(record)
-
-
 def poll(record: dict[str, Any], group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
     """Every node's state, read by its agent (one command per node)."""
     dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
-    hosts = _hosts(record)
+    hosts = runs.hosts(record)
 
     def ask(g: Group) -> dict[str, NodeStatus]:
         res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=60)
@@ -320,8 +316,7 @@ def _settle(record: dict[str, Any], statuses: dict[str, NodeStatus]) -> dict[str
         record["ended"] = time.time()
     record["state"] = state
     record["last_status"] = {n: s.to_dict() for n, s in statuses.items()}
-    saved = {k: v for k, v in record.items() if not k.startswith("_")}
-    runs.save(saved)
+    runs.save(record)
     return record
 
 
@@ -335,7 +330,7 @@ def refresh(record: dict[str, Any]) -> dict[str, Any]:
 def follow(record: dict[str, Any], interval: float = 2.0,
            on_update: Callable[[dict[str, Any], dict[str, NodeStatus]], None] | None = None) -> dict[str, Any]:
     """Poll until the run ends, stopping the others when a node fails."""
-    hosts = _hosts(record)
+    hosts = runs.hosts(record)
     group = Group(hosts)
     try:
         while True:
@@ -356,7 +351,7 @@ def follow(record: dict[str, Any], interval: float = 2.0,
 def stop_nodes(record: dict[str, Any], grace: float = 10.0) -> dict[str, Any]:
     """SIGTERM, then SIGKILL after `grace`, every process of the run on every node."""
     dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
-    with Group(_hosts(record)) as g:
+    with Group(runs.hosts(record)) as g:
         res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 60)
     out = {}
     for n, r in res.items():
@@ -378,14 +373,14 @@ def stop(record: dict[str, Any], grace: float = 10.0) -> dict[str, Any]:
         record["last_status"] = {n: s.to_dict() for n, s in poll(record).items()}
     except ClusterError:
         pass
-    runs.save({k: v for k, v in record.items() if not k.startswith("_")})
+    runs.save(record)
     return record
 
 
 def logs(record: dict[str, Any], node: str | None = None, offsets: dict[str, int] | None = None,
          lines: int = 50) -> dict[str, tuple[str, int]]:
     """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
-    hosts = [h for h in _hosts(record) if node is None or h.name == node]
+    hosts = [h for h in runs.hosts(record) if node is None or h.name == node]
     if not hosts:
         raise UsageError(f"run {record['run_id']} has no node '{node}'",
                          f"one of: {', '.join(n['node'] for n in record['nodes'])}")

@@ -38,10 +38,12 @@ def run_path(run_id: str) -> Path:
 
 
 def save(record: dict[str, Any]) -> Path:
+    """Write the record atomically; keys starting with `_` are the caller's working state, not saved."""
     d = run_path(record["run_id"])
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / "run.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    kept = {k: v for k, v in record.items() if not k.startswith("_")}
+    tmp.write_text(json.dumps(kept, indent=1, default=str) + "\n")
     os.replace(tmp, d / "run.json")  # a reader never sees half a record
     return d / "run.json"
 

@@ -52,7 +52,7 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     previous = {(c["job"], c["nodes"]): c for c in done}
     cells: list[Cell] = []
     for name, spec in specs.items():
-        hosts = launch._select(inv, spec, None)
+        hosts = launch.select_hosts(inv, spec, None)
         for n in sizes:
             if n > len(hosts):
                 raise UsageError(f"--nodes {n}: job {name} has only {len(hosts)} nodes in {inv.path}",
