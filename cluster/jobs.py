@@ -41,8 +41,10 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": 0,
     "log_every": 10,
     "port": 0,
+    "shares": {},  # node -> its batch (uneven split, `clusterctl plan`); empty: `batch` on every worker
     "env": {},
 }
+FREE_MAPS = ("env", "shares")  # mappings whose keys the user chooses
 
 
 class JobError(UsageError):
@@ -82,6 +84,8 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
+        if s["shares"]:
+            args += ["--shares", ",".join(f"{node}={n}" for node, n in s["shares"].items())]
         return [str(a) for a in args]
 
 
@@ -130,7 +134,7 @@ def _merge(into: dict[str, Any], data: dict[str, Any], prefix: str, file: str, l
             raise JobError(file, line, dotted, "unknown setting",
                            f"allowed here: {', '.join(into)} (docs/jobs.md)")
         lines[dotted] = line
-        if isinstance(into[key], dict) and key != "env":
+        if isinstance(into[key], dict) and key not in FREE_MAPS:
             if not isinstance(value, dict):
                 raise JobError(file, line, dotted, f"expected a mapping, got {value!r}",
                                f"e.g. {key}: {{{next(iter(into[key]))}: ...}}")
@@ -148,7 +152,7 @@ def _set(settings: dict[str, Any], key: str, value: Any, file: str) -> None:
             raise JobError("command line", None, key, f"'{'.'.join(parts[:i + 1])}' has no sub-settings",
                            f"settable keys: {', '.join(_keys(DEFAULTS))} (spec: {file})")
         node = node[part]
-    if parts[-1] not in node and parts[0] != "env":
+    if parts[-1] not in node and parts[0] not in FREE_MAPS:
         raise JobError("command line", None, key, "unknown setting",
                        f"settable keys: {', '.join(_keys(DEFAULTS))} (spec: {file})")
     node[parts[-1]] = value
@@ -157,10 +161,10 @@ def _set(settings: dict[str, Any], key: str, value: Any, file: str) -> None:
 def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for k, v in d.items():
-        if isinstance(v, dict) and k != "env":
+        if isinstance(v, dict) and k not in FREE_MAPS:
             out += _keys(v, f"{prefix}{k}.")
         else:
-            out.append(f"{prefix}{k}" + (".NAME" if k == "env" else ""))
+            out.append(f"{prefix}{k}" + (".NAME" if k == "env" else ".NODE" if k == "shares" else ""))
     return out
 
 
@@ -223,6 +227,12 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
             isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
         fail("nodes", f"expected all, a group name or a list of host names, got {nodes!r}",
              "nodes: all | nodes: gpu | nodes: [pc1, pc2]")
+    if not isinstance(s["shares"], dict):
+        fail("shares", f"expected a mapping NODE: batch, got {s['shares']!r}", "shares: {pc1: 48, pc2: 16}")
+    for k, v in s["shares"].items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or "," in str(k) or "=" in str(k):
+            fail(f"shares.{k}", f"expected a whole number >= 1 for a node name without ',' or '=', got {v!r}",
+                 "shares: {pc1: 48, pc2: 16} (`clusterctl plan` computes them)")
     if not isinstance(s["env"], dict):
         fail("env", f"expected a mapping NAME: value, got {s['env']!r}", "env: {OMP_PROC_BIND: close}")
     for k, v in s["env"].items():

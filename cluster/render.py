@@ -92,6 +92,10 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
     if not targets:
         raise JobError(str(spec.path), None, "nodes", "no node to run on", "check `nodes:` and --limit")
     first = targets[0].host
+    missing = [t.host.name for t in targets if spec["shares"] and t.host.name not in spec["shares"]]
+    if missing:
+        raise JobError(str(spec.path), None, "shares", f"no batch share for {', '.join(missing)}",
+                       "give every node of the job a share, or none (even batches)")
     nprocs = [procs_per_node(spec, t) for t in targets]
     endpoint = f"{first.address}:{ports[first.name]}" if spec.framework == "pytorch" else None
     plan = LaunchPlan(run_id, spec, sum(nprocs), endpoint, data_file)

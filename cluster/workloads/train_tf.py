@@ -68,7 +68,7 @@ class Trainer:
             with tf.GradientTape() as tape:
                 logits = self.model(x, training=True)
                 # sum over the local batch / global batch: the all-reduced (summed) gradient is then the
-                # mean over the global batch, as DDP's averaged gradient of equal local means
+                # mean over the global batch, whatever each worker's share of it
                 loss = tf.nn.compute_average_loss(self.loss_fn(y, logits), global_batch_size=self.global_batch)
             variables = self.model.trainable_variables
             grads = tape.gradient(loss, variables)
@@ -76,7 +76,7 @@ class Trainer:
             # L2 weight decay added to the gradient, as torch's SGD does (each replica adds 1/world of it)
             grads = [g + self.a.weight_decay / world * v for g, v in zip(grads, variables)]
             self.opt.apply_gradients(zip(grads, variables))
-            return loss * world  # this replica's mean loss
+            return loss * self.global_batch / tf.cast(tf.shape(y)[0], loss.dtype)  # this replica's mean loss
 
         per_replica = self.strategy.run(replica, args=(x, y))
         return self.strategy.experimental_local_results(per_replica)[0]
@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     vidx = np.arange(rank, len(ds.x_val), world)
     xva, yva = normalize(ds.x_val[vidx], mean, std), ds.y_val[vidx]
 
-    global_batch = a.batch * world
-    steps_per_epoch = len(wldata.shard(len(ds.x_train), 0, world)) // a.batch
+    batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch)
+    batches = [int(b) for b in _allsum(strategy, np.eye(world)[rank] * batch)] if world > 1 else [batch]
+    global_batch = sum(batches)
+    steps_per_epoch = len(ds.x_train) // global_batch
     if a.max_steps:
         steps_per_epoch = min(steps_per_epoch, a.max_steps)
     peak = wlcommon.peak_lr(a.lr, global_batch)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
     metrics.start(world=world, local_rank=0, device="cpu" if not tf.config.list_physical_devices("GPU") else "gpu",
                   amp=False, dataset=ds.name, synthetic=ds.synthetic, train_samples=len(ds.x_train),
-                  val_samples=len(ds.x_val), batch=a.batch, global_batch=global_batch,
+                  val_samples=len(ds.x_val), batch=batch, batches=batches, global_batch=global_batch,
                   steps_per_epoch=steps_per_epoch, epochs=a.epochs, peak_lr=peak, momentum=a.momentum,
                   weight_decay=a.weight_decay, schedule=a.schedule, warmup_epochs=a.warmup_epochs,
                   start_epoch=start_epoch, tensorflow=tf.__version__, threads=threads,
@@ -169,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         mine = order[wldata.shard(len(order), rank, world)]
         ep_start = time.perf_counter()
         tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
-        batches = iter(wlcommon.Prefetcher(lambda i: (xtr[mine[i * a.batch:(i + 1) * a.batch]],
-                                                      ytr[mine[i * a.batch:(i + 1) * a.batch]]),
-                                           steps_per_epoch, workers))
+        feed = iter(wlcommon.Prefetcher(lambda i: (xtr[order[wlcommon.batch_slice(i, batches, rank)]],
+                                                   ytr[order[wlcommon.batch_slice(i, batches, rank)]]),
+                                        steps_per_epoch, workers))
         for i in range(steps_per_epoch):
             t0 = time.perf_counter()
-            xb, yb = next(batches)
+            xb, yb = next(feed)
             x, y = tf.constant(xb), tf.constant(yb)
             t1 = time.perf_counter()
             lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)

@@ -38,19 +38,21 @@ def to_tensor(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
 
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               lr: float, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
-    """One optimizer step; DDP averages the gradients of equal-sized local batches = the global mean."""
+               lr: float, scaler: torch.amp.GradScaler | None = None, weight: float = 1.0) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean loss. DDP averages the ranks' gradients: with
+    `weight` = wlcommon.loss_weight that average is the mean over the whole global batch."""
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type=x.device.type, enabled=scaler is not None):
         loss = F.cross_entropy(model(x), y)
+    weighted = loss * weight if weight != 1.0 else loss
     if scaler is not None:
-        scaler.scale(loss).backward()
+        scaler.scale(weighted).backward()
         scaler.step(opt)
         scaler.update()
     else:
-        loss.backward()
+        weighted.backward()
         opt.step()
     return loss.detach()
 
@@ -117,15 +119,19 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1 else model  # DDP broadcasts rank 0's weights and buffers at wrap time
     scaler = torch.amp.GradScaler("cuda") if amp else None
 
-    global_batch = a.batch * world
-    per_rank = len(wldata.shard(len(ds.x_train), 0, world))
-    steps_per_epoch = per_rank // a.batch
+    batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch, local_rank, local_world)
+    batches = [batch]
+    if world > 1:  # ranks come from the rendezvous: learn every rank's batch
+        batches = [0] * world
+        dist.all_gather_object(batches, batch)
+    global_batch, weight = sum(batches), wlcommon.loss_weight(batches, rank)
+    steps_per_epoch = len(ds.x_train) // global_batch
     if a.max_steps:
         steps_per_epoch = min(steps_per_epoch, a.max_steps)
     peak = wlcommon.peak_lr(a.lr, global_batch)
     metrics.start(world=world, local_rank=local_rank, device=str(device), amp=amp, dataset=ds.name,
                   synthetic=ds.synthetic, train_samples=len(ds.x_train), val_samples=len(ds.x_val),
-                  batch=a.batch, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=a.epochs,
+                  batch=batch, batches=batches, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=a.epochs,
                   peak_lr=peak, momentum=a.momentum, weight_decay=a.weight_decay, schedule=a.schedule,
                   warmup_epochs=a.warmup_epochs, start_epoch=start_epoch, torch=torch.__version__,
                   threads=torch.get_num_threads(), loader_workers=workers)
@@ -141,17 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         mine = order[wldata.shard(len(order), rank, world)]
         ep_start = time.perf_counter()
         tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
-        batches = iter(wlcommon.Prefetcher(lambda i: gather(mine[i * a.batch:(i + 1) * a.batch]),
-                                           steps_per_epoch, workers))
+        feed = iter(wlcommon.Prefetcher(lambda i: gather(order[wlcommon.batch_slice(i, batches, rank)]),
+                                        steps_per_epoch, workers))
         for i in range(steps_per_epoch):
             t0 = time.perf_counter()
-            x, y = next(batches)
+            x, y = next(feed)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if cuda:
                 x = x.contiguous(memory_format=torch.channels_last)
             t1 = time.perf_counter()
             lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)
-            loss = train_step(ddp, opt, x, y, lr, scaler)
+            loss = train_step(ddp, opt, x, y, lr, scaler, weight)
             loss_v = loss.item()  # waits for the step (and its all-reduce) to finish
             t2 = time.perf_counter()
             data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1

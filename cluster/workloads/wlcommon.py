@@ -15,6 +15,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--size", type=int, default=32, help="image side in pixels")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="per-worker batch size")
+    ap.add_argument("--shares", default="", help="uneven batches: NODE=N,NODE=N per node (`clusterctl plan`); a "
+                    "node's share is split among its processes, each rank weights its loss so the gradient is "
+                    "the mean over the whole global batch; empty: --batch on every worker")
     ap.add_argument("--lr", type=float, default=0.01, help=f"learning rate for a global batch of {REF_BATCH}; "
                     "scaled linearly with the global batch")
     ap.add_argument("--momentum", type=float, default=0.9)
@@ -33,6 +36,42 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "on GPU nodes, 0 on CPU-only nodes (whose cores do the training)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
+
+
+def parse_shares(text: str) -> dict[str, int]:
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        node, _, n = item.rpartition("=")
+        if not node or not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"--shares: expected NODE=N with N >= 1, got {item!r}")
+        out[node] = int(n)
+    return out
+
+
+def my_batch(shares: str, node: str | None, default: int, local_rank: int = 0, local_world: int = 1) -> int:
+    """This process's batch: its node's share split among the node's processes, or --batch."""
+    if not shares:
+        return default
+    table = parse_shares(shares)
+    if node not in table:
+        raise SystemExit(f"--shares has no entry for this node ({node!r}): {shares}")
+    base, extra = divmod(table[node], local_world)
+    if base == 0:
+        raise SystemExit(f"--shares: {node} has {table[node]} samples for {local_world} processes")
+    return base + (1 if local_rank < extra else 0)
+
+
+def batch_slice(step: int, batches: list[int], rank: int) -> slice:
+    """Rank `rank`'s part of global batch number `step` within the epoch's order: global batches are
+    consecutive runs of sum(batches) samples, cut in rank order."""
+    start = step * sum(batches) + sum(batches[:rank])
+    return slice(start, start + batches[rank])
+
+
+def loss_weight(batches: list[int], rank: int) -> float:
+    """DDP averages the ranks' gradients; weighting rank r's mean loss by world * b_r / B makes that
+    average the mean over all B samples, whatever the shares."""
+    return len(batches) * batches[rank] / sum(batches)
 
 
 def peak_lr(base_lr: float, global_batch: int) -> float:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 
@@ -35,9 +36,11 @@ for layer in tr.model.layers:
         layer.trainable = False
 with np.load(init) as w:
     tr.model.set_weights([w[f"arr_{{i}}"] for i in range(len(w.files))])
+import wlcommon
+split = [int(b) for b in sys.argv[5].split(",")][:world] if world > 1 else [8]
 with np.load(data) as d:
-    half = len(d["x"]) // world
-    x, y = d["x"][rank * half:(rank + 1) * half], d["y"][rank * half:(rank + 1) * half]
+    part = wlcommon.batch_slice(0, split, rank)  # this worker's share of the 8 samples
+    x, y = d["x"][part], d["y"][part]
 for _ in range(2):  # two steps: the momentum slots are exercised too
     tr.opt.learning_rate.assign(0.01)
     tr.train_step(tf.constant(x), tf.constant(y))
@@ -72,17 +75,18 @@ def _ok(p: subprocess.Popen) -> None:
     assert p.returncode == 0, err[-3000:]
 
 
-def test_mwms_step_on_two_workers_equals_one_step_on_the_concatenated_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", ["4,4", "3,5"], ids=["even", "uneven"])
+def test_mwms_step_on_two_workers_equals_one_step_on_the_concatenated_batch(tmp_path: Path, split: str) -> None:
     helper = tmp_path / "helper.py"
     helper.write_text(HELPER)
     init, data = tmp_path / "init.npz", tmp_path / "data.npz"
     rng = np.random.default_rng(0)
     np.savez(data, x=rng.standard_normal((8, 32, 32, 3)), y=rng.integers(0, 10, 8))
-    _ok(_run(helper, ["init", str(init), str(data), "-"]))
-    _ok(_run(helper, ["train", str(init), str(data), str(tmp_path / "single.npz")]))
+    _ok(_run(helper, ["init", str(init), str(data), "-", split]))
+    _ok(_run(helper, ["train", str(init), str(data), str(tmp_path / "single.npz"), split]))
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = [_run(helper, ["train", str(init), str(data), str(tmp_path / "mwms.npz")],
+    procs = [_run(helper, ["train", str(init), str(data), str(tmp_path / "mwms.npz"), split],
                   {"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, results):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 
+import pytest
 import torch  # noqa: E402 - installed by scripts/setup.sh; a missing torch must fail, not skip
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp  # noqa: E402
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
+import wlcommon  # noqa: E402
 
 
 def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
@@ -35,7 +37,7 @@ def _args():
     return argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4)
 
 
-def _rank(rank: int, world: int, init: str, state: str, x: str, out: str) -> None:
+def _rank(rank: int, world: int, init: str, state: str, x: str, out: str, split: tuple[int, ...]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     model = _frozen_bn(train_torch.build_model(10)).double()
@@ -43,16 +45,17 @@ def _rank(rank: int, world: int, init: str, state: str, x: str, out: str) -> Non
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = train_torch.make_optimizer(ddp, _args())
     data = torch.load(x)
-    half = len(data["x"]) // world
+    part = wlcommon.batch_slice(0, list(split), rank)  # this rank's share of the 8 samples
     for _ in range(2):  # two steps: momentum buffers are exercised too
-        train_torch.train_step(ddp, opt, data["x"][rank * half:(rank + 1) * half],
-                               data["y"][rank * half:(rank + 1) * half], lr=0.01)
+        train_torch.train_step(ddp, opt, data["x"][part], data["y"][part], lr=0.01,
+                               weight=wlcommon.loss_weight(list(split), rank))
     if rank == 0:
         torch.save(model.state_dict(), out)
     dist.destroy_process_group()
 
 
-def test_ddp_step_on_two_ranks_equals_one_step_on_the_concatenated_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", [(4, 4), (3, 5)], ids=["even", "uneven"])
+def test_ddp_step_on_two_ranks_equals_one_step_on_the_concatenated_batch(tmp_path: Path, split) -> None:
     # float64 so that the comparison sees the arithmetic, not float32 rounding through 50 layers
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -64,7 +67,7 @@ def test_ddp_step_on_two_ranks_equals_one_step_on_the_concatenated_batch(tmp_pat
     for _ in range(2):
         train_torch.train_step(model, opt, x, y, lr=0.01)
     mp.spawn(_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path / "init.pt"), str(tmp_path / "data.pt"),
-                          str(tmp_path / "ddp.pt")), nprocs=2, join=True)
+                          str(tmp_path / "ddp.pt"), split), nprocs=2, join=True)
     ddp = torch.load(tmp_path / "ddp.pt")
     init = torch.load(tmp_path / "init.pt")
     moved = 0
