@@ -65,7 +65,11 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
     from cluster import lab
 
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
-        state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
+        try:
+            quotas = [float(x) for x in args.cpu_quota.split(",")] if args.cpu_quota else None
+        except ValueError:
+            raise errors.UsageError(f"--cpu-quota {args.cpu_quota!r}: expected numbers", "e.g. --cpu-quota 1,0.35") from None
+        state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth, cpu_quotas=quotas,
                        directory=Path(args.dir) if args.dir else None)
     context.set_current(Path(state.inventory))
     if args.json:
@@ -73,10 +77,11 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
                     "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
         return errors.EXIT_OK
     t = Table(title=f"lab {state.name} ({state.subnet})")
-    for col in ("node", "address", "netns", "sshd pid"):
+    for col in ("node", "address", "netns", "sshd pid", "cpu"):
         t.add_column(col)
     for n in state.nodes:
-        t.add_row(n.name, n.address, n.netns, str(n.pid))
+        t.add_row(n.name, n.address, n.netns, str(n.pid),
+                  f"core {n.cpu}, {n.cpu_quota:g} of it" if n.cpu_quota is not None else "shared")
     out.print(t)
     if state.bandwidth:
         out.print(f"links shaped to {state.bandwidth} in both directions")
@@ -694,6 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("nodes", type=int, metavar="N", help="number of nodes")
             sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")
             sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
+            sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
+                            help="heterogeneous nodes: pin node i to one core and let it use Qi of it "
+                                 "(cgroup CPU bandwidth), e.g. 1,0.35")
         sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lab)")
         sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
         sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")

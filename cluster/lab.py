@@ -59,6 +59,8 @@ class NodeState:
     hostname: str
     dir: str
     pid: int | None = None
+    cpu: str | None = None  # "0" (the core it is pinned to)
+    cpu_quota: float | None = None  # cores' worth of CPU time it may use (cgroup CPU bandwidth)
 
 
 @dataclass
@@ -143,9 +145,15 @@ def _subnet_in_use(net: ipaddress.IPv4Network, own_bridge: str) -> str | None:
 
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
-       directory: Path | None = None) -> LabState:
-    """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first."""
+       directory: Path | None = None, cpu_quotas: list[float] | None = None) -> LabState:
+    """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
+
+    `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
+    may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds."""
     net = _validate(name, nodes, subnet)
+    if cpu_quotas is not None and (len(cpu_quotas) != nodes or not all(0.05 <= q <= 1.0 for q in cpu_quotas)):
+        raise UsageError(f"--cpu-quota: expected {nodes} fractions of a core between 0.05 and 1, got {cpu_quotas}",
+                         "e.g. --cpu-quota 1,0.35 for two nodes")
     preflight()
     d = (directory or default_dir(name)).resolve()
     down(name, d)
@@ -176,6 +184,9 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
             state.nodes.append(node)
             _start_links(node, bridge, net.prefixlen, bandwidth)
             _start_sshd(node, d)
+            if cpu_quotas is not None:
+                _limit_cpu(name, node, sorted(os.sched_getaffinity(0))[(i - 1) % len(os.sched_getaffinity(0))],
+                           cpu_quotas[i - 1])
         for node in state.nodes:
             _wait_listening(node)
     except BaseException:
@@ -230,6 +241,47 @@ def _start_sshd(node: NodeState, d: Path) -> None:
             return
         time.sleep(0.05)
     raise LabError(f"sshd of {node.name} did not start; see {nd / 'sshd.log'}")
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def _cgroup_dir(lab: str, node: str) -> Path:
+    if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
+        return CGROUP_V1 / f"clusterctl-{lab}-{node}"
+    v2 = CGROUP_V2 / "cgroup.controllers"
+    if v2.exists() and "cpu" in v2.read_text().split():
+        return CGROUP_V2 / f"clusterctl-{lab}-{node}"
+    raise LabError("per-node CPU limits need the cgroup cpu controller (v1 or v2)",
+                   "start the lab without --cpu-quota, or on a machine with cgroups")
+
+
+def _limit_cpu(lab: str, node: NodeState, core: int, quota: float) -> None:
+    """Pin the node's sshd (and so everything started through it) to one core, and cap its CPU time."""
+    cg = _cgroup_dir(lab, node.name)
+    cg.mkdir(exist_ok=True)
+    period = 100_000
+    if (cg / "cpu.cfs_quota_us").exists():
+        (cg / "cpu.cfs_period_us").write_text(str(period))
+        (cg / "cpu.cfs_quota_us").write_text(str(int(quota * period)))
+    else:
+        (cg / "cpu.max").write_text(f"{int(quota * period)} {period}")
+    (cg / "cgroup.procs").write_text(str(node.pid))
+    os.sched_setaffinity(node.pid, {core})
+    node.cpu, node.cpu_quota = str(core), quota
+
+
+def _remove_cgroups(lab: str) -> list[str]:
+    removed = []
+    for base in (CGROUP_V1, CGROUP_V2):
+        for cg in base.glob(f"clusterctl-{lab}-node*") if base.exists() else []:
+            try:
+                cg.rmdir()  # only empty groups can go: down() has ended their processes
+                removed.append(f"cgroup {cg.name}")
+            except OSError:
+                pass
+    return removed
 
 
 def _wait_listening(node: NodeState, timeout: float = 10.0) -> None:
@@ -320,6 +372,7 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
     for link in _links(name):
         _sh("ip", "link", "del", link, check=False)
         removed.append(f"link {link}")
+    removed += _remove_cgroups(name)
     state = _state_path(name, directory)
     if state.exists():
         state.unlink()
