@@ -397,10 +397,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     from cluster import jobs, launch
 
-    spec = jobs.load(args.job, args.set or ())
     inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=args.host_set))
+    planned = None
+    if args.plan:
+        from cluster import plan as plan_mod
+
+        planned = plan_mod.load_recommended(inv, args.job)
+    spec = jobs.load(args.job, (plan_mod.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
     record, plan = launch.launch(inv, spec, limit=args.limit, dry_run=args.dry_run, forks=args.forks,
-                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
+                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"),
+                                 prediction=planned)
     if args.dry_run:
         if args.json:
             _emit_json({**plan.to_dict(), "files": {n.node: n.files for n in plan.nodes}})
@@ -651,6 +657,65 @@ def cmd_study(args: argparse.Namespace) -> int:
     return errors.EXIT_OK if all(c.state == "succeeded" for c in cells) else errors.EXIT_FAILED
 
 
+# --------------------------------------------------------------------------- bench and plan
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from cluster import bench
+
+    inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
+    res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
+                    log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
+    if args.json:
+        _emit_json(res)
+    else:
+        t = Table(title=f"bench {inv.name}: each node alone (images/s at the job's size and batch)")
+        t.add_column("node")
+        for fw in res["compute"]:
+            t.add_column(f"{fw} images/s")
+            t.add_column(f"{fw} step s")
+        for h in inv.ordered(inv.hosts.values()):
+            cells = []
+            for fw, c in res["compute"].items():
+                r = c["nodes"].get(h.name)
+                cells += [f"{r['images_per_s']:.1f}", f"{r['step_s']:.3f}"] if r else ["-", "-"]
+            t.add_row(h.name, *cells)
+        out.print(t)
+        net = res["network"]
+        if net:
+            out.print(f"network ({net['nodes']} nodes): all-reduce bus bandwidth {net['busbw_MBps']:.0f} MB/s "
+                      f"(slowest node), model all-reduce {net['model_allreduce_s']:.3f} s, latency "
+                      f"{net['latency_s'] * 1000:.2f} ms")
+        for k, v in res["errors"].items():
+            out.print(f"[red]error[/red] {k}: {escape(str(v))}")
+        out.print(f"saved for `clusterctl plan`: {escape(str(bench.bench_path(inv)))}")
+    return errors.EXIT_FAILED if res["errors"] else errors.EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from cluster import plan
+
+    inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
+    doc = plan.make(inv, args.job, args.set or [])
+    if args.json:
+        _emit_json(doc)
+        return errors.EXIT_OK
+    t = Table(title=f"plan {doc['job']} on {inv.name} (model: docs/planning.md)")
+    for col in ("nodes", "global batch", "even split img/s", "planned split img/s", "step s", "all-reduce s",
+                "epoch s", "shares"):
+        t.add_column(col, overflow="fold")
+    rec = doc["recommended"]
+    for c in doc["candidates"]:
+        mark = " [green](recommended)[/]" if c["nodes"] == rec["nodes"] else ""
+        t.add_row(",".join(c["nodes"]) + mark, str(c["global_batch"]), f"{c['even_images_per_s']:.1f}",
+                  f"{c['planned_images_per_s']:.1f}", f"{c['step_s']:.3f}", f"{c['comm_s']:.3f}",
+                  f"{c['epoch_s']:.0f}" if c["epoch_s"] else "-",
+                  ", ".join(f"{n}={b}" for n, b in c["shares"].items()))
+    out.print(t)
+    out.print(f"apply it: clusterctl launch {doc['job']} --plan")
+    return errors.EXIT_OK
+
+
 # --------------------------------------------------------------------------- context
 
 
@@ -733,6 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
     sp.add_argument("--dry-run", action="store_true", help="print every node's files and commands; change nothing")
     sp.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
+    sp.add_argument("--plan", action="store_true",
+                    help="use `clusterctl plan JOB`'s recommended nodes and per-node batch shares")
 
     sp = add("runs", cmd_runs, "list the runs recorded on this head node")
     for name, fn, help in (("status", cmd_status, "a run's state on every node (default: the latest run)"),
@@ -769,6 +836,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting for every run; repeatable")
     sp.add_argument("--price-kwh", type=float, metavar="PRICE", help="electricity price per kWh, for the cost column")
+
+    sp = add("bench", cmd_bench, "measure each node alone (training images/s) and the network (all-reduce)")
+    sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
+    sp.add_argument("--jobs", default="resnet50-ddp,resnet50-tf", help="jobs whose program, size and batch to "
+                    "measure, comma-separated (default both frameworks)")
+    sp.add_argument("--steps", type=int, default=8, help="training steps per node (the first 2 are warm-up)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting, e.g. --set batch=16")
+    sp.add_argument("--parallel", action="store_true",
+                    help="all nodes at once (faster; only where nodes share no CPU, i.e. real PCs)")
+
+    sp = add("plan", cmd_plan, "predict a job's throughput per node set from `bench`; pick nodes and batch shares")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting, e.g. --set batch=16")
 
     sp = add("context", cmd_context, "show or set the current inventory used when none is given")
     sp.add_argument("inventory_pos", nargs="?", metavar="INVENTORY")

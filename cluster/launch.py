@@ -142,8 +142,10 @@ def _program(entry: str) -> dict[str, str]:
 
 
 def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: bool = False, forks: int = 32,
-           log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, Any], render.LaunchPlan]:
-    """Start the job on its nodes; returns the run record (saved) and the rendered plan."""
+           log: Callable[[str], None] = lambda s: None,
+           prediction: dict[str, Any] | None = None) -> tuple[dict[str, Any], render.LaunchPlan]:
+    """Start the job on its nodes; returns the run record (saved) and the rendered plan.
+    `prediction`: the `clusterctl plan` candidate this run applies, kept in the record for the report."""
     hosts = select_hosts(inv, spec, limit)
     run_id = runs.new_run_id(spec.name)
     with Group(hosts, forks=forks) as group:
@@ -168,6 +170,7 @@ def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: boo
         ports = _ports(group, spec, hosts)
         plan = render.render(spec, [targets[h.name] for h in hosts], run_id, prepared.file_name, ports)
         record = _record(inv, spec, plan, "starting")
+        record["prediction"] = prediction
         _keep_rendered(plan)
         runs.save(record)
         program = _program(spec.entry)

@@ -73,6 +73,7 @@ class RunFigures:
     scaling: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     started: float | None = None
+    predicted_images_per_s: float | None = None  # `clusterctl plan`'s figure, for runs launched with --plan
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -151,7 +152,8 @@ def run_figures(record: dict[str, Any], price_kwh: float | None = None) -> RunFi
         dataset=str(start.get("dataset")), synthetic=bool(start.get("synthetic")), epochs=epochs,
         images_per_s=_steady([e["images_per_s"] for e in epochs]), epoch_s=_steady([e["epoch_s"] for e in epochs]),
         final_val_acc=vals[-1] if vals else None, best_val_acc=max(vals) if vals else None, wall_s=wall,
-        settings=record.get("settings") or {}, started=record.get("started"))
+        settings=record.get("settings") or {}, started=record.get("started"),
+        predicted_images_per_s=(record.get("prediction") or {}).get("planned_images_per_s"))
     total_j, measured_all = 0.0, True
     for n in nodes:
         recs = [x for r in sorted(by_node[n]) for x in by_node[n][r]]
@@ -297,10 +299,14 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def summary_rows(figs: list[RunFigures]) -> tuple[list[str], list[list[str]]]:
-    head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "epoch s", "final val acc",
+    head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "predicted", "epoch s",
+            "final val acc",
             "best val acc", "wall s", "scaling eff.", "step spread", "energy kWh", "cost"]
     rows = [[f.run_id, f.job, f.framework, str(len(f.nodes)), str(f.world), str(f.global_batch),
-             _f(f.images_per_s), _f(f.epoch_s), _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"),
+             _f(f.images_per_s),
+             _f(f.predicted_images_per_s) + (f" ({f.images_per_s / f.predicted_images_per_s - 1:+.0%})"
+                                              if f.predicted_images_per_s and f.images_per_s else ""),
+             _f(f.epoch_s), _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"),
              _f(f.wall_s, "{:.0f}"), _f(f.scaling["efficiency"] if f.scaling else None, "{:.2f}"),
              _f(f.step_spread, "{:.2f}"), _f(f.energy_kwh, "{:.4f}"), _f(f.cost, "{:.4f}")] for f in figs]
     return head, rows

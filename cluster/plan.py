@@ -1,0 +1,135 @@
+"""`clusterctl plan JOB`: predict a job's throughput on candidate node sets from `bench`, pick the
+best set and split the global batch in proportion to each node's speed (docs/planning.md).
+
+Model, per synchronous step on node set S with per-node batches b_i:
+    compute_i = b_i / v_i             v_i: node i's images/s alone (bench), linear in the batch
+    comm      = L + M * 2(|S|-1)/|S| / busbw      ring all-reduce of the model (M bytes), measured
+    step      = max_i compute_i + comm            the slowest node sets the pace; no overlap assumed
+    images/s  = B / step,   epoch time = (train samples / B) * step
+The even split gives every node B/|S|; the planned split gives node i B * v_i / sum(v).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cluster import bench, jobs, paths
+from cluster.errors import ClusterError
+from cluster.inventory import Inventory
+
+
+@dataclass
+class Candidate:
+    nodes: list[str]
+    global_batch: int
+    shares: dict[str, int]
+    even_images_per_s: float
+    planned_images_per_s: float
+    step_s: float
+    comm_s: float
+    epoch_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def split(total: int, speeds: dict[str, float]) -> dict[str, int]:
+    """total samples in proportion to speeds, whole numbers (largest remainder), at least 1 each."""
+    s = sum(speeds.values())
+    raw = {n: total * v / s for n, v in speeds.items()}
+    out = {n: max(1, int(x)) for n, x in raw.items()}
+    for n in sorted(raw, key=lambda n: raw[n] - int(raw[n]), reverse=True):
+        if sum(out.values()) >= total:
+            break
+        out[n] += 1
+    while sum(out.values()) > total:  # the minimum of 1 may overshoot on very slow nodes
+        n = max(out, key=lambda k: out[k])
+        out[n] -= 1
+    return out
+
+
+def comm_time(network: dict[str, Any] | None, world: int, model_bytes: int = bench.MODEL_BYTES) -> float:
+    if world < 2 or not network:
+        return 0.0
+    return network["latency_s"] + model_bytes * 2 * (world - 1) / world / (network["busbw_MBps"] * 1e6)
+
+
+def step_time(shares: dict[str, int], speeds: dict[str, float], network: dict[str, Any] | None) -> tuple[float, float]:
+    comm = comm_time(network, len(shares))
+    return max(b / speeds[n] for n, b in shares.items()) + comm, comm
+
+
+def candidates(speeds: dict[str, float], batch: int, network: dict[str, Any] | None,
+               train_samples: int | None = None) -> list[Candidate]:
+    """The k fastest nodes for k = 1..N, each with the job's global batch for k nodes (batch x k)."""
+    ranked = sorted(speeds, key=lambda n: -speeds[n])
+    out = []
+    for k in range(1, len(ranked) + 1):
+        chosen = ranked[:k]
+        sp = {n: speeds[n] for n in chosen}
+        total = batch * k
+        even = {n: batch for n in chosen}
+        planned = split(total, sp)
+        t_even, _ = step_time(even, sp, network)
+        t_plan, comm = step_time(planned, sp, network)
+        out.append(Candidate(chosen, total, planned, total / t_even, total / t_plan, t_plan, comm,
+                             (train_samples // total) * t_plan if train_samples else None))
+    return out
+
+
+def make(inv: Inventory, job: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    spec = jobs.load(job, overrides or [])
+    b = bench.load(inv)
+    comp = b["compute"].get(spec.framework)
+    if not comp or not comp["nodes"]:
+        raise ClusterError(f"the benchmark of {inv.name} has no {spec.framework} figures",
+                           f"clusterctl bench -i {inv.path} --jobs {job}")
+    if comp["batch"] != spec["batch"] or comp["size"] != spec["dataset"]["size"]:
+        raise ClusterError(f"the benchmark ran batch {comp['batch']} at {comp['size']} px, the job uses "
+                           f"batch {spec['batch']} at {spec['dataset']['size']} px",
+                           f"re-run clusterctl bench with the job's settings (--set batch={spec['batch']})")
+    allowed = {h.name for h in inv.select(None if spec["nodes"] == "all" else
+                                          ",".join(spec["nodes"]) if isinstance(spec["nodes"], list) else spec["nodes"])}
+    speeds = {n: r["images_per_s"] for n, r in comp["nodes"].items() if n in allowed}
+    train = _train_samples(spec)
+    cands = candidates(speeds, spec["batch"], b.get("network"), train)
+    best = max(cands, key=lambda c: c.planned_images_per_s)
+    doc = {"job": spec.name, "framework": spec.framework, "inventory": str(inv.path), "time": time.time(),
+           "bench_time": b["time"], "speeds": speeds, "network": b.get("network"), "batch": spec["batch"],
+           "candidates": [c.to_dict() for c in cands], "recommended": best.to_dict()}
+    p = plan_path(inv, spec.name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def _train_samples(spec: jobs.JobSpec) -> int | None:
+    from cluster import datasets
+
+    try:
+        from cluster.workloads import wldata
+
+        prepared = datasets.prepare(spec)
+        return len(wldata.open_prepared(prepared.path).y_train)
+    except (ClusterError, OSError, ValueError):
+        return None
+
+
+def plan_path(inv: Inventory, job: str) -> Path:
+    return paths.home() / "plans" / f"{inv.name}-{job}.json"
+
+
+def load_recommended(inv: Inventory, job: str) -> dict[str, Any]:
+    p = plan_path(inv, job)
+    if not p.exists():
+        raise ClusterError(f"no plan for {job} on {inv.name}", f"make one: clusterctl plan {job} -i {inv.path}")
+    return json.loads(p.read_text())["recommended"]
+
+
+def overrides_for(inv: Inventory, job: str) -> list[str]:
+    """`launch --plan`: the recommended nodes and their shares, as job settings."""
+    rec = load_recommended(inv, job)
+    return [f"nodes=[{', '.join(rec['nodes'])}]"] + [f"shares.{n}={b}" for n, b in rec["shares"].items()]
