@@ -83,3 +83,31 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
     assert r.returncode == 2 and "lowercase" in r.stderr
     r = clusterctl("lab", "up", "300", "--name", "x", "--subnet", "10.9.9.0/24")
     assert r.returncode == 2 and "cannot fit 300 nodes" in r.stderr
+
+
+def test_cpu_quota_makes_nodes_slower_for_real_and_goes_with_the_lab(tmp_path: Path) -> None:
+    """--cpu-quota: each node pinned to one core with a share of it (a cgroup), seen by what runs there."""
+    name, d = lab_name("q"), tmp_path / "lab"
+    env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
+    rc, up = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(7), "--dir", str(d),
+                             "--cpu-quota", "1,0.25", env=env)
+    try:
+        assert rc == 0, up
+        probe = ("python3 -c 'import os, time; t, w = time.process_time(), time.time()\n"
+                 "while time.time() - w < 2: pass\n"
+                 "print(len(os.sched_getaffinity(0)), round((time.process_time() - t) / 2, 2))'")
+        rc, ex = clusterctl_json("exec", "--", probe, env=env)
+        assert rc == 0, ex
+        (cores1, share1), (cores2, share2) = [tuple(map(float, n["stdout"].split())) for n in ex["nodes"]]
+        assert cores1 == cores2 == 1  # pinned: one core each
+        assert share2 <= 0.3 and share1 > share2 + 0.2  # node2 gets a quarter of its core, node1 much more
+        assert len(_cgroups(name)) == 2
+    finally:
+        rc, down = clusterctl_json("lab", "down", "--name", name, "--dir", str(d), env=env)
+    assert rc == 0 and sum(x.startswith("cgroup ") for x in down["removed"]) == 2
+    assert not _cgroups(name)
+
+
+def _cgroups(name: str) -> list[Path]:
+    return [p for base in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")) if base.exists()
+            for p in base.glob(f"clusterctl-{name}-node*")]
