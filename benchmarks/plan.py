@@ -79,8 +79,8 @@ def main() -> int:
                                                   for n, r in fw["nodes"].items())
           + f"; all-reduce {p['network']['busbw_MBps']:.0f} MB/s, latency {p['network']['latency_s'] * 1e3:.2f} ms")
     print(f"plan's recommendation: {', '.join(p['recommended']['nodes'])} with shares {p['recommended']['shares']}\n")
-    print(f"| split | shares | predicted images/s | measured images/s | prediction error |")
-    print(f"|---|---|---:|---:|---:|")
+    print("| split | shares | predicted images/s | measured images/s | prediction error |")
+    print("|---|---|---:|---:|---:|")
     print(f"| even | {', '.join(f'{n}=16' for n in full['shares'])} | {full['even_images_per_s']:.1f} | {e:.1f} "
           f"| {full['even_images_per_s'] / e - 1:+.1%} |")
     print(f"| planned | {', '.join(f'{n}={v}' for n, v in full['shares'].items())} | "

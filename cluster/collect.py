@@ -9,7 +9,6 @@ checked to stay inside runs/<run-id>/<node>/ on the head.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -20,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from cluster import facts, render, runs
+from cluster.wheelhouse import sha256_file
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host
@@ -66,14 +66,6 @@ def safe_dest(base: Path, rel: str) -> Path:
     return dest
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
            on_bytes: Callable[[int], None]) -> int:
     """Make dest equal the node's file (size, sha256); returns the bytes transferred.
@@ -81,7 +73,7 @@ def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
     Work happens in dest.part: a copy cut short stays there for the next collect, and a head copy
     that the node's file has outgrown is extended from there (after checking it is a prefix)."""
     size, sha = int(entry["size"]), str(entry["sha256"])
-    if dest.exists() and dest.stat().st_size == size and _sha256_file(dest) == sha:
+    if dest.exists() and dest.stat().st_size == size and sha256_file(dest) == sha:
         return 0
     part = dest.with_name(dest.name + ".part")
     if part.is_symlink():
@@ -92,7 +84,7 @@ def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
     if 0 < offset < size:
         r = t.run(render.agent_command(t.host, "prefix", remote, str(offset)), timeout=600)
         try:
-            same = json.loads(r.stdout)["sha256"] == _sha256_file(part)
+            same = json.loads(r.stdout)["sha256"] == sha256_file(part)
         except (ValueError, KeyError):
             same = False
         offset = offset if same else 0
@@ -106,7 +98,7 @@ def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
             on_bytes(len(chunk))
 
         t.get_range(remote, offset, size - offset, sink)
-    if _sha256_file(part) != sha:
+    if sha256_file(part) != sha:
         part.unlink(missing_ok=True)
         raise ClusterError(f"{remote}: sha256 differs from the node's after the copy (local copy removed)",
                            "collect again; the file may have been rewritten during the copy")

@@ -17,6 +17,7 @@ from cluster import paths
 from cluster.errors import ClusterError
 from cluster.jobs import WORKLOADS_DIR, JobSpec
 from cluster.transport import Transport
+from cluster.wheelhouse import sha256_file
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,6 @@ class Prepared:
 
 def cache_dir() -> Path:
     return paths.home() / "datasets"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_name(spec: JobSpec) -> str:
@@ -71,7 +64,7 @@ def prepare(spec: JobSpec, log: Callable[[str], None] = lambda s: None) -> Prepa
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{name}.part.npz"
     wldata.save(data, tmp)
-    digest = _sha256(tmp)
+    digest = sha256_file(tmp)
     tmp.replace(path)
     sums.write_text(f"{digest}  {name}\n")
     return Prepared(name, path, digest, path.stat().st_size)

@@ -119,10 +119,12 @@ def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
 
 def _busy(hosts: list[Host]) -> None:
     """Refuse to start on nodes an active run still uses (after asking the nodes, not trusting the record)."""
-    names = {h.name for h in hosts}
+    mine = {(h.address, h.port): h.name for h in hosts}  # the same machines, whatever they are called
     for rec in runs.list_runs():
-        shared = names & {n["node"] for n in rec.get("nodes", [])}
-        if rec.get("state") in runs.ACTIVE and shared:
+        if rec.get("state") not in runs.ACTIVE:
+            continue
+        shared = {mine[(h.address, h.port)] for h in runs.hosts(rec) if (h.address, h.port) in mine}
+        if shared:
             rec = refresh(rec)
             if rec["state"] in runs.ACTIVE:
                 raise LaunchRefused(f"run {rec['run_id']} is still {rec['state']} on {', '.join(sorted(shared))}",

@@ -55,7 +55,7 @@ def key(requirements: list[str], python: str, index_url: str | None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -109,7 +109,7 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
     wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}
     files = {}
     for f in sorted((d / "files").glob("*.whl")):
-        files[f.name] = {"sha256": _sha256_file(f), "size": f.stat().st_size}
+        files[f.name] = {"sha256": sha256_file(f), "size": f.stat().st_size}
     if not wanted:
         raise ClusterError(f"pip download left no wheels in {d}", "check the requirements")
     manifest.write_text(json.dumps({"requirements": requirements, "python": python, "index": index_url,

@@ -51,3 +51,20 @@ def lab3(tmp_path_factory: pytest.TempPathFactory):
         yield state
     finally:
         lab.down(state.name, d)
+
+
+def provisioned_lab(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offset: int, **up: Any):
+    """A lab whose nodes are provisioned with `python_env: existing` (this interpreter, through the shared
+    filesystem): the verified state launch reads, in seconds. Yields (state, env); removed at the end."""
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp(tag)
+    state = lab.up(nodes, name=lab_name(tag), subnet=lab_subnet(offset), directory=d / "lab", **up)
+    env = {"CLUSTERCTL_HOME": str(d / "home")}
+    try:
+        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                                  "--set", "vars.python_env=existing", env=env, timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+        yield state, env
+    finally:
+        lab.down(state.name, d / "lab")

@@ -17,7 +17,7 @@ import pytest
 
 from cluster import lab
 from tests.conftest import ROOT
-from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
 TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1"]
 
@@ -25,15 +25,9 @@ TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--se
 @pytest.fixture(scope="module")
 def clab(tmp_path_factory: pytest.TempPathFactory):
     """Two nodes on 200 Mbit links (so a large transfer can be interrupted), both jobs run once."""
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("clab")
-    state = lab.up(2, name=lab_name("c"), subnet=lab_subnet(6), bandwidth="200mbit", directory=d / "lab")
-    env = {"CLUSTERCTL_HOME": str(d / "home")}
+    lab_gen = provisioned_lab(tmp_path_factory, "c", 2, 6, bandwidth="200mbit")
+    state, env = next(lab_gen)
     try:
-        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
-                                  "--set", "vars.python_env=existing", env=env, timeout=600)
-        assert rc == 0, json.dumps(res)[-2000:]
         ids = {}
         for job in ("resnet50-ddp", "resnet50-tf"):
             rc, rec = clusterctl_json("launch", job, *TINY, env=env, timeout=900)
@@ -41,7 +35,7 @@ def clab(tmp_path_factory: pytest.TempPathFactory):
             ids[job] = rec["run_id"]
         yield state, env, ids, Path(env["CLUSTERCTL_HOME"])
     finally:
-        lab.down(state.name, d / "lab")
+        lab_gen.close()  # the lab goes, whatever happened above
 
 
 def sha(p: Path) -> str:
@@ -188,3 +182,32 @@ def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> 
     rc, again = clusterctl_json(*args, env=env, timeout=600)  # resumable: nothing is run twice
     assert rc == 0 and all(c["skipped"] for c in again["cells"])
     assert [c["run_id"] for c in again["cells"]] == [c["run_id"] for c in res["cells"]]
+
+
+def test_collect_while_running_after_stop_and_with_a_node_down(clab) -> None:
+    state, env, _, home = clab
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--detach", "--set", "threads=1", "--set", "log_every=1",
+                              env=env, timeout=300)
+    assert rc == 0, rec
+    run_id = rec["run_id"]
+    deadline = time.monotonic() + 300
+    node_metrics = [Path(n.dir) / "srv" / "runs" / run_id / "out" for n in state.nodes]
+    while not all(list(d.glob("metrics-rank*.jsonl")) for d in node_metrics) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rc, during = clusterctl_json("collect", run_id, env=env, timeout=600)  # while it runs
+    assert rc == 0 and all(x["files"] > 0 for x in during["nodes"]), during
+    rc, _ = clusterctl_json("stop", run_id, env=env, timeout=120)
+    assert rc == 0
+    rc, after = clusterctl_json("collect", run_id, env=env, timeout=600)  # the stopped run: the rest of it
+    assert rc == 0 and sum(x["bytes"] for x in after["nodes"]) > 0
+    for i, n in enumerate(state.nodes):
+        assert {k: sha(home / "runs" / run_id / n.name / k) for k in node_files(state, i, run_id)} \
+            == node_files(state, i, run_id)
+    lab.stop_sshd(state, "node2")  # node2 is 'off'
+    try:
+        rc, down = clusterctl_json("collect", run_id, env=env, timeout=600)
+    finally:
+        lab.restart_sshd(state, "node2")
+    by = {x["node"]: x for x in down["nodes"]}
+    assert rc == 3 and by["node2"]["status"] == "unreachable" and by["node2"]["error"]
+    assert by["node1"]["status"] == "ok" and by["node1"]["files"] > 0  # the others are collected all the same

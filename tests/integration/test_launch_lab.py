@@ -16,27 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab
 from tests.conftest import ROOT
-from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
 TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1"]
 
 
 @pytest.fixture(scope="module")
 def plab(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("plab")
-    state = lab.up(2, name=lab_name("l"), subnet=lab_subnet(5), directory=d / "lab")
-    env = {"CLUSTERCTL_HOME": str(d / "home")}
-    try:
-        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
-                                  "--set", "vars.python_env=existing", env=env, timeout=600)
-        assert rc == 0, json.dumps(res)[-2000:]
-        yield state, env
-    finally:
-        lab.down(state.name, d / "lab")
+    yield from provisioned_lab(tmp_path_factory, "l", 2, 5)
 
 
 def node_run_dir(state, node: int, run_id: str) -> Path:

@@ -44,7 +44,7 @@ def test_push_is_incremental_verified_and_resumes(tmp_path: Path, small_wh: whee
     p.write_bytes(p.read_bytes()[:100])
     changed, detail = wheelhouse.push(t, small_wh, dest)
     assert changed and detail.startswith("sent 1 wheels") and "verified 2" in detail
-    assert wheelhouse._sha256_file(p) == small_wh.files[six]["sha256"]
+    assert wheelhouse.sha256_file(p) == small_wh.files[six]["sha256"]
 
 
 def test_corrupted_transfer_is_refused_and_removed(tmp_path: Path, small_wh: wheelhouse.Wheelhouse,
