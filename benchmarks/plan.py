@@ -62,12 +62,17 @@ def main() -> int:
         b = ctl(env, "bench", "--jobs", args.job, "--steps", "8", *job_set)
         p = ctl(env, "plan", args.job, *job_set)
         full = next(c for c in p["candidates"] if len(c["nodes"]) == len(quotas))
-        shares = [x for n, v in full["shares"].items() for x in ("--set", f"shares.{n}={v}")]
+        # as a user would: `launch --plan` when the plan recommends all nodes, else the all-node shares by hand
+        how = ["--plan"] if p["recommended"]["nodes"] == full["nodes"] else \
+            [x for n, v in full["shares"].items() for x in ("--set", f"shares.{n}={v}")]
         even, planned = [], []
         for _ in range(args.repeats):
             even.append(measured(state, ctl(env, "launch", args.job, *run_set)["run_id"]))
-            planned.append(measured(state, ctl(env, "launch", args.job, *run_set, *shares)["run_id"]))
+            last = ctl(env, "launch", args.job, *run_set, *how)["run_id"]
+            planned.append(measured(state, last))
             print(f"even {even[-1]:.1f}  planned {planned[-1]:.1f} images/s", file=sys.stderr)
+        ctl(env, "collect", last)
+        reported = ctl(env, "report", last)["runs"][0]
     finally:
         lab.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -87,6 +92,8 @@ def main() -> int:
           f"{full['planned_images_per_s']:.1f} | {pl:.1f} | {full['planned_images_per_s'] / pl - 1:+.1%} |")
     print(f"\nplanned / even (measured, same global batch): {pl / e:.2f}x (target >= 1.3x); "
           f"prediction error target: within 20%")
+    print(f"the last planned run ({' '.join(how)}) in `clusterctl report`: predicted "
+          f"{reported['predicted_images_per_s'] or 0:.1f}, measured {reported['images_per_s']:.1f} images/s")
     return 0
 
 
