@@ -317,6 +317,7 @@ def _settle(record: dict[str, Any], statuses: dict[str, NodeStatus]) -> dict[str
     state = judge(record, statuses)
     if state == "failed" and any(s.state in ("running", "stopping") for s in statuses.values()):
         record["stop_results"] = stop_nodes(record)
+        statuses = poll(record)  # what the table shows: the others stopped, not still running
     if state in runs.FINAL and record.get("ended") is None:
         record["ended"] = time.time()
     record["state"] = state
