@@ -2,8 +2,9 @@
 
 Compute: the job's own training program, one process on one node at a time
 (so nodes never compete, as on a real lab where each PC has its own CPU/GPU),
-a few steps at the job's image size and batch; images/s = batch / median step
-time after the first steps (warm-up). Network: a real all-reduce across all the
+a few steps at the job's image size, at its batch and at half of it; images/s =
+batch / median step time after the first steps (warm-up); the two sizes split
+a step into a fixed part and a part per sample (`fit`). Network: a real all-reduce across all the
 nodes, of the model's size (bandwidth) and of 4 bytes (latency).
 Results are data for `clusterctl plan`: $CLUSTERCTL_HOME/bench/<inventory>.json.
 """
@@ -36,10 +37,10 @@ def load(inv: Inventory) -> dict[str, Any]:
     return json.loads(p.read_text())
 
 
-def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, out: str) -> str:
+def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str) -> str:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
-    args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no"]
+    args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "
             f"CLUSTER_NODE_NAME={q(h.name)} \"$CLUSTER_PYTHON\" {q(prog)} {' '.join(q(a) for a in args)} "
@@ -57,6 +58,15 @@ def step_rate(metrics_text: str, batch: int) -> dict[str, Any]:
         raise ClusterError("the benchmark run recorded no step", "see the node's log above")
     med = statistics.median(times)
     return {"images_per_s": batch / med, "step_s": med, "steps": len(times), "batch": batch}
+
+
+def fit(full: dict[str, Any], half: dict[str, Any]) -> dict[str, Any]:
+    """Step time at two batch sizes -> a fixed part per step (optimizer update, framework overhead)
+    plus a part per sample: step(b) = fixed_s + b * per_sample_s."""
+    db = full["batch"] - half["batch"]
+    per_sample = max((full["step_s"] - half["step_s"]) / db, 1e-6) if db else full["step_s"] / full["batch"]
+    fixed = max(0.0, full["step_s"] - full["batch"] * per_sample)
+    return {**full, "fixed_s": fixed, "per_sample_s": per_sample, "half": half}
 
 
 def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[str] | None = None,
@@ -82,14 +92,17 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
             order = [hosts] if parallel else [[h] for h in hosts]
             for batch_hosts in order:
                 log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
-                res = group.run(lambda h: _compute_cmd(h, spec, prepared.file_name, steps,
-                                                       f"{h.workdir}/clusterctl/bench/out-{spec.framework}"),
-                                timeout=1800, hosts=batch_hosts)
-                for name, r in res.items():
-                    if r.ok:
-                        per_node[name] = step_rate(r.stdout, spec["batch"])
-                    else:
-                        result["errors"][f"{spec.name}/{name}"] = (r.error or r.stderr.strip()[-500:])
+                rates: dict[str, list[dict[str, Any]]] = {}
+                for b in (spec["batch"], max(1, spec["batch"] // 2)):  # two sizes: fixed + per-sample cost
+                    res = group.run(lambda h, b=b: _compute_cmd(h, spec, prepared.file_name, steps, b,
+                                                                f"{h.workdir}/clusterctl/bench/out-{spec.framework}"),
+                                    timeout=1800, hosts=batch_hosts)
+                    for name, r in res.items():
+                        if r.ok:
+                            rates.setdefault(name, []).append(step_rate(r.stdout, b))
+                        else:
+                            result["errors"][f"{spec.name}/{name}"] = (r.error or r.stderr.strip()[-500:])
+                per_node.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
             result["compute"][spec.framework] = {"job": spec.name, "size": spec["dataset"]["size"],
                                                  "batch": spec["batch"], "nodes": per_node}
         result["network"] = network(group, hosts)

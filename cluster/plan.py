@@ -2,11 +2,11 @@
 best set and split the global batch in proportion to each node's speed (docs/planning.md).
 
 Model, per synchronous step on node set S with per-node batches b_i:
-    compute_i = b_i / v_i             v_i: node i's images/s alone (bench), linear in the batch
-    comm      = L + M * 2(|S|-1)/|S| / busbw      ring all-reduce of the model (M bytes), measured
+    compute_i = f_i + b_i * c_i       node i alone (bench at two batch sizes): fixed + per-sample time
+    comm      = the model's all-reduce as measured by bench, scaled by the ring's 2(|S|-1)/|S|
     step      = max_i compute_i + comm            the slowest node sets the pace; no overlap assumed
     images/s  = B / step,   epoch time = (train samples / B) * step
-The even split gives every node B/|S|; the planned split gives node i B * v_i / sum(v).
+The even split gives every node `batch`; the planned split solves f_i + b_i c_i = T, sum b_i = B.
 """
 from __future__ import annotations
 
@@ -36,10 +36,8 @@ class Candidate:
         return dict(self.__dict__)
 
 
-def split(total: int, speeds: dict[str, float]) -> dict[str, int]:
-    """total samples in proportion to speeds, whole numbers (largest remainder), at least 1 each."""
-    s = sum(speeds.values())
-    raw = {n: total * v / s for n, v in speeds.items()}
+def _round(total: int, raw: dict[str, float]) -> dict[str, int]:
+    """Whole numbers summing to total (largest remainder), at least 1 each."""
     out = {n: max(1, int(x)) for n, x in raw.items()}
     for n in sorted(raw, key=lambda n: raw[n] - int(raw[n]), reverse=True):
         if sum(out.values()) >= total:
@@ -51,28 +49,59 @@ def split(total: int, speeds: dict[str, float]) -> dict[str, int]:
     return out
 
 
-def comm_time(network: dict[str, Any] | None, world: int, model_bytes: int = bench.MODEL_BYTES) -> float:
+@dataclass(frozen=True)
+class NodeSpeed:
+    """step(b) = fixed_s + b * per_sample_s, from `bench` (two batch sizes)."""
+
+    fixed_s: float
+    per_sample_s: float
+
+    def step(self, b: int) -> float:
+        return self.fixed_s + b * self.per_sample_s
+
+    @classmethod
+    def from_bench(cls, r: dict[str, Any]) -> NodeSpeed:
+        if "per_sample_s" in r:
+            return cls(r["fixed_s"], r["per_sample_s"])
+        return cls(0.0, 1.0 / r["images_per_s"])
+
+
+def balance(total: int, speeds: dict[str, NodeSpeed]) -> dict[str, int]:
+    """Shares that make every node finish its part at the same time T:
+    fixed_i + b_i * per_sample_i = T with sum(b_i) = total."""
+    inv = {n: 1.0 / s.per_sample_s for n, s in speeds.items()}
+    t = (total + sum(s.fixed_s * inv[n] for n, s in speeds.items())) / sum(inv.values())
+    raw = {n: max(0.5, (t - s.fixed_s) * inv[n]) for n, s in speeds.items()}
+    scale = total / sum(raw.values())
+    return _round(total, {n: x * scale for n, x in raw.items()})
+
+
+def comm_time(network: dict[str, Any] | None, world: int) -> float:
+    """The model's all-reduce as measured across the bench's nodes, scaled to `world` ranks by the
+    ring's 2(W-1)/W volume; latency added once."""
     if world < 2 or not network:
         return 0.0
-    return network["latency_s"] + model_bytes * 2 * (world - 1) / world / (network["busbw_MBps"] * 1e6)
+    w0 = network["nodes"]
+    volume = (2 * (world - 1) / world) / (2 * (w0 - 1) / w0)
+    return network["latency_s"] + max(0.0, network["model_allreduce_s"] - network["latency_s"]) * volume
 
 
-def step_time(shares: dict[str, int], speeds: dict[str, float], network: dict[str, Any] | None) -> tuple[float, float]:
+def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: dict[str, Any] | None) -> tuple[float, float]:
     comm = comm_time(network, len(shares))
-    return max(b / speeds[n] for n, b in shares.items()) + comm, comm
+    return max(speeds[n].step(b) for n, b in shares.items()) + comm, comm
 
 
-def candidates(speeds: dict[str, float], batch: int, network: dict[str, Any] | None,
+def candidates(speeds: dict[str, NodeSpeed], batch: int, network: dict[str, Any] | None,
                train_samples: int | None = None) -> list[Candidate]:
     """The k fastest nodes for k = 1..N, each with the job's global batch for k nodes (batch x k)."""
-    ranked = sorted(speeds, key=lambda n: -speeds[n])
+    ranked = sorted(speeds, key=lambda n: speeds[n].step(batch))
     out = []
     for k in range(1, len(ranked) + 1):
         chosen = ranked[:k]
         sp = {n: speeds[n] for n in chosen}
         total = batch * k
         even = {n: batch for n in chosen}
-        planned = split(total, sp)
+        planned = balance(total, sp)
         t_even, _ = step_time(even, sp, network)
         t_plan, comm = step_time(planned, sp, network)
         out.append(Candidate(chosen, total, planned, total / t_even, total / t_plan, t_plan, comm,
@@ -93,12 +122,12 @@ def make(inv: Inventory, job: str, overrides: list[str] | None = None) -> dict[s
                            f"re-run clusterctl bench with the job's settings (--set batch={spec['batch']})")
     allowed = {h.name for h in inv.select(None if spec["nodes"] == "all" else
                                           ",".join(spec["nodes"]) if isinstance(spec["nodes"], list) else spec["nodes"])}
-    speeds = {n: r["images_per_s"] for n, r in comp["nodes"].items() if n in allowed}
+    speeds = {n: NodeSpeed.from_bench(r) for n, r in comp["nodes"].items() if n in allowed}
     train = _train_samples(spec)
     cands = candidates(speeds, spec["batch"], b.get("network"), train)
     best = max(cands, key=lambda c: c.planned_images_per_s)
     doc = {"job": spec.name, "framework": spec.framework, "inventory": str(inv.path), "time": time.time(),
-           "bench_time": b["time"], "speeds": speeds, "network": b.get("network"), "batch": spec["batch"],
+           "bench_time": b["time"], "speeds": {n: dict(s.__dict__) for n, s in speeds.items()}, "network": b.get("network"), "batch": spec["batch"],
            "candidates": [c.to_dict() for c in cands], "recommended": best.to_dict()}
     p = plan_path(inv, spec.name)
     p.parent.mkdir(parents=True, exist_ok=True)
