@@ -624,11 +624,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         _emit_json({"runs": [f.to_dict() for f in figs], "written": written})
         return errors.EXIT_OK
     head, rows = report.summary_rows(figs)
+    # the terminal gets the columns a comparison needs; the pages have them all
+    keep = [head.index(h) for h in ("run", "framework", "nodes", "images/s", "epoch s", "final val acc",
+                                     "best val acc", "scaling eff.", "energy kWh")]
     t = Table(title="ResNet50 study")
-    for h in head:
-        t.add_column(h, overflow="fold")
+    for i in keep:
+        t.add_column(head[i], overflow="fold")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(r[i] for i in keep))
     out.print(t)
     for w in written:
         out.print(f"written: {escape(w)}")

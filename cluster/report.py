@@ -110,13 +110,14 @@ def read_metrics(node_dir: Path) -> dict[int, list[dict[str, Any]]]:
 def _hardware(node_dir: Path) -> tuple[str, list[str], int]:
     """'4 cores, 8 GiB, GTX 1050 Ti', GPU names, cores — from the facts collect saved."""
     try:
-        f = json.loads((node_dir / "facts.json").read_text())["values"]
-    except (OSError, ValueError, KeyError):
+        f = json.loads((node_dir / "facts.json").read_text())  # NodeFacts.to_dict(), as collect saved it
+    except (OSError, ValueError):
         return "unknown", [], 0
     cores = (f.get("cpu") or {}).get("usable") or 0
     ram = ((f.get("memory") or {}).get("total_mib") or 0) / 1024
     gpus = [g["name"].replace("NVIDIA ", "").replace("GeForce ", "") for g in (f.get("gpus") or {}).get("gpus", [])]
-    return f"{cores} cores, {ram:.0f} GiB, {', '.join(gpus) or 'no GPU'}", gpus, cores
+    model = ((f.get("cpu") or {}).get("model") or "").replace("(R)", "").replace("(TM)", "").strip()
+    return f"{model + ', ' if model else ''}{cores} cores, {ram:.0f} GiB, {', '.join(gpus) or 'no GPU'}", gpus, cores
 
 
 def _board_watts(gpu: str) -> float:
@@ -257,7 +258,8 @@ def plots(figs: list[RunFigures]) -> dict[str, bytes]:
         a2.plot(ts, [e["val_loss"] for e in f.epochs], marker="o", label=f"{label} val")
         a2.plot(ts, [e["train_loss"] for e in f.epochs], linestyle="--", alpha=0.6, label=f"{label} train")
     a1.set(xlabel="wall time (min)", ylabel="validation accuracy", title="Accuracy vs wall time")
-    a2.set(xlabel="wall time (min)", ylabel="loss", title="Loss vs wall time")
+    a2.set(xlabel="wall time (min)", ylabel="loss (log scale)", title="Loss vs wall time")
+    a2.set_yscale("log")  # early validation losses (BatchNorm statistics still settling) dwarf the rest
     a1.legend(fontsize=7)
     a2.legend(fontsize=7)
     save(fig, "accuracy_loss")

@@ -43,9 +43,9 @@ echo; echo "== clusterctl provision again   (idempotent: only checks)"
 $CTL provision
 # The 3 simulated nodes share this machine's cores: one thread per training process.
 echo; echo "== clusterctl launch resnet50-ddp   (PyTorch DDP, torchrun on every node)"
-$CTL launch resnet50-ddp --set epochs=3 --set threads=1
+$CTL launch resnet50-ddp --set epochs=5 --set threads=1
 echo; echo "== clusterctl launch resnet50-tf   (TensorFlow MultiWorkerMirroredStrategy, TF_CONFIG per worker)"
-$CTL launch resnet50-tf --set epochs=3 --set threads=1
+$CTL launch resnet50-tf --set epochs=5 --set threads=1
 echo; echo "== clusterctl runs"
 $CTL runs
 RUNS=$($CTL runs --json | .venv/bin/python -c 'import json, sys; print(" ".join(r["run_id"] for r in json.load(sys.stdin)[-2:]))')

@@ -144,6 +144,7 @@ def test_report_numbers_match_the_metrics_and_the_page_renders_in_chromium(clab,
         assert f"{fig['final_val_acc']:.4f}" in html_text and f"{fig['images_per_s']:.1f}" in html_text
         assert fig["energy_kwh"] > 0 and fig["cost"] == pytest.approx(fig["energy_kwh"] * 0.3)
         assert {n["node"] for n in fig["per_node"]} == {"node1", "node2"}
+        assert all("cores" in n["hardware"] for n in fig["per_node"])  # from the facts collect brought
     assert (tmp_path / "r-plots" / "accuracy_loss.png").exists() and "r-plots/step_time.png" in (tmp_path / "r.md").read_text()
     chromium = _chromium()
     assert chromium, "chromium is installed by scripts/setup.sh"
