@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import datasets, jobs, launch, paths
+from cluster import datasets, jobs, launch, paths, provision
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
@@ -76,10 +76,10 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     result: dict[str, Any] = {"inventory": str(inv.path), "time": time.time(), "steps": steps,
                               "compute": {}, "network": None, "errors": {}}
     with Group(hosts) as group:
-        launch.preflight(group, hosts)
+        targets = launch.preflight(group, hosts)
         for spec in specs:
             prepared = datasets.prepare(spec, log)
-            program = {n: (jobs.WORKLOADS_DIR / n).read_text() for n in (spec.entry, *launch.PROGRAM_FILES)}
+            program = launch.program_files(spec.entry)
 
             def stage(t):
                 t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl/bench')}", timeout=60)
@@ -87,7 +87,7 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
                     t.put_bytes(text.encode(), f"{t.host.workdir}/clusterctl/bench/{name}")
                 return datasets.stage(t, prepared)
 
-            launch._require(group.call(stage), "staging the benchmark")
+            launch.require(group.call(stage), "staging the benchmark")
             per_node: dict[str, Any] = {}
             order = [hosts] if parallel else [[h] for h in hosts]
             for batch_hosts in order:
@@ -105,29 +105,22 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
                 per_node.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
             result["compute"][spec.framework] = {"job": spec.name, "size": spec["dataset"]["size"],
                                                  "batch": spec["batch"], "nodes": per_node}
-        result["network"] = network(group, hosts)
+        result["network"] = network(group, hosts, targets[hosts[0].name].backend)
     p = bench_path(inv)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(result, indent=1))
     return result
 
 
-def network(group: Group, hosts: list[Host]) -> dict[str, Any] | None:
+def network(group: Group, hosts: list[Host], backend: str) -> dict[str, Any] | None:
     """All-reduce over every node: bandwidth with the model's size, latency with 4 bytes."""
     if len(hosts) < 2:
         return None
-    master = hosts[0]
-    port = int(master.vars.get("allreduce_port", 29499))
+    port = int(hosts[0].vars.get("allreduce_port", 29499))
     out: dict[str, Any] = {"nodes": len(hosts)}
     for what, mb in (("bandwidth", MODEL_BYTES / 2**20), ("latency", 4 / 2**20)):
-        def cmd(h: Host, mb: float = mb) -> str:
-            q = shlex.quote
-            rank = hosts.index(h)
-            return (f"cd -- {q(h.workdir)} && . ./cluster.env && exec \"$CLUSTER_PYTHON\" clusterctl/allreduce.py "
-                    f"--rank {rank} --world {len(hosts)} --master {q(f'{master.address}:{port}')} "
-                    f"--backend \"$CLUSTER_BACKEND\" --mb {mb:.8f} --iters 5")
-
-        res = group.run(cmd, timeout=300, hosts=hosts)
+        res = group.run(lambda h, mb=mb: provision.allreduce_command(h, hosts, port, backend, mb), timeout=300,
+                        hosts=hosts)
         docs = {}
         for n, r in res.items():
             try:

@@ -138,9 +138,10 @@ def _agent_source() -> str:
     return resources.files("cluster.workloads").joinpath("nodeagent.py").read_text()
 
 
-def _program(entry: str) -> dict[str, str]:
+def program_files(entry: str) -> dict[str, str]:
+    """The training program a node runs: its entry point and the modules it imports."""
     wl = resources.files("cluster.workloads")
-    return {f"program/{n}": wl.joinpath(n).read_text() for n in (entry, *PROGRAM_FILES)}
+    return {n: wl.joinpath(n).read_text() for n in (entry, *PROGRAM_FILES)}
 
 
 def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: bool = False, forks: int = 32,
@@ -168,14 +169,14 @@ def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: boo
             t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
             return datasets.stage(t, prepared)
 
-        _require(group.call(stage, hosts), "staging")
+        require(group.call(stage, hosts), "staging")
         ports = _ports(group, spec, hosts)
         plan = render.render(spec, [targets[h.name] for h in hosts], run_id, prepared.file_name, ports)
         record = _record(inv, spec, plan, "starting")
         record["prediction"] = prediction
         _keep_rendered(plan)
         runs.save(record)
-        program = _program(spec.entry)
+        program = {f"program/{n}": text for n, text in program_files(spec.entry).items()}
         by_node = {n.node: n for n in plan.nodes}
 
         def upload(t):
@@ -201,7 +202,8 @@ def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: boo
         return record, plan
 
 
-def _require(results: Any, what: str) -> None:
+def require(results: Any, what: str) -> None:
+    """Raise, naming every node where `what` failed."""
     bad = {n: r for n, r in results.items() if not r.ok}
     if bad:
         raise ClusterError(f"{what} failed on " + "; ".join(f"{n}: {r.error or r.stderr.strip()[-300:]}"
@@ -228,7 +230,7 @@ def _ports(group: Group, spec: JobSpec, hosts: list[Host]) -> dict[str, int]:
         return {h.name: spec["port"] for h in hosts}
     targets = hosts[:1] if spec.framework == "pytorch" else hosts
     results = group.run(lambda h: render.agent_command(h, "freeport"), timeout=30, hosts=targets)
-    _require(results, "finding a free port")
+    require(results, "finding a free port")
     return {n: json.loads(r.stdout)["port"] for n, r in results.items()}
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster import bench, jobs, paths
+from cluster import bench, jobs, launch, paths
 from cluster.errors import ClusterError
 from cluster.inventory import Inventory
 
@@ -120,8 +120,7 @@ def make(inv: Inventory, job: str, overrides: list[str] | None = None) -> dict[s
         raise ClusterError(f"the benchmark ran batch {comp['batch']} at {comp['size']} px, the job uses "
                            f"batch {spec['batch']} at {spec['dataset']['size']} px",
                            f"re-run clusterctl bench with the job's settings (--set batch={spec['batch']})")
-    allowed = {h.name for h in inv.select(None if spec["nodes"] == "all" else
-                                          ",".join(spec["nodes"]) if isinstance(spec["nodes"], list) else spec["nodes"])}
+    allowed = {h.name for h in launch.select_hosts(inv, spec, None)}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in comp["nodes"].items() if n in allowed}
     train = _train_samples(spec)
     cands = candidates(speeds, spec["batch"], b.get("network"), train)

@@ -303,6 +303,15 @@ def _previous_allreduce(group: Group, h: Host) -> dict[str, Any] | None:
         return None
 
 
+def allreduce_command(h: Host, hosts: list[Host], port: int, backend: str, mb: float) -> str:
+    """Node h's part of the all-reduce test (clusterctl/allreduce.py) across `hosts`, hosts[0] the master."""
+    q = shlex.quote
+    master = f"{hosts[0].address}:{port}"
+    # the interpreter cluster.env names: what provisioning installed, whatever the inventory says today
+    return (f"cd -- {q(h.workdir)} && . ./cluster.env && exec \"$CLUSTER_PYTHON\" clusterctl/allreduce.py "
+            f"--rank {hosts.index(h)} --world {len(hosts)} --master {q(master)} --backend {q(backend)} --mb {mb:g}")
+
+
 def _allreduce(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report: ProvisionReport) -> None:
     if len(hosts) < 2:
         report.notes.append("all-reduce test skipped: fewer than 2 verified nodes")
@@ -311,15 +320,7 @@ def _allreduce(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], rep
     port = int(master.vars.get("allreduce_port", 29499))
     backend = out[master.name].build.backend if out[master.name].build else "gloo"
     mb = float(master.vars.get("allreduce_mb", 32))
-    rank = {h.name: i for i, h in enumerate(hosts)}
-
-    def cmd(h: Host) -> str:
-        q = shlex.quote
-        return (f"cd -- {q(h.workdir)} && . ./cluster.env && exec {q(env_python(h))} clusterctl/allreduce.py "
-                f"--rank {rank[h.name]} --world {len(hosts)} --master {q(f'{master.address}:{port}')} "
-                f"--backend {backend} --mb {mb:g}")
-
-    results = group.run(cmd, timeout=180, hosts=hosts)
+    results = group.run(lambda h: allreduce_command(h, hosts, port, backend, mb), timeout=180, hosts=hosts)
     for h in hosts:
         r, o = results[h.name], out[h.name]
         try:
