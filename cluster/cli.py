@@ -224,6 +224,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             out.print(f"{tag} {p.host}: {escape(p.message)}\n    fix: {escape(p.fix)}")
         if not report.problems:
             out.print("no problems found")
+    if report.results.unreachable:  # unreachable, or its host key unknown or changed
+        return errors.EXIT_UNREACHABLE
     if any(p.blocking for p in report.problems):
         return errors.EXIT_FAILED
     return errors.EXIT_OK
@@ -354,19 +356,19 @@ _RUN_STYLE = {"running": "yellow", "starting": "yellow", "succeeded": "green", "
               "stopping": "magenta", "vanished": "red", "unreachable": "red", "missing": "red", "not started": "dim"}
 
 
-def _run_table(record: dict[str, Any], statuses: dict[str, Any]) -> Table:
-    state = record["state"]
-    t = Table(title=f"{record['run_id']}: [{_RUN_STYLE.get(state, 'white')}]{state}[/] "
-                    f"({record['job']}, world size {record['world_size']})")
+def _run_table(record: Any, statuses: dict[str, Any]) -> Table:
+    state = record.state
+    t = Table(title=f"{record.run_id}: [{_RUN_STYLE.get(state, 'white')}]{state}[/] "
+                    f"({record.job}, world size {record.world_size})")
     for col in ("node", "state", "procs", "world", "epoch", "step", "loss", "images/s"):
         t.add_column(col)
-    for n in record["nodes"]:
-        s = statuses.get(n["node"])
+    for n in record.nodes:
+        s = statuses.get(n.node)
         if s is None:
-            t.add_row(n["node"], "?", *["-"] * 6)
+            t.add_row(n.node, "?", *["-"] * 6)
             continue
         d = s if isinstance(s, dict) else s.to_dict()
-        t.add_row(n["node"], f"[{_RUN_STYLE.get(d['state'], 'white')}]{d['state']}[/]", str(d["processes"]),
+        t.add_row(n.node, f"[{_RUN_STYLE.get(d['state'], 'white')}]{d['state']}[/]", str(d["processes"]),
                   str(d["world"] or "-"), str(d["epoch"] if d["epoch"] is not None else "-"),
                   str(d["step"] if d["step"] is not None else "-"),
                   f"{d['loss']:.4f}" if d["loss"] is not None else "-",
@@ -374,22 +376,27 @@ def _run_table(record: dict[str, Any], statuses: dict[str, Any]) -> Table:
     return t
 
 
-def _print_failure(record: dict[str, Any]) -> None:
-    f = record.get("failure")
-    if not f:
-        return
-    out.print(f"[red]run failed[/red] on {f['node']}: {escape(f['reason'])}"
-              + (f" (also: {', '.join(f['also'])})" if f.get("also") else ""))
-    for line in f.get("log") or []:
-        out.print(f"  [dim]{f['node']}|[/dim] {escape(line)}")
-    left = {n: r.get("left") for n, r in (record.get("stop_results") or {}).items() if r.get("left")}
-    out.print("the other nodes were stopped" + (f"; still running: {left}" if left else "") +
-              f"; logs and metrics stay on the nodes (`clusterctl logs {record['run_id']}`)")
+def _print_failure(record: Any) -> None:
+    f = record.failure
+    if f is not None:
+        out.print(f"[red]run failed[/red] on {f.node}: {escape(f.reason)}"
+                  + (f" (also: {', '.join(f.also)})" if f.also else ""))
+        for line in f.log:
+            out.print(f"  [dim]{f.node}|[/dim] {escape(line)}")
+    if record.stop_pending:
+        out.print(f"[red]not confirmed stopped[/red] (unreachable): {', '.join(record.stop_pending)}; "
+                  f"run `clusterctl stop {record.run_id}` when they are back")
+    elif f is not None and record.stop_results:
+        out.print("the other nodes were stopped")
+    if f is not None:
+        out.print(f"logs and metrics stay on the nodes (`clusterctl logs {record.run_id}`)")
 
 
-def _run_exit(record: dict[str, Any]) -> int:
+def _run_exit(record: Any) -> int:
+    if record.stop_pending:
+        return errors.EXIT_UNREACHABLE
     return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
-            "dry-run": errors.EXIT_OK}.get(record["state"], errors.EXIT_FAILED)
+            "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -404,10 +411,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         planned = plan_mod.load_recommended(inv, args.job)
     spec = jobs.load(args.job, (plan_mod.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
-    record, plan = launch.launch(inv, spec, limit=args.limit, dry_run=args.dry_run, forks=args.forks,
-                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"),
-                                 prediction=planned)
     if args.dry_run:
+        record, plan = launch.dry_run(inv, spec, limit=args.limit, forks=args.forks)
         if args.json:
             _emit_json({**plan.to_dict(), "files": {n.node: n.files for n in plan.nodes}})
             return errors.EXIT_OK
@@ -419,20 +424,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
         out.print(f"dry run: {len(plan.nodes)} nodes, world size {plan.world_size}; nothing was changed "
                   f"(the port is picked when the run starts unless the job sets `port:`)")
         return errors.EXIT_OK
+    record, plan = launch.launch(inv, spec, limit=args.limit, forks=args.forks,
+                                 log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"),
+                                 prediction=planned)
     if not args.json:
-        err.print(f"run {record['run_id']} started on {len(record['nodes'])} nodes "
-                  f"(world size {record['world_size']})")
+        err.print(f"run {record.run_id} started on {len(record.nodes)} nodes "
+                  f"(world size {record.world_size})")
     if args.detach:
         if args.json:
-            _emit_json(record)
+            _emit_json(record.to_dict())
         else:
-            out.print(f"detached: follow it with `clusterctl status {record['run_id']}` or "
-                      f"`clusterctl logs {record['run_id']} -f`; stop it with `clusterctl stop {record['run_id']}`")
+            out.print(f"detached (a watcher on this head judges it meanwhile): follow it with `clusterctl status "
+                      f"{record.run_id}` or `clusterctl logs {record.run_id} -f`; stop it with "
+                      f"`clusterctl stop {record.run_id}`")
         return errors.EXIT_OK
     live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal and not args.json else None
     seen: dict[str, str] = {}
 
-    def update(rec: dict[str, Any], statuses: dict[str, Any]) -> None:
+    def update(rec: Any, statuses: dict[str, Any]) -> None:
         if live is not None:
             live.update(_run_table(rec, statuses), refresh=True)
         elif not args.json:  # piped: one line per change of a node's state or epoch
@@ -450,45 +459,49 @@ def cmd_launch(args: argparse.Namespace) -> int:
         else:
             record = launch.follow(record, on_update=update)
     except KeyboardInterrupt:
-        err.print(f"detached; the run goes on. Stop it with `clusterctl stop {record['run_id']}`")
+        err.print(f"detached; the run goes on (its watcher judges it). Stop it with `clusterctl stop {record.run_id}`")
         return 130
     _print_run_end(args, record)
     return _run_exit(record)
 
 
-def _print_run_end(args: argparse.Namespace, record: dict[str, Any]) -> None:
+def _print_run_end(args: argparse.Namespace, record: Any) -> None:
     if args.json:
-        _emit_json(record)
+        _emit_json(record.to_dict())
         return
-    if record.get("last_status"):
-        out.print(_run_table(record, record["last_status"]))
+    if record.last_status:
+        out.print(_run_table(record, record.last_status))
     _print_failure(record)
-    if record["state"] == "succeeded":
-        took = (record["ended"] or 0) - (record["started"] or 0)
-        out.print(f"run {record['run_id']} succeeded in {took:.0f} s; "
-                  f"results stay on the nodes under runs/{record['run_id']}/")
+    if record.state == "succeeded":
+        took = (record.ended or 0) - (record.started or 0)
+        out.print(f"run {record.run_id} succeeded in {took:.0f} s; "
+                  f"results stay on the nodes under runs/{record.run_id}/")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from cluster import runs
 
-    records = runs.list_runs()
+    records, damaged = runs.scan()
     if args.json:
-        _emit_json([{k: r.get(k) for k in ("run_id", "job", "state", "created", "started", "ended", "world_size")}
-                    | {"nodes": [n["node"] for n in r["nodes"]]} for r in records])
-        return errors.EXIT_OK
+        _emit_json([{k: getattr(r, k) for k in ("run_id", "job", "state", "created", "started", "ended",
+                                               "world_size", "stop_pending")}
+                    | {"nodes": [n.node for n in r.nodes]} for r in records]
+                   + [{"error": e.message, "fix": e.fix} for e in damaged])
+        return errors.EXIT_USAGE if damaged else errors.EXIT_OK
     t = Table(title=f"runs in {escape(str(runs.runs_dir()))}")
     for col in ("run", "job", "state", "nodes", "world", "started", "took"):
         t.add_column(col)
     for r in records:
-        took = f"{(r.get('ended') or time.time()) - r['started']:.0f}s" if r.get("started") else "-"
-        t.add_row(r["run_id"], r["job"], f"[{_RUN_STYLE.get(r['state'], 'white')}]{r['state']}[/]",
-                  ",".join(n["node"] for n in r["nodes"]), str(r["world_size"]),
-                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r.get("started") else "-", took)
+        took = f"{(r.ended or time.time()) - r.started:.0f}s" if r.started else "-"
+        t.add_row(r.run_id, r.job, f"[{_RUN_STYLE.get(r.state, 'white')}]{r.state}[/]",
+                  ",".join(n.node for n in r.nodes), str(r.world_size),
+                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-", took)
     out.print(t)
-    if not records:
+    for e in damaged:  # never dropped silently: the busy check refuses while one is there
+        err.print(f"[red]{escape(e.message)}[/red]\n  fix: {escape(e.fix or '')}")
+    if not records and not damaged:
         out.print("no runs yet: clusterctl launch resnet50-ddp")
-    return errors.EXIT_OK
+    return errors.EXIT_USAGE if damaged else errors.EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -496,9 +509,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     record = launch.refresh(runs.load(args.run))
     if args.json:
-        _emit_json(record)
+        _emit_json(record.to_dict())
     else:
-        out.print(_run_table(record, record.get("last_status") or {}))
+        out.print(_run_table(record, record.last_status or {}))
         _print_failure(record)
     return _run_exit(record)
 
@@ -524,7 +537,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 offsets[name] = size
                 for line in text.splitlines():
                     out.out(f"{name}| {line}", highlight=False)
-            if record["state"] not in runs.ACTIVE:
+            if not record.active:
                 return errors.EXIT_OK
             record = launch.refresh(record)
             time.sleep(1.0)
@@ -536,17 +549,24 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from cluster import launch, runs
 
     record = runs.load(args.run)
-    with err.status(f"stopping {record['run_id']} on {len(record['nodes'])} nodes"):
+    with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):
         record = launch.stop(record, grace=args.grace)
-    left = {n: r.get("left") or r.get("error") for n, r in record["stop_results"].items() if not r.get("ok")}
+    results = record.stop_results or {}
     if args.json:
-        _emit_json(record)
+        _emit_json(record.to_dict())
     else:
-        for n, r in record["stop_results"].items():
-            out.print(f"{n}: " + ("[green]nothing left running[/]" if r.get("ok") else f"[red]{escape(str(r))}[/]")
-                      + (f" (terminated {len(r['terminated'])}, killed {len(r['killed'])})" if r.get("ok") else ""))
-        out.print(f"run {record['run_id']}: {record['state']}; logs and metrics stay on the nodes")
-    return errors.EXIT_OK if not left else errors.EXIT_FAILED
+        for n, r in results.items():
+            out.print(f"{n}: " + ("[green]nothing left running[/]" if r.get("ok") else
+                                  f"[red]not confirmed stopped: {escape(str(r.get('error') or r.get('left')))}[/]")
+                      + (f" (terminated {len(r.get('terminated') or [])}, killed {len(r.get('killed') or [])})"
+                         if r.get("ok") else ""))
+        out.print(f"run {record.run_id}: {record.state}; logs and metrics stay on the nodes"
+                  + (f"; run `clusterctl stop {record.run_id}` again when {', '.join(record.stop_pending)} "
+                     "can be reached" if record.stop_pending else ""))
+    if record.stop_pending:  # exit 3 when a node could not be reached, 1 when a reachable one kept processes
+        unreachable = any(results.get(n, {}).get("status") == "unreachable" for n in record.stop_pending)
+        return errors.EXIT_UNREACHABLE if unreachable else errors.EXIT_FAILED
+    return errors.EXIT_OK
 
 
 # --------------------------------------------------------------------------- collect
@@ -559,7 +579,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     if args.all and args.run:
         raise errors.UsageError("give a RUN or --all, not both", "clusterctl collect --all")
-    records = [r for r in runs.list_runs() if r["state"] != "dry-run"] if args.all else [runs.load(args.run)]
+    records = [r for r in runs.list_runs() if r.state != "dry-run"] if args.all else [runs.load(args.run)]
     override = None
     if args.inventory:
         override = inventory_mod.load(args.inventory).hosts
@@ -568,11 +588,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
     for record in records:
         prog = Progress(TextColumn("{task.description}"), DownloadColumn(), TransferSpeedColumn(), console=err,
                         transient=True, disable=not err.is_terminal or args.json)
-        tasks = {n["node"]: prog.add_task(f"{record['run_id']} {n['node']}", total=None) for n in record["nodes"]}
+        tasks = {n.node: prog.add_task(f"{record.run_id} {n.node}", total=None) for n in record.nodes}
         with prog:
             result = collect.collect(record, checkpoints=args.with_checkpoints, forks=args.forks,
                                      on_bytes=lambda node, n: prog.advance(tasks[node], n), inventory_hosts=override)
-        summary.append({"run_id": record["run_id"], "folder": str(runs.run_path(record["run_id"])),
+        summary.append({"run_id": record.run_id, "folder": str(runs.run_path(record.run_id)),
                         "nodes": [c.to_dict() for c in result.values()]})
         if any(c.status == "unreachable" for c in result.values()):
             worst = max(worst, errors.EXIT_UNREACHABLE)
@@ -580,7 +600,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             worst = max(worst, errors.EXIT_FAILED)
         if args.json:
             continue
-        t = Table(title=f"collect {record['run_id']} -> {escape(str(runs.run_path(record['run_id'])))}")
+        t = Table(title=f"collect {record.run_id} -> {escape(str(runs.run_path(record.run_id)))}")
         for col in ("node", "status", "files", "fetched", "transferred", "node total", "skipped", "refused", "time"):
             t.add_column(col)
         for c in result.values():
@@ -603,7 +623,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from cluster import paths, report, runs
 
-    ids = args.runs or [runs.load()["run_id"]]
+    ids = args.runs or [runs.load().run_id]
     figs = report.build(ids, price_kwh=args.price_kwh)
     images = report.plots(figs)
     html_path = Path(args.html) if args.html else None
@@ -859,17 +879,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DEBUG_ENV = "CLUSTERCTL_DEBUG"  # set to 1: an internal error shows its Python traceback
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code (docs/cli.md); never lets an exception through.
+
+    A ClusterError is the user's to fix: its message and fix, its exit code. Anything else is a bug
+    in clusterctl: one line, exit 70 (EX_SOFTWARE), the traceback only with CLUSTERCTL_DEBUG=1.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.command = command
-    if command and args.cmd != "exec":
-        parser.error("`--` and a command only go with `clusterctl exec`")
+    try:
+        args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 for --help and --version
+        args.command = command
+        if command and args.cmd != "exec":
+            parser.error("`--` and a command only go with `clusterctl exec`")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else errors.EXIT_USAGE
     try:
         return args.fn(args)
     except errors.ClusterError as e:
@@ -879,7 +910,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")
-        return 130
+        return errors.EXIT_INTERRUPTED
+    except BrokenPipeError:  # `clusterctl runs | head`: the reader left; nothing more to say
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        except OSError:
+            pass
+        return errors.EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - the last line of defence: a bug, said in one line
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            err.print_exception()
+        first = (str(e).splitlines() or [""])[0][:300]
+        err.print(f"[red]internal error:[/red] {escape(type(e).__name__)}: {escape(first)}")
+        err.print(f"  this is a bug in clusterctl {__version__}; please report it with the command you ran "
+                  f"(re-run with {DEBUG_ENV}=1 to see the traceback)")
+        return errors.EXIT_INTERNAL
 
 
 if __name__ == "__main__":

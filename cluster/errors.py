@@ -7,17 +7,25 @@ EXIT_FAILED = 1  # a node failed a command or a check found a blocking problem
 EXIT_USAGE = 2  # bad input: inventory, arguments
 EXIT_UNREACHABLE = 3  # at least one node could not be reached or was not trusted
 EXIT_ENVIRONMENT = 4  # this machine cannot do it (e.g. the lab needs root and netns)
+EXIT_INTERNAL = 70  # a bug in clusterctl (EX_SOFTWARE): an exception that is not a ClusterError
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class ClusterError(Exception):
-    """Base of every error clusterctl raises on purpose; carries the fix to show the user."""
+    """Base of every error clusterctl raises on purpose; carries the fix to show the user.
+
+    The class sets the exit code; `exit_code=` overrides it for one error, e.g. a launch refused
+    because a node is unreachable: `LaunchRefused(msg, fix, exit_code=EXIT_UNREACHABLE)`.
+    """
 
     exit_code = EXIT_FAILED
 
-    def __init__(self, message: str, fix: str | None = None) -> None:
+    def __init__(self, message: str, fix: str | None = None, *, exit_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        if exit_code is not None:
+            self.exit_code = exit_code
 
     def __str__(self) -> str:
         return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message

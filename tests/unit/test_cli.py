@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import os
 import subprocess
 import sys
@@ -80,3 +81,150 @@ def test_context_and_defaults(tmp_path: Path) -> None:
 def test_dash_dash_only_for_exec() -> None:
     r = run("check", "--", "ls")
     assert r.returncode == 2 and "only go with `clusterctl exec`" in r.stderr
+
+
+# --------------------------------------------------------------------------- exit codes (docs/cli.md)
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on: bound by us, then released (connecting to it is refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mixed_inventory(tmp_path: Path, local: str = "", gone: bool = True) -> Path:
+    """Local nodes (`local` extra fields) and, with `gone`, an SSH node on a closed loopback port."""
+    hosts = f"  a: {{connection: local, address: 127.0.0.1, workdir: {tmp_path / 'a'}{local}}}\n"
+    if gone:
+        hosts += f"  gone: {{address: 127.0.0.1, port: {closed_port()}, connect_timeout: 3}}\n"
+    return write(tmp_path, f"defaults: {{known_hosts: {tmp_path / 'known_hosts'}}}\nhosts:\n{hosts}")
+
+
+def only_gone(tmp_path: Path) -> Path:
+    return write(tmp_path, f"defaults: {{known_hosts: {tmp_path / 'known_hosts'}}}\nhosts:\n"
+                           f"  gone: {{address: 127.0.0.1, port: {closed_port()}, connect_timeout: 3}}\n")
+
+
+def test_check_exit_3_unreachable_1_blocking_0_ok(tmp_path: Path) -> None:
+    r = run("check", str(mixed_inventory(tmp_path)), "--json")
+    assert r.returncode == 3, r.stderr
+    assert {n["host"]: n["status"] for n in json.loads(r.stdout)["nodes"]} == {"a": "ok", "gone": "unreachable"}
+    # reachable, with a blocking problem (no Python there): 1
+    r = run("check", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3", gone=False)))
+    assert r.returncode == 1 and "python-missing" not in r.stderr and "does not run on the node" in r.stdout
+    # both at once: unreachable wins
+    r = run("check", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3")))
+    assert r.returncode == 3
+
+
+def test_exec_exit_3_when_a_node_is_unreachable_even_if_others_failed(tmp_path: Path) -> None:
+    r = run("exec", str(mixed_inventory(tmp_path)), "--json", "--", "true")
+    assert r.returncode == 3
+    assert [n["status"] for n in json.loads(r.stdout)["nodes"]] == ["ok", "unreachable"]
+    r = run("exec", str(mixed_inventory(tmp_path)), "--", "exit 5")
+    assert r.returncode == 3 and "0 ok, 1 failed, 1 unreachable" in r.stdout
+
+
+def test_trust_exit_3_unreachable_0_local(tmp_path: Path) -> None:
+    r = run("trust", str(only_gone(tmp_path)), "--yes")
+    assert r.returncode == 3 and "unreachable" in r.stdout and "Connection refused" in r.stderr
+    r = run("trust", str(mixed_inventory(tmp_path, gone=False)), "--yes")
+    assert r.returncode == 0 and "local" in r.stdout
+
+
+def test_provision_exit_3_unreachable_1_failed(tmp_path: Path) -> None:
+    r = run("provision", str(only_gone(tmp_path)), "--dry-run", "--json")
+    assert r.returncode == 3
+    assert [(n["host"], n["status"]) for n in json.loads(r.stdout)["nodes"]] == [("gone", "unreachable")]
+    # reachable but its Python does not run: the node failed (1); nothing is installed in a dry run
+    r = run("provision", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3", gone=False)),
+            "--dry-run", "--json")
+    assert r.returncode == 1
+    node = json.loads(r.stdout)["nodes"][0]
+    assert node["status"] == "failed" and "does not run on the node" in node["error"]
+    r = run("provision", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3")), "--dry-run")
+    assert r.returncode == 3
+
+
+def test_bench_exit_1_when_reachable_nodes_are_not_provisioned(tmp_path: Path) -> None:
+    r = run("bench", "-i", str(mixed_inventory(tmp_path, gone=False)), "--jobs", "resnet50-ddp")
+    assert r.returncode == 1 and "not provisioned" in r.stderr
+
+
+PREFLIGHT_EXIT_3 = pytest.mark.xfail(
+    strict=False, reason="launch.preflight raises LaunchRefused (exit 1) for an unreachable node until it passes "
+                         "exit_code=errors.EXIT_UNREACHABLE (launch.py, the lead's change)")
+
+
+@PREFLIGHT_EXIT_3
+def test_bench_exit_3_when_a_node_is_unreachable(tmp_path: Path) -> None:
+    r = run("bench", "-i", str(mixed_inventory(tmp_path)), "--jobs", "resnet50-ddp")
+    assert r.returncode == 3 and "cannot reach gone" in r.stderr
+
+
+@PREFLIGHT_EXIT_3
+def test_launch_exit_3_when_a_node_is_unreachable(tmp_path: Path) -> None:
+    r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--dry-run")
+    assert r.returncode == 3 and "cannot reach gone" in r.stderr
+
+
+def test_launch_exit_1_when_reachable_nodes_are_not_provisioned(tmp_path: Path) -> None:
+    r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path, gone=False)), "--dry-run")
+    assert r.returncode == 1 and "not provisioned" in r.stderr
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    r = run("check", "--forks", "many")
+    assert r.returncode == 2 and "invalid int value" in r.stderr
+    r = run("nosuchcommand")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--set", "epochs=zero", "--dry-run")
+    assert r.returncode == 2 and "epochs: expected a whole number >= 1, got 'zero'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_lab_without_root_exits_4(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`lab up` as a user without root: exit 4, the reason and the way out (the euid is the only thing
+    changed: this interpreter lives under /root, out of reach of a real unprivileged user)."""
+    from cluster import cli, lab
+
+    monkeypatch.setattr(lab.os, "geteuid", lambda: 1000)
+    assert cli.main(["lab", "up", "1", "--name", "tnoroot"]) == 4
+    e = capsys.readouterr().err
+    assert "needs root" in e and "inventory/local.yaml" in e and "Traceback" not in e
+
+
+def test_internal_error_is_one_line_exit_70_traceback_with_debug(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug (an exception that is not a ClusterError) reaches the user as one line and exit 70."""
+    from cluster import cli
+
+    def broken(args: object) -> int:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cli, "cmd_context", broken)
+    assert cli.main(["context"]) == 70
+    e = capsys.readouterr().err
+    assert "internal error: KeyError: 'surprise'" in e and "CLUSTERCTL_DEBUG=1" in e and "Traceback" not in e
+    monkeypatch.setenv("CLUSTERCTL_DEBUG", "1")
+    assert cli.main(["context"]) == 70
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cluster import cli
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_context", interrupted)
+    assert cli.main(["context"]) == 130 and "interrupted" in capsys.readouterr().err
+
+
+def test_main_returns_argparse_codes_instead_of_exiting(capsys: pytest.CaptureFixture[str]) -> None:
+    from cluster import cli
+
+    assert cli.main(["--version"]) == 0
+    assert cli.main(["check", "--forks", "x"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
