@@ -143,14 +143,14 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
     return res
 
 
-def collect(record: dict[str, Any], checkpoints: bool = False, forks: int = 32,
+def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
             on_bytes: Callable[[str, int], None] | None = None,
             inventory_hosts: dict[str, Host] | None = None) -> dict[str, NodeCollect]:
     """Bring the run's files from every node into runs/<run-id>/<node>/; one node's failure is data.
     `inventory_hosts` (from -i) replaces the record's snapshot of how to reach each node."""
-    hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in runs.hosts(record)]
-    base = runs.run_path(record["run_id"])
-    dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
+    hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in record.hosts()]
+    base = runs.run_path(record.run_id)
+    dirs = record.node_dirs()
     out: dict[str, NodeCollect] = {}
     with Group(hosts, forks=forks) as group:
         results = group.call(lambda t: collect_node(
@@ -166,6 +166,7 @@ def collect(record: dict[str, Any], checkpoints: bool = False, forks: int = 32,
                 (base / h.name / "facts.json").write_text(json.dumps(f.value.to_dict(), indent=1, default=str))
         else:
             out[h.name] = NodeCollect(h.name, status=r.status, error=r.error, fix=r.fix, duration=r.duration)
-    record["collected"] = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
-    runs.save(record)
+    collected = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
+    # Only this field, into the newest record: the run may have been judged while we copied.
+    runs.update(record.run_id, lambda r: setattr(r, "collected", collected))
     return out

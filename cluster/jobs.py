@@ -43,8 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "port": 0,
     "shares": {},  # node -> its batch (uneven split, `clusterctl plan`); empty: `batch` on every worker
     "env": {},
+    "env_from": {},  # NAME -> {file: PATH on the head} | {env: VARIABLE of the head}: secrets, never written in clear
 }
-FREE_MAPS = ("env", "shares")  # mappings whose keys the user chooses
+FREE_MAPS = ("env", "shares", "env_from")  # mappings whose keys the user chooses
 
 
 class JobError(UsageError):
@@ -164,7 +165,7 @@ def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
         if isinstance(v, dict) and k not in FREE_MAPS:
             out += _keys(v, f"{prefix}{k}.")
         else:
-            out.append(f"{prefix}{k}" + (".NAME" if k == "env" else ".NODE" if k == "shares" else ""))
+            out.append(f"{prefix}{k}" + (".NAME" if k in ("env", "env_from") else ".NODE" if k == "shares" else ""))
     return out
 
 
@@ -241,3 +242,17 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
                  "with a digit")
         if isinstance(v, (dict, list)) or v is None:
             fail(f"env.{k}", f"expected a plain value, got {v!r}", f"env: {{{k}: '1'}}")
+    if not isinstance(s["env_from"], dict):
+        fail("env_from", f"expected a mapping NAME: {{file: PATH}} or NAME: {{env: VARIABLE}}, got {s['env_from']!r}",
+             "env_from: {HF_TOKEN: {file: ~/.secrets/hf_token}}")
+    for k, v in s["env_from"].items():
+        if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
+            fail(f"env_from.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
+                 "with a digit")
+        if k in s["env"]:
+            fail(f"env_from.{k}", "also given in env", f"keep {k} in one of env (plain) or env_from (secret)")
+        if not (isinstance(v, dict) and len(v) == 1 and isinstance(next(iter(v.values())), str)
+                and next(iter(v)) in ("file", "env") and next(iter(v.values()))):
+            fail(f"env_from.{k}", f"expected {{file: PATH}} or {{env: VARIABLE}}, got {v!r}",
+                 f"env_from: {{{k}: {{file: ~/.secrets/{k.lower()}}}}} (a file on the head) or "
+                 f"{{{k}: {{env: {k}}}}} (the head's environment when you launch)")

@@ -5,26 +5,40 @@ session of its own, so a run outlives the SSH connection that started it. The
 head only polls: one agent `status` per node per poll. A node that fails or
 vanishes fails the run, and the others are stopped instead of being left
 hanging in a collective; everything written so far stays on the nodes.
+
+Who judges a run: whichever clusterctl process polls it (the foreground
+`launch`, `status`, the busy check of another launch) and, so that a run left
+alone overnight still gets its verdict, a watcher process on the head started
+by launch (cluster/watch.py). They all write through runs.update, under the
+run's lock, and the silence clock lives in the record, so they agree.
+Independently of the head, the training programs' collective timeouts
+(`collective_timeout_s`) end the survivors of a dead peer by themselves.
 """
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any, Callable
 
 from cluster import __version__, datasets, provision, render, runs
 from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
-from cluster.jobs import JobSpec
+from cluster.jobs import JobError, JobSpec
 
 PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py")
 DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
-UNREACHABLE_GRACE_S = 60.0  # a node silent this long fails the run
-FAILED_STATES = ("failed", "vanished", "missing")
+# A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd
+# under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).
+UNREACHABLE_GRACE_S = 30.0
+POLL_TIMEOUT_S = 20.0  # one agent `status` call
+FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
+SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
 
 
 class LaunchRefused(ClusterError):
@@ -118,17 +132,27 @@ def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
 
 
 def _busy(hosts: list[Host]) -> None:
-    """Refuse to start on nodes an active run still uses (after asking the nodes, not trusting the record)."""
+    """Refuse to start on nodes another run still uses (after asking the nodes, not trusting the record),
+    or where an earlier stop could not be confirmed. Called under runs.launch_lock()."""
     mine = {(h.address, h.port): h.name for h in hosts}  # the same machines, whatever they are called
-    for rec in runs.list_runs():
-        if rec.get("state") not in runs.ACTIVE:
+    records, damaged = runs.scan()
+    if damaged:
+        raise LaunchRefused(f"cannot tell whether the nodes are free: {damaged[0].message}", damaged[0].fix)
+    for rec in records:
+        if not rec.active and not rec.stop_pending:
             continue
-        shared = {mine[(h.address, h.port)] for h in runs.hosts(rec) if (h.address, h.port) in mine}
-        if shared:
-            rec = refresh(rec)
-            if rec["state"] in runs.ACTIVE:
-                raise LaunchRefused(f"run {rec['run_id']} is still {rec['state']} on {', '.join(sorted(shared))}",
-                                    f"wait for it, or stop it: clusterctl stop {rec['run_id']}")
+        shared = {mine[(h.address, h.port)] for h in rec.hosts() if (h.address, h.port) in mine}
+        if not shared:
+            continue
+        rec = refresh(rec)
+        pending = shared & set(rec.stop_pending)
+        if rec.active:
+            raise LaunchRefused(f"run {rec.run_id} is still {rec.state} on {', '.join(sorted(shared))}",
+                                f"wait for it, or stop it: clusterctl stop {rec.run_id}")
+        if pending:
+            raise LaunchRefused(f"run {rec.run_id} could not be stopped on {', '.join(sorted(pending))} "
+                                "(unreachable): its processes may still be running there",
+                                f"bring the node back and run `clusterctl stop {rec.run_id}`")
 
 
 # --------------------------------------------------------------------------- launch
@@ -144,109 +168,205 @@ def program_files(entry: str) -> dict[str, str]:
     return {n: wl.joinpath(n).read_text() for n in (entry, *PROGRAM_FILES)}
 
 
-def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, dry_run: bool = False, forks: int = 32,
-           log: Callable[[str], None] = lambda s: None,
-           prediction: dict[str, Any] | None = None) -> tuple[dict[str, Any], render.LaunchPlan]:
-    """Start the job on its nodes; returns the run record (saved) and the rendered plan.
-    `prediction`: the `clusterctl plan` candidate this run applies, kept in the record for the report."""
+def secret_values(spec: JobSpec) -> dict[str, str]:
+    """`env_from`: each secret read on the head, from a file or the head's environment, at launch time."""
+    out = {}
+    for name, src in sorted(spec["env_from"].items()):
+        field_ = f"env_from.{name}"
+        if "file" in src:
+            path = Path(str(src["file"])).expanduser()
+            try:
+                out[name] = path.read_text().rstrip("\n")
+            except (OSError, UnicodeDecodeError) as e:
+                raise JobError(str(spec.path), None, field_, f"cannot read {path}: {getattr(e, 'strerror', e)}",
+                               "point `file:` at a readable text file on the head") from None
+        else:
+            if src["env"] not in os.environ:
+                raise JobError(str(spec.path), None, field_, f"the head's environment has no {src['env']}",
+                               f"export {src['env']}=... before `clusterctl launch`")
+            out[name] = os.environ[src["env"]]
+    return out
+
+
+def secrets_file(values: dict[str, str]) -> str:
+    """The node's secrets.env (mode 0600), sourced by launch.sh: every value shell-quoted."""
+    lines = ["# Secrets of this run (env_from), readable by its owner only. Never copied back by collect."]
+    for k, v in values.items():
+        lines += [f"{k}={shlex.quote(v)}", f"export {k}"]
+    return "\n".join(lines) + "\n"
+
+
+def dry_run(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32) -> tuple[runs.RunRecord, render.LaunchPlan]:
+    """What launch would do: the verified nodes and each node's rendered files, nothing started."""
     hosts = select_hosts(inv, spec, limit)
     run_id = runs.new_run_id(spec.name)
     with Group(hosts, forks=forks) as group:
+        targets = preflight(group, hosts)
+    port = spec["port"] or DEFAULT_PORTS[spec.framework]
+    plan = render.render(spec, [targets[h.name] for h in hosts], run_id, datasets.file_name(spec),
+                         {h.name: port for h in hosts})
+    return _record(inv, spec, plan, "dry-run"), plan
+
+
+def _reserve(inv: Inventory, spec: JobSpec, hosts: list[Host], targets: dict[str, render.Target],
+             run_id: str, prediction: dict[str, Any] | None) -> runs.RunRecord:
+    """The busy check and the new record in one step under the launch lock: two launches on the same
+    nodes cannot both pass. The record says which process is starting it (see refresh)."""
+    plan = render.LaunchPlan(run_id, spec, 0, None, datasets.file_name(spec), [
+        render.NodeLaunch(h.name, i, render.procs_per_node(spec, targets[h.name]), render.run_dir(h, run_id), {}, "")
+        for i, h in enumerate(hosts)])
+    with runs.launch_lock():
+        _busy(hosts)
+        record = _record(inv, spec, plan, "starting")
+        record.prediction = prediction
+        record.extra["launcher"] = {"pid": os.getpid(), "started": time.time()}
+        record.secrets = sorted(spec["env_from"])
+        runs.save(record)
+    return record
+
+
+def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32,
+           log: Callable[[str], None] = lambda s: None, prediction: dict[str, Any] | None = None,
+           watch: bool = True) -> tuple[runs.RunRecord, render.LaunchPlan]:
+    """Start the job on its nodes; returns the run record (saved) and the rendered plan.
+    `prediction`: the `clusterctl plan` candidate this run applies, kept in the record for the report.
+    `watch`: start the head-side watcher that judges the run when no clusterctl command is running."""
+    hosts = select_hosts(inv, spec, limit)
+    run_id = runs.new_run_id(spec.name)
+    secret = secret_values(spec)
+    with Group(hosts, forks=forks) as group:
         log(f"checking {len(hosts)} nodes are provisioned and identical")
         targets = preflight(group, hosts)
-        if dry_run:
-            port = spec["port"] or DEFAULT_PORTS[spec.framework]
-            plan = render.render(spec, [targets[h.name] for h in hosts], run_id, datasets.file_name(spec),
-                                 {h.name: port for h in hosts})
-            return _record(inv, spec, plan, "dry-run"), plan
-        _busy(hosts)
-        prepared = datasets.prepare(spec, log)
-        agent = _agent_source()
-        log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
-
-        def stage(t):
-            t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
-            t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
-            return datasets.stage(t, prepared)
-
-        require(group.call(stage, hosts), "staging")
-        ports = _ports(group, spec, hosts)
-        plan = render.render(spec, [targets[h.name] for h in hosts], run_id, prepared.file_name, ports)
-        record = _record(inv, spec, plan, "starting")
-        record["prediction"] = prediction
-        _keep_rendered(plan)
-        runs.save(record)
-        program = {f"program/{n}": text for n, text in program_files(spec.entry).items()}
-        by_node = {n.node: n for n in plan.nodes}
-
-        def upload(t):
-            n = by_node[t.host.name]
-            t.run(f"mkdir -p -- {shlex.quote(n.run_dir + '/program')} {shlex.quote(n.run_dir + '/out')}", timeout=60)
-            for name, content in {**n.files, **program}.items():
-                t.put_bytes(content.encode(), f"{n.run_dir}/{name}", 0o755 if name.endswith(".sh") else 0o644)
-
-        uploaded = group.call(upload, hosts)
-        if not uploaded.ok:
-            _fail_start(record, uploaded, "upload")
-        log(f"starting {len(hosts)} nodes")
-        started = group.run(lambda h: by_node[h.name].start_command, timeout=60, hosts=hosts)
-        for n in record["nodes"]:
-            r = started[n["node"]]
-            if r.ok:
-                n["pids"] = json.loads(r.stdout.strip().splitlines()[-1])
-        if not started.ok:
-            stop_nodes(record)
-            _fail_start(record, started, "start")
-        record["state"], record["started"] = "running", time.time()
-        runs.save(record)
-        return record, plan
+        record = _reserve(inv, spec, hosts, targets, run_id, prediction)
+        try:
+            return _start(group, record, spec, hosts, targets, secret, log, watch)
+        except BaseException as e:
+            if runs.load(run_id).state == "starting":
+                _fail_start(record, f"launch interrupted: {e}" if str(e) else f"launch interrupted ({type(e).__name__})")
+            raise
 
 
-def require(results: Any, what: str) -> None:
-    """Raise, naming every node where `what` failed."""
+def _start(group: Group, record: runs.RunRecord, spec: JobSpec, hosts: list[Host],
+           targets: dict[str, render.Target], secret: dict[str, str], log: Callable[[str], None],
+           watch: bool) -> tuple[runs.RunRecord, render.LaunchPlan]:
+    prepared = datasets.prepare(spec, log)
+    agent = _agent_source()
+    log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
+
+    def stage(t: Any) -> Any:
+        t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
+        t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
+        return datasets.stage(t, prepared)
+
+    require(group.call(stage, hosts), "staging", record)
+    ports = _ports(group, spec, hosts, record)
+    plan = render.render(spec, [targets[h.name] for h in hosts], record.run_id, prepared.file_name, ports)
+    _keep_rendered(plan)
+    full = _record(record.inventory, spec, plan, "starting")
+
+    def planned(r: runs.RunRecord) -> None:
+        r.world_size, r.endpoint, r.data_file, r.nodes = full.world_size, full.endpoint, full.data_file, full.nodes
+
+    record = runs.update(record.run_id, planned)
+    program = {f"program/{n}": text for n, text in program_files(spec.entry).items()}
+    by_node = {n.node: n for n in plan.nodes}
+    private = {"secrets.env": secrets_file(secret)} if secret else {}
+
+    def upload(t: Any) -> None:
+        n = by_node[t.host.name]
+        # NOTE: the run folder and its files are the owner's only: job settings may hold tokens.
+        t.run(f"mkdir -p -m 700 -- {shlex.quote(n.run_dir)} && mkdir -p -- {shlex.quote(n.run_dir + '/program')} "
+              f"{shlex.quote(n.run_dir + '/out')}", timeout=60)
+        for name, content in {**n.files, **program, **private}.items():
+            t.put_bytes(content.encode(), f"{n.run_dir}/{name}", 0o700 if name.endswith(".sh") else 0o600)
+
+    uploaded = group.call(upload, hosts)
+    if not uploaded.ok:
+        _fail_start(record, *_first_error(uploaded, "upload"))
+    log(f"starting {len(hosts)} nodes")
+    started = group.run(lambda h: by_node[h.name].start_command, timeout=60, hosts=hosts)
+    pids = {n: agent_reply(r.stdout) for n, r in started.items() if r.ok}
+    if not started.ok:
+        stop_nodes(record)
+        _fail_start(record, *_first_error(started, "start"))
+
+    def running(r: runs.RunRecord) -> None:
+        for n in r.nodes:
+            n.pids = pids.get(n.node)
+        r.state, r.started = "running", time.time()
+        r.extra.pop("launcher", None)
+
+    record = runs.update(record.run_id, running)
+    if watch:
+        from cluster import watch as watch_mod  # the watcher imports this module
+
+        watch_mod.spawn(record.run_id)
+    return record, plan
+
+
+def require(results: Any, what: str, record: runs.RunRecord | None = None) -> None:
+    """Raise, naming every node where `what` failed (and fail the run being started, if any)."""
     bad = {n: r for n, r in results.items() if not r.ok}
-    if bad:
-        raise ClusterError(f"{what} failed on " + "; ".join(f"{n}: {r.error or r.stderr.strip()[-300:]}"
-                                                          for n, r in bad.items()),
-                           "fix the node shown (disk space, permissions) and launch again")
+    if not bad:
+        return
+    message = f"{what} failed on " + "; ".join(f"{n}: {r.error or error_tail(r.stderr)}" for n, r in bad.items())
+    if record is not None:
+        _fail_start(record, message, next(iter(bad)))
+    raise ClusterError(message, "fix the node shown (disk space, permissions) and launch again")
 
 
-def _fail_start(record: dict[str, Any], results: Any, what: str) -> None:
+def error_tail(text: str | None, chars: int = 300) -> str:
+    """The end of a command's output, where the reason usually is."""
+    return (text or "").strip()[-chars:]
+
+
+def _first_error(results: Any, what: str) -> tuple[str, str]:
+    """(a message naming every node where `what` failed, the first of them)."""
     bad = {n: r for n, r in results.items() if not r.ok}
-    node = next(iter(bad))
-    r = bad[node]
-    record["state"], record["ended"] = "failed", time.time()
-    record["failure"] = {"node": node, "reason": f"{what} failed: {r.error or f'exit {r.exit_code}'}",
-                         "log": (r.stderr or r.stdout or "").strip().splitlines()[-20:]}
-    runs.save(record)
-    raise ClusterError(f"run {record['run_id']}: {what} failed on {', '.join(bad)}: "
-                       f"{(r.error or r.stderr or r.stdout).strip()[-400:]}",
-                       f"the other nodes were stopped; see `clusterctl status {record['run_id']}`")
+    n, r = next(iter(bad.items()))
+    detail = r.error or error_tail(r.stderr or r.stdout, 400) or f"exit {r.exit_code}"
+    return f"{what} failed on {', '.join(bad)}: {detail}", n
 
 
-def _ports(group: Group, spec: JobSpec, hosts: list[Host]) -> dict[str, int]:
+def _fail_start(record: runs.RunRecord, reason: str, node: str | None = None) -> None:
+    """The run could not start: recorded failed (nothing was started, or what was is stopped)."""
+    node = node or record.nodes[0].node
+
+    def failed(r: runs.RunRecord) -> None:
+        r.state, r.ended = "failed", time.time()
+        r.failure = r.failure or runs.Failure(node, reason)
+        r.extra.pop("launcher", None)
+
+    runs.update(record.run_id, failed)
+    raise ClusterError(f"run {record.run_id}: {reason}",
+                       f"nothing of it is left running; see `clusterctl status {record.run_id}`")
+
+
+def _ports(group: Group, spec: JobSpec, hosts: list[Host], record: runs.RunRecord) -> dict[str, int]:
     """The spec's port, or one free right now: on the first node (torchrun) or on every node (TF)."""
     if spec["port"]:
         return {h.name: spec["port"] for h in hosts}
     targets = hosts[:1] if spec.framework == "pytorch" else hosts
     results = group.run(lambda h: render.agent_command(h, "freeport"), timeout=30, hosts=targets)
-    require(results, "finding a free port")
-    return {n: json.loads(r.stdout)["port"] for n, r in results.items()}
+    require(results, "finding a free port", record)
+    ports = {n: (agent_reply(r.stdout) or {}).get("port") for n, r in results.items()}
+    bad = [n for n, p in ports.items() if not isinstance(p, int)]
+    if bad:
+        _fail_start(record, f"finding a free port failed on {', '.join(bad)}: unreadable agent reply", bad[0])
+    return {n: int(p) for n, p in ports.items() if p is not None}
 
 
-def _record(inv: Inventory, spec: JobSpec, plan: render.LaunchPlan, state: str) -> dict[str, Any]:
-    names = {n.node for n in plan.nodes}
-    return {
-        "run_id": plan.run_id, "job": spec.name, "framework": spec.framework, "state": state,
-        "created": time.time(), "started": None, "ended": None, "clusterctl": __version__,
-        "settings": spec.settings, "spec_file": str(spec.path), "world_size": plan.world_size,
-        "endpoint": plan.endpoint, "data_file": plan.data_file,
-        "inventory": {"path": str(inv.path), "name": inv.name,
-                      "hosts": [h.to_dict() for h in inv.hosts.values() if h.name in names]},
-        "nodes": [{"node": n.node, "node_rank": n.node_rank, "nproc": n.nproc, "run_dir": n.run_dir,
-                   "pids": None} for n in plan.nodes],
-        "failure": None, "last_status": None,
-    }
+def _record(inventory: Inventory | dict[str, Any], spec: JobSpec, plan: render.LaunchPlan,
+            state: str) -> runs.RunRecord:
+    names = [n.node for n in plan.nodes]
+    if isinstance(inventory, Inventory):
+        inventory = {"path": str(inventory.path), "name": inventory.name,
+                     "hosts": [h.to_dict() for h in inventory.hosts.values() if h.name in names]}
+    return runs.RunRecord(
+        run_id=plan.run_id, job=spec.name, framework=spec.framework, state=state, created=time.time(),
+        clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=plan.world_size,
+        endpoint=plan.endpoint, data_file=plan.data_file, inventory=inventory,
+        nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in plan.nodes])
 
 
 def _keep_rendered(plan: render.LaunchPlan) -> None:
@@ -257,25 +377,30 @@ def _keep_rendered(plan: render.LaunchPlan) -> None:
         d.mkdir(parents=True, exist_ok=True)
         for name, content in n.files.items():
             (d / name).write_text(content)
+            os.chmod(d / name, 0o600)
 
 
 # --------------------------------------------------------------------------- lifecycle
 
 
-def poll(record: dict[str, Any], group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
-    """Every node's state, read by its agent (one command per node)."""
-    dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
-    hosts = runs.hosts(record)
+def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
+    """Every node's state, read by its agent (one bounded command per node).
+
+    A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
+    something unreadable is `unanswered`: both get a grace time before they fail the run (see judge)."""
+    dirs = record.node_dirs()
+    hosts = record.hosts()
 
     def ask(g: Group) -> dict[str, NodeStatus]:
-        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=60)
+        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S)
         out = {}
         for h in hosts:
             r = res[h.name]
-            try:
-                out[h.name] = NodeStatus.from_agent(h.name, json.loads(r.stdout.strip().splitlines()[-1]))
-            except (ValueError, IndexError):
-                out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "missing",
+            doc = agent_reply(r.stdout)
+            if doc is not None and isinstance(doc.get("state"), str):
+                out[h.name] = NodeStatus.from_agent(h.name, doc)
+            else:
+                out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "unanswered",
                                          error=r.error or (r.stderr or "").strip()[-300:] or "no answer")
         return out
 
@@ -285,70 +410,142 @@ def poll(record: dict[str, Any], group: Group | None = None, lines: int = 20) ->
         return ask(g)
 
 
-def judge(record: dict[str, Any], statuses: dict[str, NodeStatus], now: float | None = None) -> str:
-    """The run's state from its nodes': any failure fails it, all succeeded succeeds it."""
+def agent_reply(stdout: str | None) -> dict[str, Any] | None:
+    """The node agent's answer: the JSON object on its last output line, or None."""
+    try:
+        doc = json.loads((stdout or "").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
+    """The run's state from its nodes': any failure fails it, all succeeded succeeds it.
+
+    A node silent (unreachable or unanswered) for UNREACHABLE_GRACE_S since it last answered fails the
+    run; the clock is kept in the record, so it runs across `status` calls and processes."""
     now = time.time() if now is None else now
-    states = {n: s.state for n, s in statuses.items()}
-    failed = [s for s in statuses.values() if s.state in FAILED_STATES]
-    silent = record.setdefault("_silent_since", {})
+    start = record.started or record.created
     for n, s in statuses.items():
-        if s.state == "unreachable":
-            silent.setdefault(n, now)
-        else:
-            silent.pop(n, None)
-    lost = [n for n, t in silent.items() if now - t >= UNREACHABLE_GRACE_S]
+        if s.state not in SILENT_STATES:
+            record.last_seen[n] = now
+    failed = [s for s in statuses.values() if s.state in FAILED_STATES]
+    lost = sorted(n for n, s in statuses.items()
+                  if s.state in SILENT_STATES and now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S)
     if failed or lost:
-        if record.get("failure") is None:
+        if record.failure is None:
             first = min(failed, key=lambda s: s.ended or now) if failed else statuses[lost[0]]
+            silent_for = now - record.last_seen.get(first.node, start)
             reason = (f"exit code {first.exit_code}" if first.state == "failed" else
-                      f"unreachable for {UNREACHABLE_GRACE_S:.0f} s" if first.state == "unreachable" else
+                      f"{first.state} for {silent_for:.0f} s ({first.error})" if first.state in SILENT_STATES else
                       "its processes are gone without an exit record" if first.state == "vanished" else
                       first.error or first.state)
-            record["failure"] = {"node": first.node, "reason": reason, "log": first.log[-20:],
-                                 "also": sorted({s.node for s in failed if s is not first} | set(lost) - {first.node})}
+            known = (record.last_status or {}).get(first.node) or {}
+            record.failure = runs.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
+                                          sorted(({s.node for s in failed} | set(lost)) - {first.node}))
         return "failed"
-    if all(v == "succeeded" for v in states.values()):
+    states = {s.state for s in statuses.values()}
+    if states == {"succeeded"}:
         return "succeeded"
-    if any(v == "stopped" for v in states.values()) and not any(v in ("running", "stopping") for v in states.values()):
+    if "stopped" in states and not states & {"running", "stopping"}:
         return "stopped"
     return "running"
 
 
-def _settle(record: dict[str, Any], statuses: dict[str, NodeStatus]) -> dict[str, Any]:
-    """Apply the verdict: a failed run's other nodes are stopped, a final state is recorded once."""
+def _remember(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+    """Keep each node's last status; a silent node keeps its last known log and metrics (the morning after,
+    they are all that is left of a node that went away)."""
+    before = record.last_status or {}
+    now: dict[str, dict[str, Any]] = {}
+    for n, s in statuses.items():
+        d = s.to_dict()
+        if s.state in SILENT_STATES and n in before:
+            d = {**before[n], "state": s.state, "error": s.error}
+        now[n] = d
+    record.last_status = now
+
+
+def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+    """The verdict, written into the newest copy of the record (inside runs.update)."""
+    if not record.active or record.stopped_by_user:
+        _remember(record, statuses)
+        return
     state = judge(record, statuses)
-    if state == "failed" and any(s.state in ("running", "stopping") for s in statuses.values()):
-        record["stop_results"] = stop_nodes(record)
-        statuses = poll(record)  # what the table shows: the others stopped, not still running
-    if state in runs.FINAL and record.get("ended") is None:
-        record["ended"] = time.time()
-    record["state"] = state
-    record["last_status"] = {n: s.to_dict() for n, s in statuses.items()}
-    runs.save(record)
+    _remember(record, statuses)
+    if state in runs.FINAL and record.ended is None:
+        record.ended = time.time()
+    record.state = state
+
+
+def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
+    """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
+    in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot)."""
+    record = runs.update(record.run_id, lambda r: _apply(r, statuses))
+    if record.state == "failed" and not record.stopped_by_user:
+        to_stop = [n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)]
+        if to_stop:
+            record = _stop_and_record(record, to_stop)
     return record
 
 
-def refresh(record: dict[str, Any]) -> dict[str, Any]:
-    """Ask the nodes, judge, and save: what `clusterctl status` does."""
-    if record["state"] not in runs.ACTIVE:
-        return record
-    return _settle(record, poll(record))
+def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10.0) -> runs.RunRecord:
+    results = stop_nodes(record, grace, only=nodes)
+    confirmed = {n for n, r in results.items() if r.get("ok")}
+    statuses = poll(record) if confirmed else {}
+
+    def change(r: runs.RunRecord) -> None:
+        r.stop_results = {**(r.stop_results or {}), **results}
+        r.stop_pending = sorted((set(r.stop_pending) | set(nodes)) - confirmed)
+        if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
+            r.last_status = {**(r.last_status or {}),
+                             **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
+        if r.stopped_by_user and r.state in runs.ACTIVE and not r.stop_pending:
+            r.state = "stopped"
+            r.ended = r.ended or time.time()
+
+    return runs.update(record.run_id, change)
 
 
-def follow(record: dict[str, Any], interval: float = 2.0,
-           on_update: Callable[[dict[str, Any], dict[str, NodeStatus]], None] | None = None) -> dict[str, Any]:
+def _launcher_alive(record: runs.RunRecord) -> bool:
+    """Is the clusterctl process that is starting this run still at work (on this head)?"""
+    pid = (record.extra.get("launcher") or {}).get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def refresh(record: runs.RunRecord) -> runs.RunRecord:
+    """Ask the nodes, judge, and save: what `clusterctl status` does. Also retries a stop that could not
+    be confirmed on some node."""
+    if record.state == "starting" and _launcher_alive(record):
+        return record  # its launcher is still uploading; judging now would see no processes yet
+    if record.active and not record.stopped_by_user:
+        record = settle(record, poll(record))
+    if record.stop_pending:
+        record = _stop_and_record(record, list(record.stop_pending))
+    return record
+
+
+def follow(record: runs.RunRecord, interval: float = 2.0,
+           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None) -> runs.RunRecord:
     """Poll until the run ends, stopping the others when a node fails."""
-    hosts = runs.hosts(record)
+    hosts = record.hosts()
     group = Group(hosts)
     try:
         while True:
             statuses = poll(record, group)
-            record = _settle(record, statuses)
+            record = settle(record, statuses)
             if on_update:
                 on_update(record, statuses)
-            if record["state"] not in runs.ACTIVE:
+            if not record.active:
                 return record
-            if any(s.state == "unreachable" for s in statuses.values()):
+            if any(s.state in SILENT_STATES for s in statuses.values()):
                 group.close()  # the group remembers dead nodes: a fresh one tries them again
                 group = Group(hosts)
             time.sleep(interval)
@@ -356,43 +553,43 @@ def follow(record: dict[str, Any], interval: float = 2.0,
         group.close()
 
 
-def stop_nodes(record: dict[str, Any], grace: float = 10.0) -> dict[str, Any]:
-    """SIGTERM, then SIGKILL after `grace`, every process of the run on every node."""
-    dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
-    with Group(runs.hosts(record)) as g:
-        res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 60)
+def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:
+    """SIGTERM, then SIGKILL after `grace`, every process of the run on every node (or `only` these).
+    A node's result is ok only when its agent confirmed that nothing of the run is left."""
+    dirs = record.node_dirs()
+    hosts = [h for h in record.hosts() if only is None or h.name in only]
+    with Group(hosts) as g:
+        res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 30)
     out = {}
     for n, r in res.items():
-        try:
-            out[n] = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            out[n] = {"ok": False, "error": r.error or (r.stderr or "").strip()[-300:] or r.status}
+        doc = agent_reply(r.stdout)
+        if doc is None and r.status == "ok" and "no run folder" in (r.stdout or ""):
+            doc = {"ok": True}
+        out[n] = doc if doc is not None else {"ok": False, "error": r.error or (r.stderr or "").strip()[-300:]
+                                                                   or r.status, "status": r.status}
     return out
 
 
-def stop(record: dict[str, Any], grace: float = 10.0) -> dict[str, Any]:
-    """`clusterctl stop`: end the run everywhere and record it stopped (unless it already ended)."""
-    results = stop_nodes(record, grace)
-    record["stop_results"] = results
-    if record["state"] in runs.ACTIVE:
-        record["state"], record["ended"] = "stopped", time.time()
-        record["stopped_by_user"] = True
-    try:
-        record["last_status"] = {n: s.to_dict() for n, s in poll(record).items()}
-    except ClusterError:
-        pass
-    runs.save(record)
-    return record
+def stop(record: runs.RunRecord, grace: float = 10.0) -> runs.RunRecord:
+    """`clusterctl stop`: end the run everywhere. The run is recorded `stopped` only once every node
+    confirmed it; until then it stays `stopping`, with the nodes to retry in `stop_pending`."""
+
+    def mark(r: runs.RunRecord) -> None:
+        if r.state in runs.ACTIVE:
+            r.state, r.stopped_by_user = "stopping", True
+
+    record = runs.update(record.run_id, mark)
+    return _stop_and_record(record, list(record.node_dirs()), grace)
 
 
-def logs(record: dict[str, Any], node: str | None = None, offsets: dict[str, int] | None = None,
+def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
          lines: int = 50) -> dict[str, tuple[str, int]]:
     """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
-    hosts = [h for h in runs.hosts(record) if node is None or h.name == node]
+    hosts = [h for h in record.hosts() if node is None or h.name == node]
     if not hosts:
-        raise UsageError(f"run {record['run_id']} has no node '{node}'",
-                         f"one of: {', '.join(n['node'] for n in record['nodes'])}")
-    dirs = {n["node"]: n["run_dir"] for n in record["nodes"]}
+        raise UsageError(f"run {record.run_id} has no node '{node}'",
+                         f"one of: {', '.join(record.node_dirs())}")
+    dirs = record.node_dirs()
 
     def cmd(h: Host) -> str:
         f = shlex.quote(f"{dirs[h.name]}/node.log")

@@ -110,7 +110,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
             "launch.sh": template.render(
                 job=spec.name, run_id=run_id, node=h.name, node_rank=rank, nnodes=len(targets), nproc=nproc,
                 workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, entry=spec.entry, args=args,
-                max_restarts=spec["max_restarts"], version=__version__),
+                max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": plan.world_size, "endpoint": endpoint,
                                     "job": spec.settings}, indent=1, sort_keys=True) + "\n",

@@ -127,14 +127,14 @@ def _board_watts(gpu: str) -> float:
     return DEFAULT_GPU_W
 
 
-def run_figures(record: dict[str, Any], price_kwh: float | None = None) -> RunFigures:
-    base = runs.run_path(record["run_id"])
-    nodes = [n["node"] for n in record["nodes"]]
+def run_figures(record: runs.RunRecord, price_kwh: float | None = None) -> RunFigures:
+    base = runs.run_path(record.run_id)
+    nodes = [n.node for n in record.nodes]
     by_node = {n: read_metrics(base / n) for n in nodes}
     ranks = {r: recs for m in by_node.values() for r, recs in m.items()}
     if not ranks:
-        raise UsageError(f"run {record['run_id']}: no metrics on the head",
-                         f"collect them first: clusterctl collect {record['run_id']}")
+        raise UsageError(f"run {record.run_id}: no metrics on the head",
+                         f"collect them first: clusterctl collect {record.run_id}")
     r0 = ranks[min(ranks)]
     start = next((x for x in r0 if x["type"] == "start"), {})
     epochs_by_n: dict[int, dict[str, Any]] = {}
@@ -147,14 +147,14 @@ def run_figures(record: dict[str, Any], price_kwh: float | None = None) -> RunFi
     wall = (max(ends) - min(starts)) if starts and ends else None
     vals = [e["val_acc"] for e in epochs]
     fig = RunFigures(
-        run_id=record["run_id"], job=record["job"], framework=record["framework"], state=record["state"],
-        nodes=nodes, world=int(start.get("world") or record.get("world_size") or 0),
+        run_id=record.run_id, job=record.job, framework=record.framework, state=record.state,
+        nodes=nodes, world=int(start.get("world") or record.world_size or 0),
         batch=int(start.get("batch") or 0), global_batch=int(start.get("global_batch") or 0),
         dataset=str(start.get("dataset")), synthetic=bool(start.get("synthetic")), epochs=epochs,
         images_per_s=_steady([e["images_per_s"] for e in epochs]), epoch_s=_steady([e["epoch_s"] for e in epochs]),
         final_val_acc=vals[-1] if vals else None, best_val_acc=max(vals) if vals else None, wall_s=wall,
-        settings=record.get("settings") or {}, started=record.get("started"),
-        predicted_images_per_s=(record.get("prediction") or {}).get("planned_images_per_s"))
+        settings=record.settings or {}, started=record.started,
+        predicted_images_per_s=(record.prediction or {}).get("planned_images_per_s"))
     total_j, measured_all = 0.0, True
     for n in nodes:
         recs = [x for r in sorted(by_node[n]) for x in by_node[n][r]]
@@ -192,30 +192,30 @@ def run_figures(record: dict[str, Any], price_kwh: float | None = None) -> RunFi
     return fig
 
 
-def _comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _comparable(a: runs.RunRecord, b: runs.RunRecord) -> bool:
     """Same job and the same settings except which nodes ran it."""
     skip = {"nodes"}
-    return a.get("job") == b.get("job") and {k: v for k, v in (a.get("settings") or {}).items() if k not in skip} \
-        == {k: v for k, v in (b.get("settings") or {}).items() if k not in skip}
+    return a.job == b.job and {k: v for k, v in (a.settings or {}).items() if k not in skip} \
+        == {k: v for k, v in (b.settings or {}).items() if k not in skip}
 
 
-def add_scaling(figs: list[RunFigures], records: dict[str, dict[str, Any]], price_kwh: float | None) -> None:
+def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], price_kwh: float | None) -> None:
     """Efficiency against a one-node run of the same job and settings (among these runs, else any
     collected one): images/s on N nodes / (N x images/s on one)."""
     pool = dict(records)
-    for r in runs.list_runs():
-        if r["run_id"] not in pool and r.get("state") == "succeeded" and len(r["nodes"]) == 1 \
-                and runs.run_path(r["run_id"]).joinpath(r["nodes"][0]["node"], "out").exists():
-            pool[r["run_id"]] = r
+    for r in runs.scan()[0]:  # a damaged record elsewhere does not stop a report
+        if r.run_id not in pool and r.state == "succeeded" and len(r.nodes) == 1 \
+                and runs.run_path(r.run_id).joinpath(r.nodes[0].node, "out").exists():
+            pool[r.run_id] = r
     singles: dict[str, RunFigures] = {f.run_id: f for f in figs if len(f.nodes) == 1}
     for f in figs:
         if len(f.nodes) < 2 or not f.images_per_s:
             continue
-        cands = [rid for rid, r in pool.items() if len(r["nodes"]) == 1 and _comparable(r, records[f.run_id])
-                 and r.get("state") == "succeeded"]
+        cands = [rid for rid, r in pool.items() if len(r.nodes) == 1 and _comparable(r, records[f.run_id])
+                 and r.state == "succeeded"]
         if not cands:
             continue
-        rid = max(cands, key=lambda x: pool[x].get("started") or 0)
+        rid = max(cands, key=lambda x: pool[x].started or 0)
         one = singles.get(rid) or run_figures(pool[rid], price_kwh)
         if one.images_per_s:
             f.scaling = {"baseline": rid, "baseline_images_per_s": one.images_per_s,
@@ -224,7 +224,7 @@ def add_scaling(figs: list[RunFigures], records: dict[str, dict[str, Any]], pric
 
 
 def build(run_ids: list[str], price_kwh: float | None = None) -> list[RunFigures]:
-    records = {r["run_id"]: r for r in (runs.load(x) for x in run_ids)}
+    records = {r.run_id: r for r in (runs.load(x) for x in run_ids)}
     figs = [run_figures(r, price_kwh) for r in records.values()]
     add_scaling(figs, records, price_kwh)
     return figs

@@ -3,24 +3,134 @@
 A record carries everything needed to find the run again without the inventory
 it came from: the job's resolved settings, a snapshot of the hosts, and each
 node's run folder and process ids.
+
+Several clusterctl processes touch one record at once (a foreground `launch`,
+the run's watcher, `status`, `collect`, a second launch's busy check), so:
+every change is a read-modify-write under the run's lock (`update`), every
+write goes to a unique temporary file that is fsynced and renamed over the
+record, and a reader that cannot parse a record says so instead of skipping it.
 """
 from __future__ import annotations
 
+import dataclasses
+import errno
+import fcntl
 import json
 import os
 import re
 import secrets
+import tempfile
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from cluster import paths
-from cluster.errors import UsageError
+from cluster.errors import ClusterError, UsageError
 from cluster.inventory import GpuSpec, Host
 
-ACTIVE = ("starting", "running")
+ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+LOCK_WAIT_S = 30.0  # the longest a writer waits for another (holders keep locks for milliseconds)
+
+
+class RecordError(ClusterError):
+    """A run record exists but cannot be read (torn, edited by hand, from an incompatible version)."""
+
+    exit_code = 2
+
+
+@dataclass
+class RunNode:
+    node: str
+    node_rank: int
+    nproc: int
+    run_dir: str
+    pids: dict[str, Any] | None = None
+
+
+@dataclass
+class Failure:
+    node: str
+    reason: str
+    log: list[str] = field(default_factory=list)
+    also: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunRecord:
+    """One run, as saved in run.json. Unknown keys of a newer version are kept in `extra` and written back."""
+
+    run_id: str
+    job: str
+    framework: str
+    state: str
+    created: float
+    nodes: list[RunNode]
+    inventory: dict[str, Any]  # {"path", "name", "hosts": [Host.to_dict()]}
+    settings: dict[str, Any] = field(default_factory=dict)
+    spec_file: str = ""
+    world_size: int = 0
+    endpoint: str | None = None
+    data_file: str = ""
+    clusterctl: str = ""
+    started: float | None = None
+    ended: float | None = None
+    failure: Failure | None = None
+    last_status: dict[str, dict[str, Any]] | None = None  # node -> launch.NodeStatus.to_dict()
+    last_seen: dict[str, float] = field(default_factory=dict)  # node -> last time its agent answered
+    stop_pending: list[str] = field(default_factory=list)  # nodes whose processes could not be confirmed gone
+    stop_results: dict[str, Any] | None = None
+    stopped_by_user: bool = False
+    prediction: dict[str, Any] | None = None
+    collected: dict[str, Any] | None = None
+    watcher: dict[str, Any] | None = None  # {"pid", "started"} of the head-side watcher
+    secrets: list[str] = field(default_factory=list)  # names of env values that are redacted everywhere
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def node_dirs(self) -> dict[str, str]:
+        return {n.node: n.run_dir for n in self.nodes}
+
+    def hosts(self) -> list[Host]:
+        """The hosts as they were when the run started (the inventory may have changed since)."""
+        out = []
+        for d in self.inventory["hosts"]:
+            d = dict(d)
+            gpu = d.pop("gpu", None)
+            d["groups"] = tuple(d.get("groups", ()))
+            out.append(Host(**d, gpu=GpuSpec(**gpu) if gpu else None))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        extra = d.pop("extra")
+        return {**extra, **d}
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "run.json") -> RunRecord:
+        if not isinstance(d, dict):
+            raise RecordError(f"{source}: not a run record (a JSON object is expected)",
+                              "remove the folder if the run is not needed, or restore the file")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kw = {k: v for k, v in d.items() if k in known}
+        try:
+            kw["nodes"] = [RunNode(**n) for n in d["nodes"]]
+            if kw.get("failure") is not None:
+                kw["failure"] = Failure(**kw["failure"])
+            rec = cls(**kw, extra={k: v for k, v in d.items() if k not in known})
+            if not isinstance(rec.run_id, str) or not isinstance(rec.state, str) \
+                    or not isinstance(rec.inventory.get("hosts"), list):
+                raise TypeError("run_id, state or inventory.hosts has the wrong type")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise RecordError(f"{source}: damaged run record ({type(e).__name__}: {e})",
+                              "remove the folder if the run is not needed, or restore the file") from None
+        return rec
 
 
 def runs_dir() -> Path:
@@ -37,18 +147,99 @@ def run_path(run_id: str) -> Path:
     return runs_dir() / run_id
 
 
-def save(record: dict[str, Any]) -> Path:
-    """Write the record atomically; keys starting with `_` are the caller's working state, not saved."""
-    d = run_path(record["run_id"])
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "run.json.tmp"
-    kept = {k: v for k, v in record.items() if not k.startswith("_")}
-    tmp.write_text(json.dumps(kept, indent=1, default=str) + "\n")
-    os.replace(tmp, d / "run.json")  # a reader never sees half a record
+@contextmanager
+def file_lock(path: Path, what: str, wait: float = LOCK_WAIT_S) -> Iterator[None]:
+    """An exclusive flock on `path`, waited for at most `wait` seconds (never forever)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    raise ClusterError(f"{what} is locked by another clusterctl process (waited {wait:g} s)",
+                                       f"wait for it to finish; the lock is {path}") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def lock(run_id: str) -> Any:
+    return file_lock(run_path(run_id) / ".lock", f"run {run_id}")
+
+
+def launch_lock() -> Any:
+    """Held by a launch from its busy check until its record exists, so two launches cannot both pass."""
+    return file_lock(runs_dir() / ".launch.lock", "starting a run", wait=600)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A unique temporary name (two writers never share one), fsync, rename, fsync the folder."""
+    fd, tmp = tempfile.mkstemp(prefix=".run.json.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with _suppress_oserror():
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@contextmanager
+def _suppress_oserror() -> Iterator[None]:
+    try:
+        yield
+    except OSError:
+        pass
+
+
+def save(record: RunRecord) -> Path:
+    """Write the whole record (under its lock). Prefer `update` when another process may have written since."""
+    d = run_path(record.run_id)
+    runs_dir().mkdir(mode=0o700, parents=True, exist_ok=True)  # records may name secrets' sources
+    d.mkdir(mode=0o700, exist_ok=True)
+    with lock(record.run_id):
+        _write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
     return d / "run.json"
 
 
-def load(run_id: str | None = None) -> dict[str, Any]:
+def update(run_id: str, change: Callable[[RunRecord], None]) -> RunRecord:
+    """Read the newest record, apply `change`, write it back, all under the run's lock."""
+    d = run_path(run_id)
+    with lock(run_id):
+        record = _read(d / "run.json")
+        change(record)
+        _write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
+    return record
+
+
+def _read(p: Path) -> RunRecord:
+    """Writers rename whole files, so a record never reads torn; a parse error is real damage and is reported."""
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"no run record {p}", "see `clusterctl runs` for the ids") from None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"{p}: unreadable run record ({e})",
+                          "remove the folder if the run is not needed, or restore the file") from None
+    return RunRecord.from_dict(doc, str(p))
+
+
+def load(run_id: str | None = None) -> RunRecord:
     """A run by id (a unique prefix will do), or the latest one."""
     if run_id is None:
         records = list_runs()
@@ -57,32 +248,35 @@ def load(run_id: str | None = None) -> dict[str, Any]:
         return records[-1]
     p = run_path(run_id) / "run.json"
     if not p.exists():
-        matches = [r for r in list_runs() if r["run_id"].startswith(run_id)]
+        matches = [r for r in list_runs() if r.run_id.startswith(run_id)]
         if len(matches) == 1:
             return matches[0]
         raise UsageError(f"no run '{run_id}'" + (f" ({len(matches)} runs start with it)" if matches else ""),
                          "see `clusterctl runs` for the ids")
-    return json.loads(p.read_text())
+    return _read(p)
 
 
-def list_runs() -> list[dict[str, Any]]:
-    """Every recorded run, oldest first."""
-    out = []
+def scan() -> tuple[list[RunRecord], list[RecordError]]:
+    """Every recorded run, oldest first, and every record that could not be read (never dropped silently)."""
+    out, bad = [], []
     d = runs_dir()
-    for p in d.glob("*/run.json") if d.exists() else []:
+    for p in sorted(d.glob("*/run.json")) if d.exists() else []:
         try:
-            out.append(json.loads(p.read_text()))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda r: r.get("created", 0))
+            out.append(_read(p))
+        except RecordError as e:
+            bad.append(e)
+        except UsageError:
+            continue  # removed between the listing and the read
+    return sorted(out, key=lambda r: r.created if isinstance(r.created, (int, float)) else 0), bad
 
 
-def hosts(record: dict[str, Any]) -> list[Host]:
-    """The hosts as they were when the run started (the inventory may have changed since)."""
-    out = []
-    for d in record["inventory"]["hosts"]:
-        d = dict(d)
-        gpu = d.pop("gpu", None)
-        d["groups"] = tuple(d.get("groups", ()))
-        out.append(Host(**d, gpu=GpuSpec(**gpu) if gpu else None))
-    return out
+def list_runs() -> list[RunRecord]:
+    """Every readable run, oldest first; a damaged record raises (callers that can go on use `scan`)."""
+    records, bad = scan()
+    if bad:
+        raise bad[0]
+    return records
+
+
+def hosts(record: RunRecord) -> list[Host]:
+    return record.hosts()

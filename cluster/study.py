@@ -68,9 +68,9 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
             log(f"{name} on {n} node(s): {subset}")
             try:
                 record, _ = launch.launch(inv, spec, limit=subset, log=log)
-                cell.run_id = record["run_id"]
+                cell.run_id = record.run_id
                 record = launch.follow(record, on_update=(lambda r, s: on_run(r, s)) if on_run else None)
-                cell.state = record["state"]
+                cell.state = record.state
                 collect.collect(record)
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message

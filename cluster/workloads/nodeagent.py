@@ -10,6 +10,12 @@ A run's processes are found three ways, because torchrun puts its workers in
 sessions of their own: the process group started here, the descendants of its
 leader, and any process whose environment carries this run's CLUSTER_RUN_ID and
 this node's CLUSTER_NODE_NAME (set by launch.sh). Output is one JSON line.
+
+A process-group number is only trusted while it is provably ours: pid.json
+keeps the boot id and the leader's start time (/proc/PID/stat field 22). After a
+reboot, or once the leader is gone and its number could have been handed out
+again, only processes that carry the run's identity in their environment count,
+so `status` never calls a stranger running and `stop` never signals it.
 """
 from __future__ import annotations
 
@@ -43,8 +49,8 @@ def _env_tags(run_dir: Path) -> tuple[bytes, bytes]:
     return (f"CLUSTER_RUN_ID={job.get('run_id', '')}".encode(), f"CLUSTER_NODE_NAME={job.get('node', '')}".encode())
 
 
-def _procs() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, pgid) for every process we can see."""
+def _procs() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, pgid, start time in clock ticks since boot) for every live process we can see."""
     out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -55,19 +61,42 @@ def _procs() -> dict[int, tuple[int, int]]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if fields[0] != "Z":
-            out[int(d)] = (int(fields[1]), int(fields[2]))
+            out[int(d)] = (int(fields[1]), int(fields[2]), int(fields[19]))
     return out
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def _leader_is_ours(pid_doc: dict, procs: dict[int, tuple[int, int, int]]) -> bool:
+    """The recorded session leader is still the process we started: same boot, same start time."""
+    leader = pid_doc.get("pgid")
+    if not isinstance(leader, int) or leader not in procs:
+        return False
+    return pid_doc.get("boot_id") == boot_id() and pid_doc.get("leader_start") == procs[leader][2]
 
 
 def run_processes(run_dir: Path) -> list[int]:
     """Every live process of this run on this node (see the module docstring)."""
     pid_doc = _read_json(run_dir / "pid.json") or {}
-    leader = pid_doc.get("pgid")
     tags = _env_tags(run_dir)
     procs = _procs()
-    found = {p for p, (_, pgid) in procs.items() if leader and pgid == leader}
+    leader = pid_doc.get("pgid") if _leader_is_ours(pid_doc, procs) else None
+    found = {p for p, (_, pgid, _) in procs.items() if leader and pgid == leader}
     children: dict[int, list[int]] = {}
-    for p, (ppid, _) in procs.items():
+    for p, (ppid, _, _) in procs.items():
         children.setdefault(ppid, []).append(p)
     stack = list(found)
     while stack:
@@ -107,7 +136,8 @@ def start(run_dir: Path) -> dict:
         # the exit, and exec resets handlers (an ignored signal would be inherited by the job).
         signal.signal(signal.SIGTERM, lambda *_: None)
         child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)
-        doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time()}
+        doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
+               "leader_start": _start_ticks(os.getpid())}
         _write_json(run_dir / "pid.json", doc)
         os.write(w, json.dumps(doc).encode())
         os.close(w)
@@ -201,6 +231,7 @@ def stop(run_dir: Path, grace: float = 10.0) -> dict:
 
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
+PRIVATE_FILES = ("secrets.env",)
 
 
 def _sha256_prefix(path: Path, length: int | None = None) -> str:
@@ -237,6 +268,9 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> dict:
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
             if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
+                continue
+            if rel in PRIVATE_FILES:
+                skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
                 continue
             st = os.lstat(full)
             if not stat_mod.S_ISREG(st.st_mode):

@@ -29,9 +29,10 @@ def _write_run(home: Path, run_id: str, nodes: list[str], ips: list[float], val:
                settings: dict | None = None, power: float | None = None) -> dict:
     rec = {"run_id": run_id, "job": job, "framework": "pytorch", "state": "succeeded", "created": 1, "started": 1,
            "world_size": len(nodes), "settings": settings or {"epochs": len(val)},
-           "nodes": [{"node": n, "run_dir": f"/srv/runs/{run_id}"} for n in nodes],
+           "nodes": [{"node": n, "node_rank": i, "nproc": 1, "run_dir": f"/srv/runs/{run_id}"}
+                     for i, n in enumerate(nodes)],
            "inventory": {"hosts": [{"name": n, "address": f"10.0.0.{i + 1}"} for i, n in enumerate(nodes)]}}
-    runs.save(rec)
+    runs.save(runs.RunRecord.from_dict(rec))
     for r, n in enumerate(nodes):
         out = runs.run_path(run_id) / n / "out"
         out.mkdir(parents=True)
@@ -83,7 +84,8 @@ def test_scaling_needs_the_same_job_and_settings(tmp_path: Path, monkeypatch: py
 
 def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
-    runs.save({"run_id": "r", "job": "j", "framework": "pytorch", "state": "succeeded", "created": 1,
-               "nodes": [{"node": "a"}], "inventory": {"hosts": []}})
+    runs.save(runs.RunRecord.from_dict({"run_id": "r", "job": "j", "framework": "pytorch", "state": "succeeded",
+                                        "created": 1, "nodes": [{"node": "a", "node_rank": 0, "nproc": 1,
+                                                                 "run_dir": "/srv/r"}], "inventory": {"hosts": []}}))
     with pytest.raises(Exception, match="collect them first: clusterctl collect r"):
         report.build(["r"])

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cluster.launch import NodeStatus, judge
 from tests.conftest import ROOT
 
 AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
@@ -73,22 +72,28 @@ def test_a_leader_killed_without_an_exit_record_is_vanished(tmp_path: Path) -> N
     wait_state(d, "vanished")
 
 
-def test_judge_names_the_first_node_to_fail() -> None:
-    rec: dict = {"failure": None}
-    st = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "failed", exit_code=1, ended=20.0, log=["x"]),
-          "c": NodeStatus("c", "failed", exit_code=1, ended=10.0)}
-    assert judge(rec, st) == "failed"
-    assert rec["failure"]["node"] == "c" and rec["failure"]["also"] == ["b"]
-    assert judge({}, {"a": NodeStatus("a", "succeeded"), "b": NodeStatus("b", "succeeded")}) == "succeeded"
-    assert judge({}, {"a": NodeStatus("a", "stopped"), "b": NodeStatus("b", "succeeded")}) == "stopped"
-
-
-def test_judge_waits_a_grace_time_for_an_unreachable_node() -> None:
-    rec: dict = {}
-    st = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unreachable")}
-    assert judge(rec, st, now=100.0) == "running"
-    assert judge(rec, st, now=159.0) == "running"
-    assert judge(rec, st, now=161.0) == "failed" and "unreachable" in rec["failure"]["reason"]
+def test_a_reused_process_group_number_is_not_taken_for_the_run(tmp_path: Path) -> None:
+    """After a reboot (or once the leader is gone) the recorded pgid may belong to a stranger: status must
+    not call it running and stop must not signal it."""
+    d = make_run(tmp_path, "exit 0\n")
+    stranger = subprocess.Popen(["setsid", "sleep", "300"])  # a process group that is not the run's
+    try:
+        time.sleep(0.2)
+        pgid = int(Path(f"/proc/{stranger.pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+        for doc in ({"pgid": pgid, "launcher_pid": pgid, "started": 1.0},  # written by an older agent
+                    {"pgid": pgid, "launcher_pid": pgid, "started": 1.0, "boot_id": "another-boot",
+                     "leader_start": 1},
+                    {"pgid": pgid, "launcher_pid": pgid, "started": 1.0,
+                     "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(), "leader_start": 1}):
+            (d / "pid.json").write_text(json.dumps(doc))
+            st = agent("status", str(d))
+            assert st["state"] == "vanished" and st["processes"] == []
+            assert agent("stop", str(d), "1")["terminated"] == []
+            assert stranger.poll() is None  # still alive: never signalled
+            (d / "stop.json").unlink()
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 @pytest.mark.parametrize("arg", ["", "bogus"])

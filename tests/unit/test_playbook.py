@@ -110,3 +110,21 @@ def test_schema_errors(tmp_path: Path, text: str, words: str) -> None:
 def test_default_playbook_loads() -> None:
     pb = playbook.load("provision")
     assert [s.action for s in pb.steps] == ["command", "command", "wheels", "pip", "template", "file", "file"]
+
+
+def test_cluster_env_keeps_a_hostile_host_name_inside_its_comment(tmp_path: Path) -> None:
+    """The host name is written in a comment of cluster.env, which every launch script sources: a newline
+    in it must not start a command."""
+    canary = tmp_path / "pwned"
+    t = LocalTransport(Host(name=f"pc1\ntouch {canary}\n#", address="127.0.0.1", connection="local",
+                            workdir=str(tmp_path / "n1")))
+    t.connect()
+    pb = playbook.load(write(tmp_path, "steps:\n  - name: env\n    template: {src: node.env.j2, dest: "
+                                       "\"{{ host.workdir }}/cluster.env\"}\n", "pb.yaml"))
+    assert playbook.run(t, pb, ctx(t.host)).steps[0].status == CHANGED
+    import subprocess
+
+    r = subprocess.run(["sh", "-c", ". ./cluster.env && echo $GLOO_SOCKET_IFNAME"], cwd=tmp_path / "n1",
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "eth0"
+    assert not canary.exists(), "a host name in cluster.env was executed"

@@ -1,0 +1,79 @@
+"""The run's watcher: a process on the head that judges a detached run while nobody is looking.
+
+`launch` starts it (`python -m cluster.watch RUN_ID`, in a session of its own,
+output to runs/<id>/watch.log). It follows the run exactly as a foreground
+`launch` does (launch.follow: poll, judge, stop the survivors of a failure)
+and exits when the run reaches a final state. A lock per run keeps it to one
+watcher however often it is started; a foreground `launch` and `status` may
+judge at the same time, which is safe (runs.update, the clock in the record).
+
+NOTE: the engines see a dead peer too (collective timeouts end the survivors'
+training processes), but only this process can see a node that went silent as
+a whole, stop what the engines left running (a rank blocked outside a
+collective, a torchrun agent waiting to restart) and keep the failed node's
+last log lines for the morning.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+from cluster import launch, runs
+from cluster.errors import ClusterError
+
+INTERVAL_S = 5.0  # between two polls; with the grace, a silent node is judged within ~35-55 s
+
+
+def spawn(run_id: str) -> int:
+    """Start the watcher detached from this process (and its terminal); returns its pid."""
+    folder = runs.run_path(run_id)
+    with open(folder / "watch.log", "ab") as out:
+        p = subprocess.Popen([sys.executable, "-m", "cluster.watch", run_id], stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                             cwd=folder)
+    return p.pid
+
+
+def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
+    """Follow the run to its end, unless another watcher already does (returns None then)."""
+    try:
+        held = runs.file_lock(runs.run_path(run_id) / ".watch.lock", f"watcher of {run_id}", wait=0)
+        held.__enter__()
+    except ClusterError:
+        return None
+    try:
+        record = runs.load(run_id)
+        runs.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
+        while True:
+            try:
+                record = launch.follow(record, interval=interval)
+                return record
+            except ClusterError as e:  # e.g. a lock held too long: log it, look again
+                print(f"{time.strftime('%H:%M:%S')} {e}", flush=True)
+                time.sleep(interval)
+                record = runs.load(run_id)
+                if not record.active:
+                    return record
+    finally:
+        held.__exit__(None, None, None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m cluster.watch RUN_ID", file=sys.stderr)
+        return 2
+    try:
+        record = watch(argv[0])
+    except Exception:  # noqa: BLE001 - a watcher has no user to show it to: the log keeps it
+        traceback.print_exc()
+        return 1
+    if record is not None:
+        print(f"{time.strftime('%H:%M:%S')} run {record.run_id}: {record.state}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,146 @@
+"""Run records under concurrency, and the verdict on a run from its nodes' states."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import launch, runs
+from cluster.launch import NodeStatus, judge
+
+
+def _record(run_id: str = "r1", nodes: tuple[str, ...] = ("a", "b"), state: str = "running") -> runs.RunRecord:
+    return runs.RunRecord(
+        run_id=run_id, job="j", framework="pytorch", state=state, created=100.0, started=100.0,
+        nodes=[runs.RunNode(n, i, 1, f"/srv/runs/{run_id}") for i, n in enumerate(nodes)],
+        inventory={"path": "inv.yaml", "name": "lab",
+                   "hosts": [{"name": n, "address": "127.0.0.1", "port": 1} for n in nodes]})
+
+
+@pytest.fixture()
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _bump(home: str, key: str, n: int) -> None:
+    os.environ["CLUSTERCTL_HOME"] = home
+    for _ in range(n):
+        runs.update("r1", lambda r: r.extra.__setitem__(key, r.extra.get(key, 0) + 1))
+
+
+def _read_many(home: str, n: int, q: multiprocessing.Queue) -> None:
+    os.environ["CLUSTERCTL_HOME"] = home
+    bad = 0
+    for _ in range(n):
+        try:
+            json.loads((Path(home) / "runs" / "r1" / "run.json").read_text())
+        except ValueError:
+            bad += 1
+    q.put(bad)
+
+
+def test_concurrent_updates_lose_nothing_and_readers_never_see_a_torn_record(home: Path) -> None:
+    runs.save(_record())
+    ctx = multiprocessing.get_context("fork")
+    q: multiprocessing.Queue = ctx.Queue()
+    procs = [ctx.Process(target=_bump, args=(str(home), k, 150)) for k in ("x", "y")]
+    procs.append(ctx.Process(target=_read_many, args=(str(home), 1500, q)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert q.get(timeout=5) == 0
+    rec = runs.load("r1")
+    assert rec.extra == {"x": 150, "y": 150}  # every read-modify-write kept: no lost update, no crash
+    assert not list((home / "runs" / "r1").glob("*.tmp"))
+
+
+def test_a_damaged_record_is_reported_never_skipped(home: Path) -> None:
+    runs.save(_record("good"))
+    bad = home / "runs" / "bad"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"run_id": "bad", "state": "runn')
+    records, damaged = runs.scan()
+    assert [r.run_id for r in records] == ["good"]
+    assert len(damaged) == 1 and "bad/run.json" in damaged[0].message and damaged[0].fix
+    with pytest.raises(runs.RecordError):
+        runs.list_runs()
+    with pytest.raises(launch.LaunchRefused, match="cannot tell whether the nodes are free"):
+        launch._busy(_record("new").hosts())
+    (bad / "run.json").write_text(json.dumps({"run_id": 3, "nodes": "x"}))
+    with pytest.raises(runs.RecordError, match="damaged run record"):
+        runs.load("bad")
+
+
+def test_unknown_fields_of_a_newer_version_survive_a_round_trip(home: Path) -> None:
+    d = _record().to_dict() | {"from_the_future": {"a": 1}}
+    rec = runs.RunRecord.from_dict(d)
+    runs.save(rec)
+    assert json.loads((home / "runs" / "r1" / "run.json").read_text())["from_the_future"] == {"a": 1}
+
+
+def test_the_lock_wait_is_bounded(home: Path) -> None:
+    runs.save(_record())
+    with runs.lock("r1"):
+        t0 = time.monotonic()
+        with pytest.raises(runs.ClusterError, match="locked by another clusterctl"):
+            with runs.file_lock(runs.run_path("r1") / ".lock", "run r1", wait=0.3):
+                pass
+        assert time.monotonic() - t0 < 2
+
+
+def test_judge_names_the_first_node_to_fail() -> None:
+    rec = _record(nodes=("a", "b", "c"))
+    st = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "failed", exit_code=1, ended=20.0, log=["x"]),
+          "c": NodeStatus("c", "failed", exit_code=1, ended=10.0)}
+    assert judge(rec, st) == "failed"
+    assert rec.failure is not None and rec.failure.node == "c" and rec.failure.also == ["b"]
+    assert judge(_record(), {"a": NodeStatus("a", "succeeded"), "b": NodeStatus("b", "succeeded")}) == "succeeded"
+    assert judge(_record(), {"a": NodeStatus("a", "stopped"), "b": NodeStatus("b", "succeeded")}) == "stopped"
+
+
+@pytest.mark.parametrize("silent", ["unreachable", "unanswered"])
+def test_a_silent_node_fails_the_run_after_the_grace_counted_from_its_last_answer(silent: str) -> None:
+    """A slow or garbled agent reply is not a failure at once; silence longer than the grace is."""
+    rec = _record()
+    grace = launch.UNREACHABLE_GRACE_S
+    ok = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running", log=["epoch 3 loss 0.5"])}
+    assert judge(rec, ok, now=200.0) == "running"
+    launch._remember(rec, ok)
+    quiet = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", silent, error="no answer")}
+    assert judge(rec, quiet, now=200.0 + grace - 1) == "running"
+    # the clock lives in the record: it survives a save and a load by another process
+    rec = runs.RunRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
+    assert judge(rec, quiet, now=200.0 + grace + 1) == "failed"
+    assert rec.failure is not None and rec.failure.node == "b" and silent in rec.failure.reason
+    assert rec.failure.log == ["epoch 3 loss 0.5"]  # the last lines it was seen with
+
+
+def test_a_node_that_answers_again_restarts_its_clock() -> None:
+    rec = _record()
+    grace = launch.UNREACHABLE_GRACE_S
+    quiet = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unanswered")}
+    assert judge(rec, quiet, now=100.0 + grace - 5) == "running"
+    assert judge(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running")},
+                 now=100.0 + grace - 4) == "running"
+    assert judge(rec, quiet, now=100.0 + grace + 5) == "running"
+
+
+def test_a_silent_node_keeps_its_last_known_log_and_metrics() -> None:
+    rec = _record()
+    launch._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running", epoch=2, log=["l"])})
+    launch._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unreachable", error="timeout")})
+    assert rec.last_status is not None
+    assert rec.last_status["b"]["state"] == "unreachable" and rec.last_status["b"]["epoch"] == 2
+    assert rec.last_status["b"]["log"] == ["l"]
+
+
+@pytest.mark.parametrize("stdout", ["", "garbage", "[1, 2]", '{"state": 3}', "Traceback...\n"])
+def test_agent_replies_that_cannot_be_read_are_unanswered_not_failed(stdout: str) -> None:
+    assert launch.agent_reply(stdout) is None or not isinstance(launch.agent_reply(stdout).get("state"), str)
