@@ -17,7 +17,7 @@ from typing import Any, Callable
 import jinja2
 
 from cluster import paths, wheelhouse, yamlfile
-from cluster.errors import ClusterError, UsageError
+from cluster.errors import ClusterError, TransportError, UsageError
 from cluster.transport import Transport
 
 ACTIONS = ("command", "file", "template", "wheels", "pip")
@@ -120,9 +120,11 @@ class StepResult:
     status: str
     duration: float
     detail: str = ""
+    unreachable: bool = False  # failed because the connection to the node was lost, not by the step itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "duration": round(self.duration, 3), "detail": self.detail}
+        return {"name": self.name, "status": self.status, "duration": round(self.duration, 3), "detail": self.detail,
+                "unreachable": self.unreachable}
 
 
 @dataclass
@@ -327,6 +329,8 @@ def run_step(t: Transport, r: Renderer, step: Step, dry: bool) -> StepResult:
         return StepResult(step.name, status, time.monotonic() - start, detail)
     except PlaybookError:
         raise
+    except TransportError as e:  # the node went away mid-step: the caller counts it unreachable
+        return StepResult(step.name, FAILED, time.monotonic() - start, str(e), unreachable=True)
     except ClusterError as e:
         return StepResult(step.name, FAILED, time.monotonic() - start, str(e))
 

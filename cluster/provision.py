@@ -9,13 +9,15 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from cluster import __version__, compat, facts, paths, playbook, wheelhouse
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
 
+LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), then re-run provision: "
+            "it repeats only what is not done")
 FINGERPRINT_ALL = ("python", "torch", "torchvision", "tensorflow")
 FINGERPRINT_GPU = ("cuda", "cudnn", "nccl")
 EXTRA_PACKAGES = ("numpy", "scikit-learn", "psutil")  # data and metrics of the workloads
@@ -145,7 +147,8 @@ def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool =
             return pr
 
         todo = [h for h in planned if out[h.name].status == "pending"]
-        group.call(do, todo)
+        done = group.call(do, todo)
+        _settle(group, todo, done, out, "the playbook")
         ready = [h for h in todo if out[h.name].status == "pending"]
         if not dry_run and ready:
             log("verifying: imports, fingerprints, all-reduce")
@@ -156,6 +159,32 @@ def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool =
     if not dry_run:
         _record(inv, report)
     return report
+
+
+def _lost(group: Group, names: Iterable[str]) -> set[str]:
+    """Which of these nodes the head can no longer reach: a step or check that failed because the node
+    went away (sshd killed, link down, reboot) makes the node unreachable (exit 3), not failed (exit 1)."""
+    wanted = set(names)
+    hosts = [h for h in group.hosts if h.name in wanted]
+    if not hosts:
+        return set()
+    probe = group.call(lambda t: t.run("true", timeout=2 * t.host.connect_timeout), hosts)
+    return {n for n, r in probe.items() if r.status == "unreachable"}
+
+
+def _settle(group: Group, hosts: list[Host], results: Any, out: dict[str, NodeOutcome], stage: str) -> None:
+    """Record each node's outcome of one fan-out stage: lost nodes unreachable, errors failed.
+    A node still `pending` after its function raised must not end up `ok`."""
+    bad = [h.name for h in hosts if not results[h.name].ok or out[h.name].status == "failed"]
+    lost = _lost(group, bad)
+    for h in hosts:
+        o, r = out[h.name], results[h.name]
+        failed_step = next((st for st in o.steps if st.status == playbook.FAILED), None)
+        if r.status == "unreachable" or h.name in lost or (failed_step is not None and failed_step.unreachable):
+            detail = o.error or r.error or "no answer"
+            o.fail("unreachable", f"connection lost during {stage}: {detail}", LOST_FIX)
+        elif not r.ok and o.status in ("pending", "ok"):
+            o.fail("failed", f"{stage}: {r.error or r.status}", r.fix)
 
 
 def _plan(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts],
@@ -258,9 +287,13 @@ def _verify(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report
         return fp
 
     results = group.call(check, hosts)
+    lost = _lost(group, [n for n, r in results.items() if not r.ok])
     fps: dict[str, dict[str, Any]] = {}
     for h in hosts:
         r, o = results[h.name], out[h.name]
+        if r.status == "unreachable" or h.name in lost:
+            o.fail("unreachable", f"connection lost during verification: {r.error}", LOST_FIX)
+            continue
         if not r.ok:
             o.fail("failed", f"verification: {r.error}", "re-run provision; the venv step rebuilds a broken venv")
             continue
@@ -321,13 +354,17 @@ def _allreduce(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], rep
     backend = out[master.name].build.backend if out[master.name].build else "gloo"
     mb = float(master.vars.get("allreduce_mb", 32))
     results = group.run(lambda h: allreduce_command(h, hosts, port, backend, mb), timeout=180, hosts=hosts)
+    lost = _lost(group, [n for n, r in results.items() if not r.ok])
     for h in hosts:
         r, o = results[h.name], out[h.name]
         try:
             o.allreduce = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, AttributeError):
             o.allreduce = None
-        if not r.ok or not o.allreduce or not o.allreduce.get("ok"):
+        if r.status == "unreachable" or h.name in lost:
+            o.allreduce = None
+            o.fail("unreachable", f"connection lost during the all-reduce test: {r.error}", LOST_FIX)
+        elif not r.ok or not isinstance(o.allreduce, dict) or not o.allreduce.get("ok"):
             tail = (r.stderr or r.stdout or r.error or "").strip()[-500:]
             o.fail("failed", f"all-reduce across {len(hosts)} nodes failed: {tail}",
                    "check that the nodes reach each other on the lab network (firewall, interface in cluster.env)")
@@ -339,22 +376,24 @@ def state_dir() -> Any:
 
 def _record(inv: Inventory, report: ProvisionReport) -> None:
     """The verified state, on the head (one file per inventory) and on each node that passed."""
+    now = time.time()
+    ok = [inv.hosts[n] for n, o in report.nodes.items() if o.status == "ok"]
+    if ok:
+        with Group(ok) as g:
+            def put(t):
+                o = report.nodes[t.host.name]
+                fp = dict(o.fingerprint or {})
+                if fp.get("reused_from"):
+                    return  # nothing was verified anew: the node's record stands
+                stamp = fp.pop("stamp", None)
+                node_doc = {"clusterctl": __version__, "time": now, "host": t.host.name,
+                            "fingerprint": fp, "stamp": stamp, "allreduce": o.allreduce,
+                            "build": o.build.to_dict() if o.build else None}
+                t.put_bytes(json.dumps(node_doc, indent=1).encode(), f"{t.host.workdir}/clusterctl/state.json")
+
+            # a node whose record could not be written is not provisioned as far as launch can tell
+            _settle(g, ok, g.call(put), report.nodes, "recording the verified state")
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
-    doc = {"clusterctl": __version__, "time": time.time(), **report.to_dict()}
+    doc = {"clusterctl": __version__, "time": now, **report.to_dict()}
     (d / f"{inv.name}.json").write_text(json.dumps(doc, indent=1, default=str))
-    ok = [inv.hosts[n] for n, o in report.nodes.items() if o.status == "ok"]
-    if not ok:
-        return
-    with Group(ok) as g:
-        def put(t):
-            o = report.nodes[t.host.name]
-            fp = dict(o.fingerprint or {})
-            if fp.get("reused_from"):
-                return  # nothing was verified anew: the node's record stands
-            stamp = fp.pop("stamp", None)
-            node_doc = {"clusterctl": __version__, "time": doc["time"], "host": t.host.name,
-                        "fingerprint": fp, "stamp": stamp, "allreduce": o.allreduce,
-                        "build": o.build.to_dict() if o.build else None}
-            t.put_bytes(json.dumps(node_doc, indent=1).encode(), f"{t.host.workdir}/clusterctl/state.json")
-        g.call(put)
