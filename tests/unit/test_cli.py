@@ -152,18 +152,11 @@ def test_bench_exit_1_when_reachable_nodes_are_not_provisioned(tmp_path: Path) -
     assert r.returncode == 1 and "not provisioned" in r.stderr
 
 
-PREFLIGHT_EXIT_3 = pytest.mark.xfail(
-    strict=False, reason="launch.preflight raises LaunchRefused (exit 1) for an unreachable node until it passes "
-                         "exit_code=errors.EXIT_UNREACHABLE (launch.py, the lead's change)")
-
-
-@PREFLIGHT_EXIT_3
 def test_bench_exit_3_when_a_node_is_unreachable(tmp_path: Path) -> None:
     r = run("bench", "-i", str(mixed_inventory(tmp_path)), "--jobs", "resnet50-ddp")
     assert r.returncode == 3 and "cannot reach gone" in r.stderr
 
 
-@PREFLIGHT_EXIT_3
 def test_launch_exit_3_when_a_node_is_unreachable(tmp_path: Path) -> None:
     r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--dry-run")
     assert r.returncode == 3 and "cannot reach gone" in r.stderr
