@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster import datasets, jobs, launch, paths, provision
-from cluster.errors import ClusterError
+from cluster.errors import EXIT_UNREACHABLE, ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
 
@@ -74,7 +74,7 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     specs = [jobs.load(n, overrides or []) for n in job_names]
     hosts = inv.ordered(inv.hosts.values())
     result: dict[str, Any] = {"inventory": str(inv.path), "time": time.time(), "steps": steps,
-                              "compute": {}, "network": None, "errors": {}}
+                              "compute": {}, "network": None, "errors": {}, "unreachable": []}
     with Group(hosts) as group:
         targets = launch.preflight(group, hosts)
         for spec in specs:
@@ -87,7 +87,9 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
                     t.put_bytes(text.encode(), f"{t.host.workdir}/clusterctl/bench/{name}")
                 return datasets.stage(t, prepared)
 
-            launch.require(group.call(stage), "staging the benchmark")
+            staged = group.call(stage)
+            _require_reachable(staged, "staging the benchmark")
+            launch.require(staged, "staging the benchmark")
             per_node: dict[str, Any] = {}
             order = [hosts] if parallel else [[h] for h in hosts]
             for batch_hosts in order:
@@ -102,6 +104,8 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
                             rates.setdefault(name, []).append(step_rate(r.stdout, b))
                         else:
                             result["errors"][f"{spec.name}/{name}"] = (r.error or r.stderr.strip()[-500:])
+                            if r.status == "unreachable" and name not in result["unreachable"]:
+                                result["unreachable"].append(name)  # the CLI exits 3, not 1
                 per_node.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
             result["compute"][spec.framework] = {"job": spec.name, "size": spec["dataset"]["size"],
                                                  "batch": spec["batch"], "nodes": per_node}
@@ -110,6 +114,15 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _require_reachable(results: Any, what: str) -> None:
+    """A node lost on the way is unreachable (exit 3), not a failed benchmark (exit 1)."""
+    lost = {n: r for n, r in results.items() if r.status == "unreachable"}
+    if lost:
+        raise ClusterError(f"{what}: cannot reach " + "; ".join(f"{n}: {r.error}" for n, r in lost.items()),
+                           next((r.fix for r in lost.values() if r.fix), None) or "check the nodes: clusterctl check",
+                           exit_code=EXIT_UNREACHABLE)
 
 
 def network(group: Group, hosts: list[Host], backend: str) -> dict[str, Any] | None:
@@ -121,6 +134,7 @@ def network(group: Group, hosts: list[Host], backend: str) -> dict[str, Any] | N
     for what, mb in (("bandwidth", MODEL_BYTES / 2**20), ("latency", 4 / 2**20)):
         res = group.run(lambda h, mb=mb: provision.allreduce_command(h, hosts, port, backend, mb), timeout=300,
                         hosts=hosts)
+        _require_reachable(res, f"the network test ({what})")
         docs = {}
         for n, r in res.items():
             try:

@@ -712,6 +712,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for k, v in res["errors"].items():
             out.print(f"[red]error[/red] {k}: {escape(str(v))}")
         out.print(f"saved for `clusterctl plan`: {escape(str(bench.bench_path(inv)))}")
+    if res.get("unreachable"):  # a node lost during its benchmark
+        return errors.EXIT_UNREACHABLE
     return errors.EXIT_FAILED if res["errors"] else errors.EXIT_OK
 
 
