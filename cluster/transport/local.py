@@ -53,5 +53,14 @@ class LocalTransport(Transport):
         shutil.copyfile(local, p)
         p.chmod(mode)
 
+    def put_tail(self, local: Path, remote_path: str, offset: int, mode: int = 0o644) -> None:
+        p = self._path(remote_path)
+        with open(local, "rb") as src, open(p, "r+b") as dst:
+            src.seek(offset)
+            dst.seek(offset)
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.truncate()
+        p.chmod(mode)
+
     def get_bytes(self, remote_path: str) -> bytes:
         return self._path(remote_path).read_bytes()
