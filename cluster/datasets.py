@@ -81,7 +81,7 @@ def stage(t: Transport, prepared: Prepared, progress: Callable[[int], None] | No
         return "present, sha256 verified"
     part = f"{dest_dir}/.{prepared.file_name}.part"
     t.run(f"mkdir -p -- {q(dest_dir)}", timeout=60)
-    t.put_file(prepared.path, part)
+    sent = t.send_file(prepared.path, part)  # a copy cut short earlier (a stall, a lost link) gets only its tail
     got = t.run(f"sha256sum -- {q(part)}", timeout=600).stdout.split()
     if not got or got[0] != prepared.sha256:
         t.run(f"rm -f -- {q(part)}", timeout=60)
@@ -90,4 +90,4 @@ def stage(t: Transport, prepared: Prepared, progress: Callable[[int], None] | No
     t.run(f"mv -f -- {q(part)} {q(dest)}", timeout=60)
     if progress:
         progress(prepared.size)
-    return f"sent {prepared.size / 2**20:.1f} MiB, sha256 verified"
+    return f"sent {sent / 2**20:.1f} MiB, sha256 verified"

@@ -155,9 +155,10 @@ def push(t: Transport, wh: Wheelhouse, dest: str, dry: bool = False,
     maybe = [f for f in todo if sizes.get(f) == wh.files[f]["size"]]
     good = {f for f, h in _remote_hashes(t, dest, maybe).items() if h == wh.files[f]["sha256"]}
     send = [f for f in todo if f not in good]
+    sent = 0
     for f in send:
         part = f"{dest}/.{f}.part"
-        t.put_file(wh.dir / f, part)
+        sent += t.send_file(wh.dir / f, part)  # a copy cut short earlier (a stall, a lost link) gets only its tail
         t.run(f"mv -f -- {shlex.quote(part)} {shlex.quote(dest + '/' + f)}", timeout=60)
         if progress:
             progress(int(wh.files[f]["size"]))
@@ -169,7 +170,6 @@ def push(t: Transport, wh: Wheelhouse, dest: str, dry: bool = False,
                            "re-run provision; if it repeats, check the node's disk and memory")
     verified.update({f: str(wh.files[f]["sha256"]) for f in todo})
     t.put_bytes(json.dumps(verified, indent=0).encode(), f"{dest}/{MANIFEST}")
-    sent = sum(int(wh.files[f]["size"]) for f in send)
     return True, f"sent {len(send)} wheels ({sent / 2**20:.0f} MiB), verified {len(todo)}"
 
 
