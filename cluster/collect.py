@@ -49,21 +49,30 @@ class NodeCollect:
 
 
 def safe_dest(base: Path, rel: str) -> Path:
-    """base/rel, refusing absolute paths, `..`, empty parts and anything that resolves outside base
-    (also through a symlink already on the head)."""
+    """base/rel, strictly inside base: refuses absolute paths, `.`, `..` and empty parts (so "", "." and
+    "a/./b" too: the copy's `.part` file sits next to its target, so a path naming base itself would write
+    beside base) and anything that resolves outside base (also through a symlink already on the head)."""
     p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or any(part in ("..", "") for part in rel.split("/")) or "\0" in rel:
-        raise UnsafePath(f"refused path {rel!r}: absolute or climbing out of the run folder")
+    if not rel or p.is_absolute() or any(part in ("..", ".", "") for part in rel.split("/")) or "\0" in rel:
+        raise UnsafePath(f"refused path {rel!r}: empty, absolute, '.' or climbing out of the run folder")
     dest = base.joinpath(*p.parts)
     root = base.resolve()
     if not dest.resolve().is_relative_to(root):
         raise UnsafePath(f"refused path {rel!r}: resolves outside {base}")
+    if dest.resolve() == root:
+        raise UnsafePath(f"refused path {rel!r}: names the run folder itself, not a file in it")
     for parent in [dest, *dest.parents]:
         if parent == base or not parent.is_relative_to(base):
             break
         if parent.is_symlink():
             raise UnsafePath(f"refused path {rel!r}: {parent} is a symbolic link on the head")
     return dest
+
+
+def _valid_entry(entry: dict[str, Any]) -> bool:
+    size, sha = entry.get("size"), entry.get("sha256")
+    return (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(sha, str)
+            and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha))
 
 
 def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
@@ -118,16 +127,19 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
     except (ValueError, IndexError):
         raise ClusterError(f"no file list from the node: {(r.stderr or r.stdout).strip()[-300:]}",
                            "is the run folder still there? `clusterctl exec -- ls <workdir>/runs`") from None
-    if not listing.get("ok"):
-        raise ClusterError(f"no file list from the node: {listing.get('error')}", "check `clusterctl runs`")
+    if not isinstance(listing, dict) or not listing.get("ok") or not isinstance(listing.get("files"), list):
+        error = listing.get("error") if isinstance(listing, dict) else None
+        raise ClusterError(f"no file list from the node: {error or str(listing)[:300]}", "check `clusterctl runs`")
     dest.mkdir(parents=True, exist_ok=True)
-    res.skipped = listing.get("skipped", [])
+    res.skipped = [x for x in listing.get("skipped", []) if isinstance(x, dict)]
     for entry in listing["files"]:
-        rel = str(entry.get("path", ""))
+        rel = entry.get("path") if isinstance(entry, dict) else None
         try:
+            if not isinstance(rel, str) or not _valid_entry(entry):
+                raise UnsafePath(f"refused entry {str(entry)[:200]!r}: expected a path, a size and a sha256")
             target = safe_dest(dest, rel)
         except UnsafePath as e:
-            res.refused.append({"path": rel, "reason": e.message})
+            res.refused.append({"path": str(rel), "reason": f"{h.name}: {e.message}; nothing written for it"})
             continue
         res.files += 1
         res.total_bytes += int(entry["size"])
@@ -148,9 +160,9 @@ def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
             inventory_hosts: dict[str, Host] | None = None) -> dict[str, NodeCollect]:
     """Bring the run's files from every node into runs/<run-id>/<node>/; one node's failure is data.
     `inventory_hosts` (from -i) replaces the record's snapshot of how to reach each node."""
-    hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in record.hosts()]
-    base = runs.run_path(record.run_id)
     dirs = record.node_dirs()
+    hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in runs.hosts(record) if h.name in dirs]
+    base = runs.run_path(record.run_id)
     out: dict[str, NodeCollect] = {}
     with Group(hosts, forks=forks) as group:
         results = group.call(lambda t: collect_node(
@@ -167,6 +179,7 @@ def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
         else:
             out[h.name] = NodeCollect(h.name, status=r.status, error=r.error, fix=r.fix, duration=r.duration)
     collected = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
-    # Only this field, into the newest record: the run may have been judged while we copied.
-    runs.update(record.run_id, lambda r: setattr(r, "collected", collected))
+    record.collected = collected
+    # only this field, on the newest record: a run that ended while we copied keeps its final state
+    runs.update(record.run_id, lambda newest: setattr(newest, "collected", collected))
     return out
