@@ -9,12 +9,14 @@ import difflib
 import fnmatch
 import getpass
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
 
+from cluster import ansible_inventory, ansible_yaml
 from cluster.errors import InventoryError
 from cluster.yamlfile import Loader as _Loader
 from cluster.yamlfile import Map as _Map
@@ -246,30 +248,70 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = True) -> Inventory:
-    """Read and validate an inventory. `check_files` verifies key files are readable."""
+def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = True,
+         reader: str | None = None) -> Inventory:
+    """Read and validate an inventory. `check_files` verifies key files are readable.
+
+    `reader` (default: $CLUSTERCTL_INVENTORY_READER, else `auto`) chooses how an Ansible inventory is
+    read: `ansible` through ansible-core, `builtin` with the exact subset of cluster.ansible_yaml,
+    `auto` through ansible-core where it is installed. clusterctl's own schema is always read here.
+    """
     path = Path(path)
+    reader = reader or os.environ.get("CLUSTERCTL_INVENTORY_READER") or "auto"
+    if reader not in READERS:
+        raise InventoryError("environment", None, "CLUSTERCTL_INVENTORY_READER", f"unknown reader {reader!r}",
+                             f"use one of: {', '.join(READERS)}")
+    cli = [parse_override(o) for o in overrides]
+    if path.is_dir():
+        chk = _Checker(path)
+        return _finish(chk, path, _ansible_answer(chk, path, None, reader), cli, check_files)
+    text = _read_text(path)
+    data, yaml_error = _parse_yaml(path, text)
+    chk = _Checker(path)
+    is_yaml_file = path.suffix in (".yaml", ".yml", ".json")
+    if yaml_error is not None and (is_yaml_file or reader == "builtin" or not ansible_inventory.available()):
+        raise yaml_error
+    if yaml_error is None and isinstance(data, dict) and data and set(data) <= set(TOP_KEYS) \
+            and (is_yaml_file or path.suffix == ""):
+        return _load_own(chk, path, data, cli, check_files)
+    return _finish(chk, path, _ansible_answer(chk, path, data if yaml_error is None else None, reader),
+                   cli, check_files)
+
+
+READERS = ("auto", "ansible", "builtin")
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise InventoryError(str(path), None, None, f"cannot read inventory: {e.strerror}",
                              "check the path, or run `clusterctl lab up 3` for a simulated lab") from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise InventoryError(str(path), line, None, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})",
+                             "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, InventoryError | None]:
+    try:
+        return yaml.load(text, Loader=_Loader), None  # noqa: S506 - _Loader is a SafeLoader
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
-        raise InventoryError(str(path), line, None, f"YAML syntax error: {e.problem or e}",
-                             "check indentation and that every `key: value` has a space after the colon") from None
+        return None, InventoryError(str(path), line, None, f"YAML syntax error: {e.problem or e}",
+                                    "check indentation and that every `key: value` has a space after the colon")
     except yaml.YAMLError as e:
-        raise InventoryError(str(path), None, None, f"YAML error: {e}", None) from None
-    chk = _Checker(path)
+        return None, InventoryError(str(path), None, None, f"YAML error: {e}", None)
+
+
+def _load_own(chk: _Checker, path: Path, data: _Map, cli: list[tuple[str, Any]], check_files: bool) -> Inventory:
     data = chk.mapping(data, 1, "inventory")
-    if "all" in data and not (set(data) & set(TOP_KEYS)):
-        raw_hosts, groups, rank0, name, fmt = _from_ansible(chk, data)
-    else:
-        raw_hosts, groups, rank0, name, fmt = _from_own(chk, data, path)
-    cli = [parse_override(o) for o in overrides]
+    raw_hosts, groups, rank0, name = _from_own(chk, data)
+    if name is not None:
+        _check_name(chk, name[0], name[1], "name", "write a name of letters, digits, '.', '_' or '-'")
     hosts = {n: _build_host(chk, n, layers, cli, groups) for n, layers in raw_hosts.items()}
     if not hosts:
         raise chk.fail(_line(data), "hosts", "the inventory has no hosts", "add at least one host with an address")
@@ -280,17 +322,36 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
                        f"use one of: {', '.join(hosts)}")
     else:
         rank0 = rank0[0]
-    inv = Inventory(path=path, name=name or path.stem, hosts=hosts, groups=groups, rank0=rank0, format=fmt)
+    inv_name = name[0] if name is not None else _default_name(chk, path)
+    inv = Inventory(path=path, name=inv_name, hosts=hosts, groups=groups, rank0=rank0, format="clusterctl")
     if check_files:
         _check_files(chk, inv, raw_hosts)
     return inv
+
+
+# A name clusterctl uses as a file name on the head and as a word in files that shells source.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_name(chk: _Checker, name: str, line: int | None, where: str, fix: str) -> None:
+    if not SAFE_NAME.match(name):
+        raise chk.fail(line, where, f"{name!r} cannot be used as a name (it becomes a file name on the head and "
+                       "a word in the nodes' shell files): letters, digits, '.', '_' and '-' only, "
+                       "not starting with '.' or '-'", fix)
+
+
+def _default_name(chk: _Checker, path: Path) -> str:
+    name = path.name if path.is_dir() else path.stem
+    _check_name(chk, name, None, "name", "rename the inventory file (letters, digits, '.', '_', '-'), "
+                "or set `name:` in clusterctl's own schema")
+    return name
 
 
 # A host's raw layers: list of (fields, where-it-came-from line/path), lowest precedence first.
 _Layers = list[tuple[dict[str, Any], int | None, str]]
 
 
-def _from_own(chk: _Checker, data: _Map, path: Path):
+def _from_own(chk: _Checker, data: _Map):
     chk.keys(data, TOP_KEYS, "inventory")
     defaults = chk.mapping(data.get("defaults"), _line(data, "defaults"), "defaults")
     chk.keys(defaults, [f for f in HOST_FIELDS if f != "address"], "defaults")
@@ -299,6 +360,8 @@ def _from_own(chk: _Checker, data: _Map, path: Path):
     raw: dict[str, _Layers] = {}
     for hname, hval in hosts_m.items():
         hpath = f"hosts.{hname}"
+        _check_name(chk, str(hname), _line(hosts_m, hname), hpath,
+                    "rename the host (the name is a label: its address goes in `address:`)")
         hm = chk.mapping(hval, _line(hosts_m, hname), hpath)
         chk.keys(hm, HOST_FIELDS, hpath)
         if "address" not in hm:
@@ -328,82 +391,146 @@ def _from_own(chk: _Checker, data: _Map, path: Path):
     if "rank0" in data:
         rank0 = (str(data["rank0"]), _line(data, "rank0"))
     name = data.get("name")
-    return raw, groups, rank0, None if name is None else str(name), "clusterctl"
+    return raw, groups, rank0, None if name is None else (str(name), _line(data, "name"))
 
 
-_ANSIBLE_MAP = {
-    "ansible_host": "address",
-    "ansible_port": "port",
-    "ansible_user": "user",
-    "ansible_ssh_private_key_file": "identity_file",
-    "ansible_python_interpreter": "python",
-    "ansible_connection": "connection",
-}
+# --------------------------------------------------------------------------- Ansible inventories
+#
+# Both readers give one answer shape (cluster.ansible_inventory.child_main): per host its groups,
+# the connection fields as Ansible's connection plugin resolves them, and its templated variables.
+# _finish maps that answer to hosts, the same for both, so they cannot drift apart.
+
+# Variables that become host fields (consumed: they are not copied into `vars`).
+_CONSUMED = frozenset({
+    "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user", "ansible_ssh_user",
+    "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_python_interpreter", "ansible_connection",
+    "ansible_paramiko_host", "ansible_paramiko_port", "ansible_paramiko_user", "ansible_paramiko_private_key_file",
+})
+# Secrets: clusterctl never uses passwords (keys and ssh-agent only).
+_SECRET = re.compile(r"^ansible_(\w+_)?(pass|password|passphrase)$")
+# SSH settings clusterctl's own SSH client cannot honour: connecting without them would be a misread.
+_SSH_ARGS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args", "ansible_ssh_executable",
+             "ansible_paramiko_proxy_command")
+_ANSIBLE_TRUE = {True, 1, "1", "y", "yes", "on", "true", "t"}  # ansible.module_utils...boolean
+_INTERPRETER_DISCOVERY = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")
 
 
-def _ansible_fields(chk: _Checker, m: _Map, path: str, allow_address: bool) -> dict[str, Any]:
-    """Ansible vars -> our fields; `clusterctl_<field>` sets a field; the rest become vars."""
-    fields: _Map = _Map()
-    fields.line, fields.lines, fields.dups = m.line, {}, []
-    free: dict[str, Any] = {}
-    for key, value in m.items():
-        target = _ANSIBLE_MAP.get(key)
-        if target is None and str(key).startswith("clusterctl_"):
-            target = str(key)[len("clusterctl_"):]
-            if target not in HOST_FIELDS and target != "rank0":
-                raise chk.fail(_line(m, key), f"{path}.{key}", "unknown clusterctl field",
-                               f"use one of: {', '.join('clusterctl_' + f for f in HOST_FIELDS)}")
-        if target == "connection" and value in ("paramiko", "smart", "ssh"):
-            value = "ssh"
-        if target is None:
-            free[key] = value
-        elif target != "rank0":
-            fields[target] = value
-            fields.lines[target] = _line(m, key) or m.line
-    out = chk.host_fields(fields, path, allow_address=allow_address)
-    if free:
-        out["vars"] = {**free, **out.get("vars", {})}
-    return out
+def _ansible_answer(chk: _Checker, path: Path, data: Any, reader: str) -> dict[str, Any]:
+    if reader == "ansible" or (reader == "auto" and ansible_inventory.available()):
+        if not ansible_inventory.available():
+            raise chk.fail(None, None, "ansible-core is not installed (CLUSTERCTL_INVENTORY_READER=ansible)",
+                           ansible_inventory.INSTALL_FIX)
+        return ansible_inventory.resolve([path])
+    if path.is_dir():
+        raise chk.fail(None, None, "an inventory directory: not in the subset read without Ansible",
+                       ansible_inventory.INSTALL_FIX)
+    if path.suffix not in ansible_yaml.YAML_EXTENSIONS or data is None or isinstance(data, str):
+        raise chk.fail(None, None, "not a YAML inventory (Ansible reads it as INI): INI inventories are not "
+                       "in the subset read without Ansible", ansible_inventory.INSTALL_FIX)
+    return ansible_yaml.read(path, data)
 
 
-def _from_ansible(chk: _Checker, data: _Map):
-    raw: dict[str, _Layers] = {}
-    groups: dict[str, list[str]] = {}
-    rank0: tuple[str, int | None] | None = None
+def _is_true(value: Any) -> bool:
+    return (value.strip().lower() if isinstance(value, str) else value) in _ANSIBLE_TRUE
 
-    def walk(gname: str, gm: _Map, path: str, inherited: _Layers) -> list[str]:
-        nonlocal rank0
-        chk.keys(gm, ["hosts", "vars", "children"], path)
-        gvars = chk.mapping(gm.get("vars"), _line(gm, "vars"), f"{path}.vars")
-        layers = inherited + [(_ansible_fields(chk, gvars, f"{path}.vars", False), _line(gm, "vars"), path)]
-        members: list[str] = []
-        hosts_m = chk.mapping(gm.get("hosts"), _line(gm, "hosts"), f"{path}.hosts")
-        for hname, hval in hosts_m.items():
-            hname, hpath = str(hname), f"{path}.hosts.{hname}"
-            hm = chk.mapping(hval, _line(hosts_m, hname), hpath)
-            if hm.get("clusterctl_rank0") is True and rank0 is None:
-                rank0 = (hname, _line(hm, "clusterctl_rank0"))
-            own = _ansible_fields(chk, hm, hpath, True)
-            if hname in raw:  # the same host listed in another group: add this group's layers
-                prev_own = raw[hname].pop()
-                raw[hname].extend(layers[len(inherited):])
-                raw[hname].append(({**prev_own[0], **own}, prev_own[1], prev_own[2]))
-            else:
-                own.setdefault("address", hname)  # as in Ansible: no ansible_host, the name is the address
-                raw[hname] = layers + [(own, _line(hosts_m, hname), hpath)]
-            members.append(hname)
-        children = chk.mapping(gm.get("children"), _line(gm, "children"), f"{path}.children")
-        for cname, cval in children.items():
-            cpath = f"{path}.children.{cname}"
-            members += walk(str(cname), chk.mapping(cval, _line(children, cname), cpath), cpath, layers)
-        groups.setdefault(gname, [])
-        groups[gname] += [m for m in members if m not in groups[gname]]
-        return members
 
-    top = chk.mapping(data["all"], _line(data, "all"), "all")
-    walk("all", top, "all", [])
-    groups.pop("all", None)
-    return raw, {g: tuple(m) for g, m in groups.items()}, rank0, None, "ansible"
+def _finish(chk: _Checker, path: Path, answer: dict[str, Any], cli: list[tuple[str, Any]],
+            check_files: bool) -> Inventory:
+    raw_hosts: dict[str, _Layers] = {}
+    rank0: list[str] = []
+    for h in answer["hosts"]:
+        name = h["name"]
+        origins = h.get("origins", {})
+
+        def where(var: str) -> tuple[_Checker, int | None, str]:
+            o = origins.get(var) or [None, None]
+            return (_Checker(Path(o[0])) if o[0] else chk), o[1], f"{name}.{var}"
+
+        def refuse(var: str, msg: str, fix: str) -> InventoryError:
+            c, line, field_path = where(var)
+            return c.fail(line, field_path, msg, fix)
+
+        _check_name(chk, name, where(name)[1] if name in origins else None, f"hosts.{name}",
+                    "rename the host (the name is a label: put its address in ansible_host)")
+        values, errors = h["vars"], h["errors"]
+        for var in sorted(set(values) | set(errors)):
+            if _SECRET.match(var) and (var in errors or values.get(var) not in (None, "")):
+                raise refuse(var, "a password in the inventory: clusterctl never uses passwords",
+                             "use SSH keys (ssh-copy-id; a passphrase key through ssh-agent) and remove "
+                             f"{var} from what clusterctl reads")
+            if var in _SSH_ARGS and (var in errors or values.get(var) not in (None, "")):
+                raise refuse(var, "extra SSH settings: clusterctl's SSH client (paramiko) cannot honour them, "
+                             "it would connect differently from Ansible",
+                             "reach the node directly (ansible_host, ansible_port), or use ~/.ssh/config "
+                             "with plain `ssh` for jump hosts")
+            if var in errors and (var in _CONSUMED or var.startswith("clusterctl_") or var == "ansible_become"):
+                raise refuse(var, f"Ansible cannot resolve this value before a play runs: {errors[var]}",
+                             "give it a value that does not depend on facts or play variables")
+        if _is_true(values.get("ansible_become")):
+            raise refuse("ansible_become", "become (sudo/su) is set: clusterctl runs everything as the SSH user "
+                         "and never becomes another user",
+                         "set ansible_become in your playbooks instead, or give the nodes a workdir that "
+                         "user can write")
+        conn = h["conn"]
+        connection = conn["connection"]
+        if connection in ("ssh", "paramiko", "paramiko_ssh"):
+            connection = "ssh"
+        elif connection != "local":
+            raise refuse("ansible_connection", f"connection {connection!r} is not supported",
+                         "clusterctl reaches nodes with `ssh` (or `paramiko`), or `local` for this machine")
+        fields = _Map()
+        fields.line, fields.lines, fields.dups = 0, {}, []
+
+        def put(key: str, value: Any, var: str) -> None:
+            c, line, field_path = where(var)
+            fields[key] = c.value(key, value, line, field_path)
+            fields.lines[key] = line
+
+        put("address", conn["address"], "ansible_host")
+        put("connection", connection, "ansible_connection")
+        if conn.get("port") is not None:
+            put("port", conn["port"], "ansible_port")
+        if conn.get("user") is not None:
+            put("user", conn["user"], "ansible_user")
+        if conn.get("key") is not None:
+            put("identity_file", conn["key"], "ansible_ssh_private_key_file")
+        interp = values.get("ansible_python_interpreter")
+        if interp is not None and interp not in _INTERPRETER_DISCOVERY:
+            put("python", interp, "ansible_python_interpreter")
+        free: dict[str, Any] = {}
+        for var, value in values.items():
+            if var in _CONSUMED:
+                continue
+            if var.startswith("clusterctl_"):
+                target = var[len("clusterctl_"):]
+                if target == "rank0":
+                    if _is_true(value):
+                        rank0.append(name)
+                    continue
+                if target not in HOST_FIELDS or target in ("address", "connection"):
+                    c, line, field_path = where(var)
+                    allowed = [f for f in HOST_FIELDS if f not in ("address", "connection")]
+                    raise c.fail(line, field_path, "unknown clusterctl field",
+                                 f"use one of: {', '.join('clusterctl_' + f for f in allowed + ['rank0'])}")
+                put(target, value, var)
+                continue
+            free[var] = value
+        if "vars" in fields:
+            free.update(fields["vars"])
+        fields["vars"] = free
+        raw_hosts[name] = [(fields, None, f"hosts.{name}")]
+    if not raw_hosts:
+        raise chk.fail(None, None, "the inventory has no hosts", "add at least one host")
+    groups = {g: tuple(members) for g, members in answer["groups"].items()}
+    hosts = {n: _build_host(chk, n, layers, cli, groups) for n, layers in raw_hosts.items()}
+    if len(rank0) > 1:
+        raise chk.fail(None, "clusterctl_rank0", f"set true on several hosts ({', '.join(rank0)})",
+                       "set clusterctl_rank0: true on one host only (not in group vars)")
+    inv = Inventory(path=path, name=_default_name(chk, path), hosts=hosts, groups=groups,
+                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible")
+    if check_files:
+        _check_files(chk, inv, raw_hosts)
+    return inv
 
 
 _CLI_CHECKER = _Checker(Path("command line"))
@@ -430,8 +557,16 @@ def _build_host(chk: _Checker, name: str, layers: _Layers, cli: list[tuple[str, 
     merged["groups"] = tuple(g for g, members in groups.items() if name in members)
     host = Host(name=name, **merged)
     if host.connection == "ssh" and host.workdir.startswith("~"):
-        # Remote commands start in the login directory, so `~/x` is just `x` there.
-        host = replace(host, workdir=host.workdir[1:].lstrip("/") or ".")
+        # Remote commands start in the login directory, so `~/x` (or `~user/x` for the login user
+        # itself) is just `x` there. Another user's home is unknown on the head: refused, not guessed.
+        owner, _, rest = host.workdir[1:].partition("/")
+        if owner not in ("", host.user):
+            line, where = _origin(layers, "workdir")
+            raise chk.fail(line, f"{where}.workdir", f"{host.workdir!r} is in the home of '{owner}', "
+                           f"but clusterctl logs in as '{host.user}' and cannot know where that home is",
+                           f"write the absolute path (e.g. /home/{owner}/{rest or ''}), or log in as "
+                           f"'{owner}'")
+        host = replace(host, workdir=rest.lstrip("/") or ".")
     if host.connection == "local":
         host = replace(host, workdir=os.path.expanduser(host.workdir))
     return host

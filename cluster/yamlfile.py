@@ -25,6 +25,20 @@ def _construct_mapping(loader: Loader, node: yaml.MappingNode) -> Map:
     for knode, vnode in node.value:
         key = loader.construct_object(knode, deep=True)
         line = knode.start_mark.line + 1
+        try:
+            hash(key)
+        except TypeError:
+            # SafeLoader's own check, kept: a list or mapping as a key is a YAML error with its line.
+            raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                    f"found a {type(key).__name__} as a key (unhashable)",
+                                                    knode.start_mark) from None
+        try:
+            hash(key)
+        except TypeError:  # `? [a, b]: 1` or `{a: 1}: 2`: a MarkedYAMLError, so every loader reports file:line
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"a {type(key).__name__} cannot be a key (keys are names: write it as a plain string)",
+                knode.start_mark) from None
         if key in out.lines:
             out.dups.append((key, out.lines[key], line))
         out.lines[key] = line

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory
+from cluster import ansible_inventory, inventory
 from cluster.errors import InventoryError
 from tests.conftest import ROOT, write
 
@@ -166,12 +166,18 @@ all:
 """
 
 
-def test_ansible_inventory(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, ANSIBLE), check_files=False)
+READERS = ["builtin", pytest.param("ansible", marks=pytest.mark.skipif(
+    not ansible_inventory.available(), reason="ansible-core is not installed (pip install clusterctl[ansible])"))]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_inventory(tmp_path: Path, reader: str) -> None:
+    inv = inventory.load(write(tmp_path, ANSIBLE), check_files=False, reader=reader)
     assert inv.format == "ansible"
-    assert list(inv.hosts) == ["head", "pc1", "pc2", "pc3"]
+    assert list(inv.hosts) == ["head", "pc1", "pc2", "pc3"]  # the order hosts first appear
     assert inv.rank0 == "head"
-    assert inv.groups == {"gpu": ("pc1", "pc2"), "cpu": ("pc3", "pc2")}
+    # as Ansible: `head` is only in `all`, so in `ungrouped`; members in inventory order
+    assert inv.groups == {"ungrouped": ("head",), "gpu": ("pc1", "pc2"), "cpu": ("pc2", "pc3")}
     pc2 = inv.hosts["pc2"]
     assert (pc2.address, pc2.port, pc2.user, pc2.python) == ("10.0.0.12", 2222, "student", "/usr/bin/python3.11")
     assert pc2.identity_file == "~/.ssh/lab_key" and pc2.workdir == "/srv/cluster"
@@ -181,9 +187,11 @@ def test_ansible_inventory(tmp_path: Path) -> None:
     assert set(pc2.groups) == {"gpu", "cpu"}
 
 
-def test_ansible_bad_clusterctl_field(tmp_path: Path) -> None:
-    e = _error(tmp_path, "all:\n  hosts:\n    a:\n      clusterctl_wrkdir: /x\n", check_files=False)
-    assert (e.line, e.field) == (4, "all.hosts.a.clusterctl_wrkdir")
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_bad_clusterctl_field(tmp_path: Path, reader: str) -> None:
+    e = _error(tmp_path, "all:\n  hosts:\n    a:\n      clusterctl_wrkdir: /x\n", check_files=False, reader=reader)
+    assert (e.line, e.field) == (4, "a.clusterctl_wrkdir")
+    assert e.file == str(tmp_path / "inv.yaml")
 
 
 def test_example_lab_inventory_parses() -> None:
