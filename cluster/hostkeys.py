@@ -6,11 +6,12 @@ never adds one. A changed key is refused with both fingerprints shown.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -18,7 +19,7 @@ import paramiko
 from cluster.errors import HostKeyError, TransportError
 from cluster.inventory import Host
 
-_cache: dict[tuple[Path, int, int], paramiko.HostKeys] = {}
+_cache: dict[tuple[Path, int, int], KnownHosts] = {}
 _lock = threading.Lock()
 
 
@@ -28,23 +29,135 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def known_hosts(path: Path) -> paramiko.HostKeys:
-    """Parsed known_hosts, shared by all connections of an invocation (re-read when it changes)."""
+@dataclass
+class KnownHosts:
+    """One known_hosts file as OpenSSH writes it, parsed by us: paramiko's own reader raises on the valid
+    `@cert-authority` and `@revoked` lines (a traceback on every SSH command) and ignores @revoked."""
+
+    path: Path
+    keys: paramiko.HostKeys = field(default_factory=paramiko.HostKeys)  # plain and hashed (|1|) entries
+    revoked: dict[str, str] = field(default_factory=dict)  # fingerprint -> "file:line"
+    notes: list[str] = field(default_factory=list)  # lines we did not use, each with file:line and why
+
+    def revoked_at(self, key: paramiko.PKey) -> str | None:
+        return self.revoked.get(fingerprint(key))
+
+
+def _parse_key(key_type: str, b64: str) -> paramiko.PKey:
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the key is not valid base64") from None
+    try:
+        return paramiko.PKey.from_type_string(key_type, raw)
+    except paramiko.UnknownKeyType:
+        raise ValueError(f"unknown key type {key_type!r}") from None
+    except Exception as e:  # noqa: BLE001 - any malformed key blob: paramiko raises several kinds
+        raise ValueError(f"not a valid {key_type} key ({type(e).__name__})") from None
+
+
+def parse_known_hosts(path: Path, text: bytes) -> KnownHosts:
+    """Every line of an OpenSSH known_hosts file: plain and hashed host entries are used, `@revoked` keys are
+    refused for every node (stricter than OpenSSH, which applies them to the line's host patterns),
+    `@cert-authority` lines are noted and ignored (clusterctl does not accept host certificates), and any
+    other line it cannot read is noted with file:line. Never raises on content."""
+    kh = KnownHosts(path)
+    plain: list[tuple[str, paramiko.PKey]] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            kh.notes.append(f"{where}: not UTF-8 text; line ignored")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        marker = fields.pop(0) if fields[0].startswith("@") else None
+        if marker not in (None, "@revoked", "@cert-authority"):
+            kh.notes.append(f"{where}: unknown marker {marker!r}; line ignored")
+            continue
+        if len(fields) < 3:
+            kh.notes.append(f"{where}: expected `[marker] hosts key-type base64-key`; line ignored")
+            continue
+        names, key_type, b64 = fields[:3]
+        try:
+            key = _parse_key(key_type, b64)
+        except ValueError as e:
+            kh.notes.append(f"{where}: {e}; line ignored")
+            continue
+        if marker == "@revoked":
+            kh.revoked[fingerprint(key)] = where
+        elif marker == "@cert-authority":
+            kh.notes.append(f"{where}: @cert-authority line ignored: clusterctl does not accept host "
+                            "certificates; record each node's own key with `clusterctl trust`")
+        else:
+            for name in names.split(","):
+                if name.startswith("!") or any(c in name for c in "*?"):
+                    kh.notes.append(f"{where}: host pattern {name!r} ignored: clusterctl matches exact names "
+                                    "(plain or hashed) only")
+                    continue
+                plain.append((name, key))
+    for name, key in plain:  # a revoked key is never "known", even where a plain line also lists it
+        if fingerprint(key) not in kh.revoked:
+            kh.keys.add(name, key.get_name(), key)
+    return kh
+
+
+def parsed(path: Path) -> KnownHosts:
+    """The known_hosts file, parsed once per invocation (re-read when it changes)."""
     try:
         st = path.stat()
     except FileNotFoundError:
-        return paramiko.HostKeys()
+        return KnownHosts(path)
+    except OSError as e:
+        raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
+                             "fix its permissions or point `known_hosts:` in the inventory elsewhere",
+                             "known-hosts") from None
     stamp = (path, st.st_mtime_ns, st.st_size)
     with _lock:
         if stamp not in _cache:
-            _cache[stamp] = paramiko.HostKeys(str(path))
+            try:
+                text = path.read_bytes()
+            except OSError as e:
+                raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
+                                     "fix its permissions or point `known_hosts:` in the inventory elsewhere",
+                                     "known-hosts") from None
+            _cache[stamp] = parse_known_hosts(path, text)
         return _cache[stamp]
 
 
+def known_hosts(path: Path) -> paramiko.HostKeys:
+    """The usable (not revoked) host keys of a known_hosts file."""
+    return parsed(path).keys
+
+
+def _notes(host: Host) -> str:
+    notes = parsed(host.known_hosts_path).notes
+    if not notes:
+        return ""
+    more = f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""
+    return " Lines of that file not used: " + "; ".join(notes[:5]) + more + "."
+
+
+def revoked_key_error(host: Host, key: paramiko.PKey, where: str) -> HostKeyError:
+    return HostKeyError(
+        f"{host.name}: HOST KEY REVOKED: {host.host_key_name} offers {key.get_name()} {fingerprint(key)}, "
+        f"which {where} marks @revoked. Refusing to connect.",
+        fix="the node still uses a key you revoked: give it a new host key (`ssh-keygen -A` after removing the "
+        "old one on the node), check its fingerprint there, then run `clusterctl trust`",
+        problem="hostkey-revoked",
+        fingerprint=fingerprint(key),
+    )
+
+
 def unknown_key_error(host: Host, key: paramiko.PKey) -> HostKeyError:
+    where = parsed(host.known_hosts_path).revoked_at(key)
+    if where:
+        return revoked_key_error(host, key, where)
     return HostKeyError(
         f"{host.name}: host key of {host.host_key_name} is not in {host.known_hosts_path} "
-        f"({key.get_name()} {fingerprint(key)})",
+        f"({key.get_name()} {fingerprint(key)}).{_notes(host)}",
         fix="check the fingerprint on the node (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), "
         "then run `clusterctl trust` to record it",
         problem="hostkey-unknown",
@@ -53,6 +166,9 @@ def unknown_key_error(host: Host, key: paramiko.PKey) -> HostKeyError:
 
 
 def changed_key_error(host: Host, got: paramiko.PKey, expected: paramiko.PKey) -> HostKeyError:
+    where = parsed(host.known_hosts_path).revoked_at(got)
+    if where:
+        return revoked_key_error(host, got, where)
     return HostKeyError(
         f"{host.name}: HOST KEY CHANGED for {host.host_key_name}: it now offers {got.get_name()} "
         f"{fingerprint(got)}, but {host.known_hosts_path} records {fingerprint(expected)}. "
@@ -89,7 +205,10 @@ def scan(host: Host) -> paramiko.PKey:
 
 
 def check_key(host: Host, key: paramiko.PKey) -> str:
-    """'known' when recorded and equal, 'unknown' when absent; raises HostKeyError when changed."""
+    """'known' when recorded and equal, 'unknown' when absent; raises HostKeyError when changed or revoked."""
+    where = parsed(host.known_hosts_path).revoked_at(key)
+    if where:
+        raise revoked_key_error(host, key, where)
     entry = known_hosts(host.known_hosts_path).lookup(host.host_key_name)
     if not entry:
         return "unknown"

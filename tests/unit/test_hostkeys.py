@@ -49,3 +49,86 @@ def test_hashed_known_hosts_entries_are_understood(tmp_path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(kh)], check=True, capture_output=True)
     assert "|1|" in kh.read_text()
     assert hostkeys.check_key(Host(name="n", address="10.1.2.3", known_hosts=str(kh)), key) == "known"
+
+
+def _line(pub: Path) -> str:
+    kind, b64 = pub.read_text().split()[:2]
+    return f"{kind} {b64}"
+
+
+def _openssh_file(tmp_path: Path) -> tuple[Path, paramiko.PKey, paramiko.PKey, paramiko.PKey]:
+    """A known_hosts with every kind of line OpenSSH accepts (and a few it would also skip), hashed by ssh-keygen."""
+    _, good = _keypair(tmp_path, "good")
+    _, revoked = _keypair(tmp_path, "revoked")
+    _, wild = _keypair(tmp_path, "wild")
+    _keypair(tmp_path, "ca")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        "# lab PCs, written by hand\n"
+        f"10.1.2.3 {_line(tmp_path / 'good.pub')} root@pc3\n"
+        f"@revoked * {_line(tmp_path / 'revoked.pub')}\n"
+        f"@cert-authority *.lab.example.org {_line(tmp_path / 'ca.pub')} lab CA\n"
+        f"10.1.2.* {_line(tmp_path / 'wild.pub')}\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(kh)], check=True, capture_output=True)
+    lines = kh.read_text().splitlines()
+    assert lines[0].startswith("# lab") and lines[1].startswith("|1|") and lines[2].startswith("@revoked * ")
+    assert lines[3].startswith("@cert-authority ") and lines[4].startswith("10.1.2.* ")
+    with open(kh, "ab") as f:  # lines ssh-keygen itself would not hash
+        f.write(b"10.1.2.9 ssh-ed25519 not!base64\n"
+                b"10.1.2.8 ssh-foo AAAAB3NzaC1yc2EAAAADAQABAAABAQ==\n"
+                b"@unknown-marker 10.1.2.7 ssh-ed25519 AAAA\n"
+                b"10.1.2.6 ssh-ed25519\n"
+                b"\n"
+                b"10.1.2.5 ssh-ed25519 \xff\xfe\n")
+    return kh, good, revoked, wild
+
+
+def test_openssh_markers_and_bad_lines_never_raise(tmp_path: Path) -> None:
+    kh, good, revoked, _ = _openssh_file(tmp_path)
+    assert hostkeys.check_key(Host(name="pc3", address="10.1.2.3", known_hosts=str(kh)), good) == "known"
+    notes = hostkeys.parsed(kh).notes
+    text = "\n".join(notes)
+    for lineno, what in [(4, "@cert-authority line ignored"), (5, "host pattern '10.1.2.*' ignored"),
+                         (6, "not valid base64"), (7, "unknown key type 'ssh-foo'"),
+                         (8, "unknown marker '@unknown-marker'"), (9, "expected `[marker] hosts"),
+                         (11, "not UTF-8")]:
+        assert f"{kh}:{lineno}: " in text and what in text, (lineno, what, text)
+    assert len(notes) == 7
+    assert hostkeys.parsed(kh).revoked_at(revoked) == f"{kh}:3"
+
+
+def test_a_revoked_key_is_refused_even_when_also_listed(tmp_path: Path) -> None:
+    kh, _, revoked, _ = _openssh_file(tmp_path)
+    with open(kh, "a") as f:  # the same key recorded for a node: @revoked still wins
+        f.write(f"10.1.2.20 {revoked.get_name()} {revoked.get_base64()}\n")
+    for address in ("10.1.2.20", "10.1.2.21"):
+        host = Host(name="pc20", address=address, known_hosts=str(kh))
+        try:
+            hostkeys.check_key(host, revoked)
+        except HostKeyError as e:
+            assert e.problem == "hostkey-revoked" and e.exit_code == 3
+            assert "REVOKED" in e.message and f"{kh}:3" in e.message and "clusterctl trust" in (e.fix or "")
+        else:
+            raise AssertionError("a revoked key must be refused")
+        err = hostkeys.unknown_key_error(host, revoked)  # what the SSH connection raises
+        assert err.problem == "hostkey-revoked"
+    assert hostkeys.known_hosts(kh).lookup("10.1.2.20") is None
+
+
+def test_an_unknown_key_error_lists_the_lines_not_used(tmp_path: Path) -> None:
+    kh, _, _, wild = _openssh_file(tmp_path)
+    e = hostkeys.unknown_key_error(Host(name="pc4", address="10.1.2.4", known_hosts=str(kh)), wild)
+    assert e.problem == "hostkey-unknown"
+    assert f"{kh}:4: @cert-authority line ignored" in e.message and "(and 2 more)" in e.message
+
+
+def test_an_unreadable_known_hosts_is_a_clear_error(tmp_path: Path) -> None:
+    from cluster.errors import TransportError
+
+    (tmp_path / "kh").mkdir()
+    try:
+        hostkeys.known_hosts(tmp_path / "kh")
+    except TransportError as e:
+        assert f"cannot read known_hosts file {tmp_path / 'kh'}" in e.message and e.problem == "known-hosts"
+    else:
+        raise AssertionError("a directory is not a known_hosts file")
