@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import __version__, datasets, provision, render, runs
+from cluster import __version__, datasets, errors, provision, render, runs
 from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
@@ -39,6 +39,20 @@ UNREACHABLE_GRACE_S = 30.0
 POLL_TIMEOUT_S = 20.0  # one agent `status` call
 FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
 SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
+
+
+AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
+
+
+def _obj(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _num(x: Any, kind: type = float) -> Any:
+    """x when it is a number (a whole one for kind=int), else None: agent replies are data from a node."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or (kind is int and not isinstance(x, int)):
+        return None
+    return x
 
 
 class LaunchRefused(ClusterError):
@@ -63,20 +77,25 @@ class NodeStatus:
 
     @classmethod
     def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
-        s = cls(node, doc.get("state", "missing"), error=doc.get("error"), log=doc.get("log") or [],
-                processes=len(doc.get("processes") or []))
-        if doc.get("exit"):
-            s.exit_code, s.ended = doc["exit"].get("code"), doc["exit"].get("ended")
-        metrics = doc.get("metrics") or {}
-        s.ranks = len(metrics)
-        if metrics:
-            recs = metrics[min(metrics, key=int)]  # the node's lowest rank speaks for it
-            last = recs.get("step") or {}
-            s.world = (recs.get("start") or {}).get("world")
-            s.epoch, s.step, s.loss = last.get("epoch"), last.get("step"), last.get("loss")
-            s.images_per_s = last.get("images_per_s")
-            if recs.get("end"):
-                s.step = recs["end"].get("step", s.step)
+        """The agent's JSON, read defensively: a field of the wrong type is dropped, an unknown state is
+        `unanswered` (the grace applies), never an exception."""
+        state = doc.get("state")
+        if state not in AGENT_STATES:
+            return cls(node, "unanswered", error=f"unreadable agent reply (state {str(state)[:40]!r})")
+        log = doc.get("log")
+        exit_doc, metrics = _obj(doc.get("exit")), _obj(doc.get("metrics"))
+        s = cls(node, state, error=doc.get("error") if isinstance(doc.get("error"), str) else None,
+                log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
+                processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
+                exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
+        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isdigit()}
+        s.ranks = len(ranks)
+        if ranks:
+            recs = ranks[min(ranks)]  # the node's lowest rank speaks for it
+            last, end = _obj(recs.get("step")), _obj(recs.get("end"))
+            s.world = _num(_obj(recs.get("start")).get("world"), int)
+            s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
+            s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
         return s
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,7 +130,7 @@ def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
     if unreachable:
         raise LaunchRefused("cannot reach " + "; ".join(f"{n}: {r.error}" for n, r in unreachable.items()),
                             next((r.fix for r in unreachable.values() if r.fix), None)
-                            or "check the nodes with `clusterctl check`")
+                            or "check the nodes with `clusterctl check`", exit_code=errors.EXIT_UNREACHABLE)
     missing = [n for n, r in results.items() if not r.ok or not r.value]
     if missing:
         raise LaunchRefused(f"not provisioned (no verified environment): {', '.join(missing)}",
@@ -152,7 +171,8 @@ def _busy(hosts: list[Host]) -> None:
         if pending:
             raise LaunchRefused(f"run {rec.run_id} could not be stopped on {', '.join(sorted(pending))} "
                                 "(unreachable): its processes may still be running there",
-                                f"bring the node back and run `clusterctl stop {rec.run_id}`")
+                                f"bring the node back and run `clusterctl stop {rec.run_id}`",
+                                exit_code=errors.EXIT_UNREACHABLE)
 
 
 # --------------------------------------------------------------------------- launch
@@ -475,16 +495,17 @@ def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
     if state in runs.FINAL and record.ended is None:
         record.ended = time.time()
     record.state = state
+    if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
+        record.stop_pending = sorted(set(record.stop_pending) | {
+            n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
 
 
 def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
     """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
     in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot)."""
     record = runs.update(record.run_id, lambda r: _apply(r, statuses))
-    if record.state == "failed" and not record.stopped_by_user:
-        to_stop = [n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)]
-        if to_stop:
-            record = _stop_and_record(record, to_stop)
+    if record.state == "failed" and record.stop_pending and not record.stopped_by_user:
+        record = _stop_and_record(record, list(record.stop_pending))
     return record
 
 
@@ -526,7 +547,7 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
     if record.state == "starting" and _launcher_alive(record):
         return record  # its launcher is still uploading; judging now would see no processes yet
     if record.active and not record.stopped_by_user:
-        record = settle(record, poll(record))
+        return settle(record, poll(record))  # a failure found now is stopped there
     if record.stop_pending:
         record = _stop_and_record(record, list(record.stop_pending))
     return record

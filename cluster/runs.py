@@ -124,13 +124,46 @@ class RunRecord:
             if kw.get("failure") is not None:
                 kw["failure"] = Failure(**kw["failure"])
             rec = cls(**kw, extra={k: v for k, v in d.items() if k not in known})
-            if not isinstance(rec.run_id, str) or not isinstance(rec.state, str) \
-                    or not isinstance(rec.inventory.get("hosts"), list):
-                raise TypeError("run_id, state or inventory.hosts has the wrong type")
+            _check_types(rec)
         except (KeyError, TypeError, AttributeError) as e:
             raise RecordError(f"{source}: damaged run record ({type(e).__name__}: {e})",
                               "remove the folder if the run is not needed, or restore the file") from None
         return rec
+
+
+def _check_types(r: RunRecord) -> None:
+    """What the code relies on has the type it expects (a hand-edited record says where it is wrong)."""
+    def bad(what: str) -> None:
+        raise TypeError(f"{what} has the wrong type")
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not isinstance(r.run_id, str) or not RUN_ID_RE.match(r.run_id):
+        bad("run_id")
+    for name in ("job", "framework", "state"):
+        if not isinstance(getattr(r, name), str):
+            bad(name)
+    if not number(r.created) or not all(x is None or number(x) for x in (r.started, r.ended)):
+        bad("created/started/ended")
+    if not isinstance(r.inventory, dict) or not isinstance(r.inventory.get("hosts"), list) \
+            or not all(isinstance(h, dict) and isinstance(h.get("name"), str) for h in r.inventory["hosts"]):
+        bad("inventory.hosts")
+    for n in r.nodes:
+        if not (isinstance(n.node, str) and isinstance(n.run_dir, str) and isinstance(n.node_rank, int)
+                and isinstance(n.nproc, int)):
+            bad(f"nodes[{n.node!r}]")
+    if not isinstance(r.last_seen, dict) or not all(number(v) for v in r.last_seen.values()):
+        bad("last_seen")
+    if not isinstance(r.stop_pending, list) or not all(isinstance(x, str) for x in r.stop_pending):
+        bad("stop_pending")
+    for name in ("settings", "last_status", "stop_results", "prediction", "collected", "watcher"):
+        v = getattr(r, name)
+        if v is not None and not isinstance(v, dict):
+            bad(name)
+    if r.failure is not None and not (isinstance(r.failure.node, str) and isinstance(r.failure.reason, str)
+                                      and isinstance(r.failure.log, list) and isinstance(r.failure.also, list)):
+        bad("failure")
 
 
 def runs_dir() -> Path:

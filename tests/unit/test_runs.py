@@ -144,3 +144,57 @@ def test_a_silent_node_keeps_its_last_known_log_and_metrics() -> None:
 @pytest.mark.parametrize("stdout", ["", "garbage", "[1, 2]", '{"state": 3}', "Traceback...\n"])
 def test_agent_replies_that_cannot_be_read_are_unanswered_not_failed(stdout: str) -> None:
     assert launch.agent_reply(stdout) is None or not isinstance(launch.agent_reply(stdout).get("state"), str)
+
+
+# --------------------------------------------------------------------------- any input, no traceback
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                    max_leaves=20)
+AGENT_KEYS = st.sampled_from(["state", "exit", "metrics", "log", "processes", "error", "pid"])
+AGENT_DOCS = st.dictionaries(AGENT_KEYS, JSON | st.sampled_from(["running", "failed", "succeeded"]), max_size=7) | \
+    st.fixed_dictionaries({"state": st.sampled_from(launch.AGENT_STATES)},
+                          optional={"exit": st.dictionaries(st.sampled_from(["code", "ended"]), JSON),
+                                    "metrics": st.dictionaries(st.text(max_size=3) | st.sampled_from(["0", "1"]),
+                                                               st.dictionaries(st.sampled_from(["start", "step", "end"]),
+                                                                               JSON | st.dictionaries(
+                                                                                   st.sampled_from(["world", "epoch", "step", "loss", "images_per_s"]),
+                                                                                   JSON))),
+                                    "log": JSON, "processes": JSON})
+
+
+@settings(max_examples=150, deadline=None)
+@given(AGENT_DOCS)
+def test_any_agent_reply_gives_a_status_never_an_exception(doc: dict) -> None:
+    s = NodeStatus.from_agent("n", doc)
+    assert s.state in (*launch.AGENT_STATES, "unanswered")
+    assert all(isinstance(x, str) for x in s.log)
+    assert s.step is None or isinstance(s.step, int)
+    judge(_record(nodes=("n",)), {"n": s}, now=1000.0)
+
+
+RECORD_KEYS = st.sampled_from(["run_id", "job", "framework", "state", "created", "nodes", "inventory", "failure",
+                               "last_seen", "stop_pending", "settings", "x"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(RECORD_KEYS, JSON, max_size=10) | JSON)
+def test_any_run_json_loads_or_is_refused_as_damaged(doc: object) -> None:
+    try:
+        rec = runs.RunRecord.from_dict(doc)
+    except runs.RecordError as e:
+        assert "run.json" in e.message and e.fix
+        return
+    rec.to_dict()
+
+
+@pytest.mark.parametrize("change", [{"created": "yesterday"}, {"nodes": [{"node": "a", "node_rank": "0", "nproc": 1,
+                                                                          "run_dir": "/x"}]},
+                                    {"run_id": "../etc"}, {"last_seen": {"a": "x"}}, {"failure": {"node": 1, "reason": "r"}},
+                                    {"inventory": {"hosts": [["a"]]}}, {"stop_pending": "node2"}])
+def test_a_record_with_a_wrong_type_is_refused_naming_the_field(change: dict) -> None:
+    with pytest.raises(runs.RecordError, match="damaged run record"):
+        runs.RunRecord.from_dict(_record().to_dict() | change)
