@@ -1,0 +1,303 @@
+"""Fault injection on copies over SSH, against a real sshd in the simulated lab (docs/reliability.md).
+
+A node whose sshd is frozen (SIGSTOP on every process of its network namespace: TCP stays up, nothing
+answers) in the middle of a copy to it (launch's upload, the wheel push, dataset staging all use
+put_file/send_file) and in the middle of `clusterctl collect`: the call must end within the stall limit
+plus the documented slack, with the right error and exit code, write nothing outside its target, and after
+SIGCONT the next call must finish the copy without sending the verified bytes again. Also: a slow link that
+keeps moving is never cut, and a revoked host key is refused (exit 3) while a @cert-authority line is not
+an error. Each fault adds a row (fault, stage, time to verdict, outcome) printed at the end of the module.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cluster import lab, runs
+from cluster.errors import TransportError
+from cluster.inventory import Host
+from cluster.transport.base import STALL_ENV
+from cluster.transport.ssh import SSHTransport
+from tests.conftest import ROOT
+from tests.integration.conftest import REASON, clusterctl, lab_name, lab_subnet
+
+STALL_S = 2.0  # the stall limit these tests use (the default is 30 s: same code path, shorter wait)
+LINK = "16mbit"  # 2 MB/s each way: a 4 MiB copy takes about 2 s, so there is time to freeze it midway
+LINK_BYTES_S = 2_000_000
+SSH_WINDOW = 2 * 2**20  # what the node's sshd lets us send before it must read (OpenSSH's session window)
+# The promised bound, from the freeze: the bytes the kernel still accepts (at most one SSH window in
+# flight) drain at link speed, then `stall` seconds without progress, then a little process overhead.
+BOUND_S = STALL_S + SSH_WINDOW / LINK_BYTES_S + 2.0
+SIZE = 4 * 2**20
+
+ROWS: list[tuple[str, str, float, str]] = []
+
+
+@pytest.fixture(scope="module")
+def tlab(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[lab.LabState]:
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("xfer")
+    state = lab.up(1, name=lab_name("x"), subnet=lab_subnet(8), directory=d, bandwidth=LINK)
+    try:
+        yield state
+    finally:
+        lab.down(state.name, d)
+        _print_table(pytestconfig)
+
+
+def _print_table(config: pytest.Config) -> None:
+    """The figures for docs/reliability.md, past pytest's output capture (shown without -s too)."""
+    if not ROWS:
+        return
+    lines = ["", f"fault injection, copies (stall limit {STALL_S:g} s, link {LINK}, promised bound {BOUND_S:.1f} s)",
+             f"| {'fault':<36} | {'stage':<27} | time to verdict | outcome |",
+             f"|{'-' * 38}|{'-' * 29}|{'-' * 17}|---------|"]
+    lines += [f"| {fault:<36} | {stage:<27} | {secs:13.1f} s | {outcome} |" for fault, stage, secs, outcome in ROWS]
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if capture is None or tr is None:
+        print("\n".join(lines), file=sys.stderr)
+        return
+    with capture.global_and_fixture_disabled():
+        for line in lines:
+            tr.write_line(line)
+
+
+def _host(state: lab.LabState) -> Host:
+    d, n = Path(state.dir), state.nodes[0]
+    return Host(name=n.name, address=n.address, user="root", identity_file=str(d / "id_ed25519"),
+                known_hosts=str(d / "known_hosts"), workdir=str(lab.MOUNT_POINT), python=sys.executable,
+                connect_timeout=3)
+
+
+def _node_dir(state: lab.LabState) -> Path:
+    """The node's /srv/cluster, seen from the head (the lab bind-mounts it from here)."""
+    return Path(state.nodes[0].dir) / "srv"
+
+
+def _pids(state: lab.LabState) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", state.nodes[0].netns], capture_output=True, text=True,
+                         timeout=10).stdout
+    return [int(p) for p in out.split()]
+
+
+@contextmanager
+def frozen(state: lab.LabState) -> Iterator[list[int]]:
+    """SIGSTOP every process of the node (sshd, its sessions, internal-sftp): TCP stays up, nothing answers.
+    Always resumed, whatever the test does."""
+    pids = _pids(state)
+    assert pids, "the node has no sshd to freeze"
+    stopped = []
+    try:
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+            stopped.append(p)
+        yield pids
+    finally:
+        for p in stopped:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def _wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def _size(p: Path) -> int:
+    return p.stat().st_size if p.exists() else 0
+
+
+def _settled_size(p: Path) -> int:
+    """The size once the resumed (SIGCONT) old session has written what it still had buffered and exited."""
+    last, since = -1, time.monotonic()
+    while time.monotonic() - since < 0.5:
+        now = _size(p)
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.05)
+    return last
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_a_slow_link_that_keeps_moving_is_never_cut(tlab: lab.LabState, tmp_path: Path) -> None:
+    src = tmp_path / "slow.bin"
+    src.write_bytes(os.urandom(SIZE))
+    t = SSHTransport(_host(tlab))
+    t.stall_timeout = 0.5  # far below the copy's duration: only silence may count, not total time
+    try:
+        start = time.monotonic()
+        t.put_file(src, "/srv/cluster/slow.bin")
+        up = time.monotonic() - start
+        got = bytearray()
+        start = time.monotonic()
+        t.get_range("/srv/cluster/slow.bin", 0, SIZE, got.extend)
+        down = time.monotonic() - start
+    finally:
+        t.close()
+    assert (_node_dir(tlab) / "slow.bin").read_bytes() == src.read_bytes() == bytes(got)
+    assert up > 3 * t.stall_timeout and down > 3 * t.stall_timeout, (up, down)
+    ROWS.append(("slow link (16 Mbit/s), stall 0.5 s", "put_file + get_range 4 MiB", up + down,
+                 "completed, not cut"))
+
+
+def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path) -> None:
+    src = tmp_path / "data.npz"
+    src.write_bytes(os.urandom(SIZE))
+    part = _node_dir(tlab) / "datasets" / ".data.npz.part"
+    part.parent.mkdir(exist_ok=True)
+    before = _tree(_node_dir(tlab))
+    t = SSHTransport(_host(tlab))
+    t.stall_timeout = STALL_S
+    outcome: dict[str, Any] = {}
+
+    def upload() -> None:
+        try:
+            outcome["sent"] = t.send_file(src, "/srv/cluster/datasets/.data.npz.part")
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            outcome["error"] = e
+        outcome["end"] = time.monotonic()
+
+    worker = threading.Thread(target=upload, daemon=True)
+    try:
+        worker.start()
+        _wait_for(lambda: _size(part) >= 512 * 1024, 30, "the upload to start")
+        with frozen(tlab):
+            froze = time.monotonic()
+            worker.join(BOUND_S + 10)
+            assert not worker.is_alive(), f"the upload still waits {BOUND_S + 10:.0f}s after the freeze"
+        verdict = outcome["end"] - froze
+        e = outcome.get("error")
+        assert isinstance(e, TransportError) and e.problem == "timeout", repr(e)
+        assert e.exit_code == 3
+        assert "node1" in e.message and ".data.npz.part" in e.message and "bytes sent" in e.message
+        assert "resume" in (e.fix or "")
+        assert verdict <= BOUND_S, f"verdict after {verdict:.1f}s, bound {BOUND_S:.1f}s"
+        ROWS.append(("sshd frozen (SIGSTOP)", "upload (put_file) 4 MiB", verdict, f"TransportError timeout, exit 3"))
+
+        have = _settled_size(part)
+        assert 0 < have < SIZE
+        start = time.monotonic()
+        sent = t.send_file(src, "/srv/cluster/datasets/.data.npz.part")  # reconnects by itself
+        resumed = time.monotonic() - start
+    finally:
+        t.close()
+    assert sent == SIZE - have, "the verified bytes must not be sent again"
+    assert hashlib.sha256(part.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+    assert _tree(_node_dir(tlab)) - before == {"datasets/.data.npz.part"}  # nothing else written
+    ROWS.append(("after SIGCONT", "upload resumed", resumed, f"sent {sent} of {SIZE} bytes, sha256 equal"))
+
+
+def _agent(state: lab.LabState) -> None:
+    from cluster import render
+    from importlib import resources
+
+    p = _node_dir(state) / render.AGENT
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(resources.files("cluster.workloads").joinpath("nodeagent.py").read_text())
+
+
+def _record(state: lab.LabState, run_id: str) -> runs.RunRecord:
+    host = _host(state)
+    return runs.RunRecord(run_id=run_id, job="faults", framework="pytorch", state="failed", created=time.time(),
+                          nodes=[runs.RunNode(host.name, 0, 1, f"/srv/cluster/runs/{run_id}")],
+                          inventory={"path": str(state.inventory), "name": state.name, "hosts": [host.to_dict()]})
+
+
+def test_sshd_frozen_mid_collect_then_resumed(tlab: lab.LabState, tmp_path: Path) -> None:
+    run_id = "faults-collect-1"
+    home = Path(os.environ["CLUSTERCTL_HOME"])
+    env = {"CLUSTERCTL_HOME": str(home), STALL_ENV: f"{STALL_S:g}"}
+    node_run = _node_dir(tlab) / "runs" / run_id
+    node_run.mkdir(parents=True)
+    (node_run / "train.log").write_text("epoch 1 loss 0.9\n")
+    (node_run / "big.bin").write_bytes(os.urandom(SIZE))
+    _agent(tlab)
+    runs.save(_record(tlab, run_id))
+    base = runs.run_path(run_id)
+    part = base / "node1" / "big.bin.part"
+    outside_before = _tree(home) - {p for p in _tree(home) if p.startswith(f"runs/{run_id}/")}
+
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", "collect", run_id, "--json"], cwd=ROOT,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _size(part) >= 512 * 1024 or proc.poll() is not None, 60, "collect to start copying")
+        assert proc.poll() is None, proc.communicate()
+        with frozen(tlab):
+            froze = time.monotonic()
+            try:
+                out, err = proc.communicate(timeout=BOUND_S + 10)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"collect still waits {BOUND_S + 10:.0f}s after the freeze") from None
+            verdict = time.monotonic() - froze
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, (out, err)
+    node = json.loads(out)["nodes"][0]
+    assert node["status"] == "unreachable" and "big.bin" in node["error"] and "no progress" in node["error"], node
+    assert "Traceback" not in err
+    assert verdict <= BOUND_S + 1.5, f"verdict after {verdict:.1f}s, bound {BOUND_S + 1.5:.1f}s (+ process exit)"
+    ROWS.append(("sshd frozen (SIGSTOP)", "clusterctl collect 4 MiB", verdict, "node unreachable, exit 3"))
+    assert runs.load(run_id).state == "failed"  # the record's state is not touched by collect
+    have = _size(part)
+    assert 0 < have < SIZE
+
+    start = time.monotonic()
+    r = clusterctl("collect", run_id, "--json", env=env, timeout=120)
+    resumed = time.monotonic() - start
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    node = json.loads(r.stdout)["nodes"][0]
+    small = len("epoch 1 loss 0.9\n")
+    assert node["status"] == "ok" and node["bytes"] in (SIZE - have, SIZE - have + small), (node, have)
+    assert (base / "node1" / "big.bin").read_bytes() == (node_run / "big.bin").read_bytes()
+    assert not part.exists()
+    outside_after = _tree(home) - {p for p in _tree(home) if p.startswith(f"runs/{run_id}/")}
+    assert outside_after == outside_before, outside_after ^ outside_before  # nothing outside the run folder
+    ROWS.append(("after SIGCONT", "collect resumed", resumed, f"fetched {node['bytes']} of {SIZE} bytes, verified"))
+
+
+def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lab.LabState, tmp_path: Path) -> None:
+    d = Path(tlab.dir)
+    kind, b64 = (Path(tlab.nodes[0].dir) / "hostkey.pub").read_text().split()[:2]
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "ca")], check=True)
+    ca = " ".join((tmp_path / "ca.pub").read_text().split()[:2])
+    inv = tmp_path / "inv.yaml"
+    kh = tmp_path / "known_hosts"
+    inv.write_text((d / "inventory.yaml").read_text().replace(str(d / "known_hosts"), str(kh)))
+    recorded = (d / "known_hosts").read_text()
+
+    kh.write_text(f"@cert-authority *.lab.example.org {ca}\n" + recorded)
+    start = time.monotonic()
+    r = clusterctl("exec", str(inv), "--", "true", timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    ROWS.append(("@cert-authority line in known_hosts", "exec", time.monotonic() - start, "ignored, exit 0"))
+
+    kh.write_text(f"@cert-authority *.lab.example.org {ca}\n{recorded}@revoked * {kind} {b64}\n")
+    start = time.monotonic()
+    r = clusterctl("exec", str(inv), "--", "true", timeout=60)
+    both = r.stdout + r.stderr
+    assert r.returncode == 3, both
+    assert "REVOKED" in both and f"{kh}:3" in both and "Traceback" not in both, both
+    ROWS.append(("node's host key @revoked", "exec", time.monotonic() - start, "refused, exit 3"))
