@@ -27,7 +27,7 @@ MODEL_BYTES = 23_528_522 * 4  # ResNet50 with 10 classes, fp32: what DDP all-red
 
 
 def bench_path(inv: Inventory) -> Path:
-    return paths.home() / "bench" / f"{inv.name}.json"
+    return paths.home() / "bench" / f"{paths.inventory_key(inv.name, inv.path)}.json"
 
 
 def load(inv: Inventory) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def _train_samples(spec: jobs.JobSpec) -> int | None:
 
 
 def plan_path(inv: Inventory, job: str) -> Path:
-    return paths.home() / "plans" / f"{inv.name}-{job}.json"
+    return paths.home() / "plans" / f"{paths.inventory_key(inv.name, inv.path)}-{job}.json"
 
 
 def load_recommended(inv: Inventory, job: str) -> dict[str, Any]:

@@ -396,4 +396,4 @@ def _record(inv: Inventory, report: ProvisionReport) -> None:
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
     doc = {"clusterctl": __version__, "time": now, **report.to_dict()}
-    (d / f"{inv.name}.json").write_text(json.dumps(doc, indent=1, default=str))
+    (d / f"{paths.inventory_key(inv.name, inv.path)}.json").write_text(json.dumps(doc, indent=1, default=str))
