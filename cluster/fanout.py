@@ -82,7 +82,8 @@ class Group:
         """Run `fn(transport)` on every node at once; its return value lands in `.value`."""
         targets = list(hosts) if hosts is not None else self.hosts
         futures = {h.name: self._pool.submit(self._one, h, fn, on_done) for h in targets}
-        return GroupResult((name, fut.result()) for name, fut in futures.items())
+        # bounded: every wait inside fn has its own limit (connect, command, transfer stall; docs/reliability.md)
+        return GroupResult((name, fut.result()) for name, fut in futures.items())  # bounded: see above
 
     def run(self, command: str | Callable[[Host], str], timeout: float | None = None,
             hosts: Iterable[Host] | None = None,

@@ -22,6 +22,7 @@ from cluster.errors import ClusterError
 from cluster.transport import Transport
 
 MANIFEST = ".clusterctl-manifest.json"  # on the node: files verified there, with their sha256
+PIP_DOWNLOAD_TIMEOUT_S = 6 * 3600.0  # CUDA wheels are GBs: hours on a slow lab uplink, never forever
 
 
 def normalize(name: str) -> str:
@@ -101,7 +102,13 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
     if index_url:
         cmd[4:4] = ["--extra-index-url", index_url]
     log(f"downloading wheels for {len(requirements)} requirements (Python {python}) into {d}")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:  # pip's own socket timeout (15 s, 5 retries) bounds each stall; this bounds the whole download
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_DOWNLOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"pip download of {' '.join(requirements)} still running after "
+                           f"{PIP_DOWNLOAD_TIMEOUT_S / 3600:g} h (stopped)",
+                           "check the head's link to the package index, or fill the wheelhouse by hand: "
+                           f"pip download -d {d / 'files'} ...") from None
     if proc.returncode != 0:
         raise ClusterError(f"pip download failed for {' '.join(requirements)}:\n{proc.stderr.strip()[-1500:]}",
                            "check the head's access to the package index, or fill the wheelhouse by hand: "

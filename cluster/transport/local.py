@@ -20,7 +20,7 @@ class LocalTransport(Transport):
         timeout = timeout or self.host.command_timeout
         start = time.monotonic()
         # Own session so a timeout can end the whole process group, as closing an SSH channel would.
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # bounded: communicate(timeout) below
             ["/bin/sh", "-c", command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -32,7 +32,10 @@ class LocalTransport(Transport):
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            try:  # a daemon that left the group may still hold our pipes open: do not wait for it
+                proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
             raise CommandTimeout(f"{self.host.name}: command still running after {timeout:g}s") from None
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - start)

@@ -226,7 +226,7 @@ class SSHTransport(Transport):
                                  "unreachable") from None
         try:
             # the reply to exec comes from sshd itself: silence means a hung sshd, not a slow command
-            self._bounded_request(chan, lambda: chan.exec_command(command),
+            self._bounded_request(chan, lambda: chan.exec_command(command),  # bounded: a timer
                                   min(timeout, max(self.stall_timeout, self.host.connect_timeout)))
         except (socket.timeout, paramiko.SSHException, EOFError, OSError) as e:
             chan.close()
@@ -261,9 +261,9 @@ class SSHTransport(Transport):
         chan.settimeout(0.05)
         while True:
             while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(65536))
+                err.append(chan.recv_stderr(65536))  # bounded: data is ready
             try:
-                data = chan.recv(65536)
+                data = chan.recv(65536)  # bounded: settimeout(0.05) above, deadline checked
             except socket.timeout:
                 if time.monotonic() > deadline:
                     raise
@@ -272,7 +272,7 @@ class SSHTransport(Transport):
                 break
             out.append(data)
         chan.settimeout(max(deadline - time.monotonic(), 0.05))
-        while data := chan.recv_stderr(65536):
+        while data := chan.recv_stderr(65536):  # bounded: settimeout(deadline) above
             err.append(data)
         return b"".join(out), b"".join(err)
 
@@ -288,10 +288,11 @@ class SSHTransport(Transport):
                                  "check the node and the network", "unreachable") from None
         try:
             chan.settimeout(10)  # every recv and send below waits at most 10 s
-            self._bounded_request(chan, lambda: chan.exec_command("echo ready; read _; date +%s.%N"), 10)
+            probe = "echo ready; read _; date +%s.%N"
+            self._bounded_request(chan, lambda: chan.exec_command(probe), 10)  # bounded: a timer
             buf = b""
             while b"ready\n" not in buf:
-                data = chan.recv(64)
+                data = chan.recv(64)  # bounded: settimeout(10)
                 if not data:
                     raise TransportError(f"{self.host.name}: clock probe ended early", None, "unreachable")
                 buf += data
@@ -299,7 +300,7 @@ class SSHTransport(Transport):
             chan.sendall(b"\n")
             out = b""
             while not out.endswith(b"\n"):
-                data = chan.recv(64)
+                data = chan.recv(64)  # bounded: settimeout(10)
                 if not data:
                     break
                 out += data
