@@ -62,9 +62,9 @@ def _print_table(config: pytest.Config) -> None:
     if not ROWS:
         return
     lines = ["", f"fault injection, copies (stall limit {STALL_S:g} s, link {LINK}, promised bound {BOUND_S:.1f} s)",
-             f"| {'fault':<36} | {'stage':<27} | time to verdict | outcome |",
-             f"|{'-' * 38}|{'-' * 29}|{'-' * 17}|---------|"]
-    lines += [f"| {fault:<36} | {stage:<27} | {secs:13.1f} s | {outcome} |" for fault, stage, secs, outcome in ROWS]
+             f"| {'fault':<36} | {'stage':<30} | time to verdict | outcome |",
+             f"|{'-' * 38}|{'-' * 32}|{'-' * 17}|---------|"]
+    lines += [f"| {fault:<36} | {stage:<30} | {secs:13.1f} s | {outcome} |" for fault, stage, secs, outcome in ROWS]
     capture = config.pluginmanager.get_plugin("capturemanager")
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if capture is None or tr is None:
@@ -301,3 +301,32 @@ def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lab.La
     assert r.returncode == 3, both
     assert "REVOKED" in both and f"{kh}:3" in both and "Traceback" not in both, both
     ROWS.append(("node's host key @revoked", "exec", time.monotonic() - start, "refused, exit 3"))
+
+
+def test_sshd_frozen_before_a_command_and_before_connecting(tlab: lab.LabState) -> None:
+    host = _host(tlab)
+    t = SSHTransport(host)
+    try:
+        assert t.run("echo up", timeout=30).stdout.strip() == "up"  # an open connection, then the freeze
+        with frozen(tlab):
+            start = time.monotonic()
+            with pytest.raises(TransportError) as e:
+                t.run("echo hello", timeout=600)
+            verdict = time.monotonic() - start
+            assert e.value.problem == "timeout" and "node1" in e.value.message, e.value
+            assert verdict <= host.connect_timeout + 1.5, verdict
+            ROWS.append(("sshd frozen (SIGSTOP)", "command on an open connection", verdict,
+                         "TransportError timeout, exit 3"))
+            fresh = SSHTransport(host)
+            start = time.monotonic()
+            with pytest.raises(TransportError) as e:
+                fresh.connect()
+            verdict = time.monotonic() - start
+            assert e.value.problem == "timeout", e.value
+            assert verdict <= host.connect_timeout + 1.5, verdict
+            ROWS.append(("sshd frozen (SIGSTOP)", "connect (banner)", verdict, "TransportError timeout, exit 3"))
+        start = time.monotonic()
+        assert t.run("echo back", timeout=30).stdout.strip() == "back"  # the same transport reconnects
+        ROWS.append(("after SIGCONT", "next command", time.monotonic() - start, "reconnected, exit 0"))
+    finally:
+        t.close()
