@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from cluster import paths, yamlfile
 from cluster.errors import UsageError
 from cluster.inventory import parse_override
@@ -110,6 +112,13 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     except OSError as e:
         raise JobError(file, None, "job", f"cannot read the job spec: {e.strerror}",
                        f"name a job ({', '.join(available())}) or the path of a spec file") from None
+    except UnicodeDecodeError as e:
+        raise JobError(file, None, "job", f"not UTF-8 text (byte {e.start}: {e.reason})",
+                       "save the spec as UTF-8") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        raise JobError(file, mark.line + 1 if mark else None, "job", f"YAML error: {e.problem or e.context}",
+                       "check the indentation and quoting") from None
     except Exception as e:  # noqa: BLE001 - yaml errors carry their own position
         raise JobError(file, None, "job", f"YAML error: {e}", "check the indentation and quoting") from None
     if not isinstance(data, dict):
@@ -118,10 +127,13 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     lines: dict[str, int | None] = {}  # field -> line in the file, -1: from --set
     _merge(settings, data, "", file, lines)
     for text in overrides:
+        if not text.partition("=")[0].strip() or "=" not in text:
+            raise JobError("command line (--set)", None, "--set", f"expected KEY=VALUE, got {text!r}",
+                           "e.g. --set epochs=2 --set optimizer.lr=0.02")
         key, value = parse_override(text)
-        _set(settings, key, value, file)
+        _set(settings, key, value, file, lines)
         lines[key] = -1  # given on the command line
-    if settings["entry"] is None and settings["framework"] in FRAMEWORKS:
+    if settings["entry"] is None and isinstance(settings["framework"], str) and settings["framework"] in FRAMEWORKS:
         settings["entry"] = FRAMEWORKS[settings["framework"]]
     _validate(settings, file, lines)
     return JobSpec(path, settings)
@@ -144,8 +156,10 @@ def _merge(into: dict[str, Any], data: dict[str, Any], prefix: str, file: str, l
             into[key] = dict(value) if isinstance(value, dict) else value
 
 
-def _set(settings: dict[str, Any], key: str, value: Any, file: str) -> None:
-    """--set a.b=value; env.NAME=value adds a variable."""
+def _set(settings: dict[str, Any], key: str, value: Any, file: str,
+         lines: dict[str, int | None] | None = None) -> None:
+    """--set a.b=value; env.NAME=value adds a variable; a.b={c: 1} sets a group of sub-settings, checked
+    like a spec file's (a group given a plain value is refused: it would be misread later)."""
     parts = key.split(".")
     node = settings
     for i, part in enumerate(parts[:-1]):
@@ -156,6 +170,21 @@ def _set(settings: dict[str, Any], key: str, value: Any, file: str) -> None:
     if parts[-1] not in node and parts[0] not in FREE_MAPS:
         raise JobError("command line", None, key, "unknown setting",
                        f"settable keys: {', '.join(_keys(DEFAULTS))} (spec: {file})")
+    default: Any = DEFAULTS  # whether the key names a group is the schema's business, not the value's so far
+    for part in parts:
+        default = default.get(part) if isinstance(default, dict) else None
+    current = node.get(parts[-1])
+    if isinstance(default, dict) and isinstance(current, dict) and parts[0] not in FREE_MAPS:  # e.g. dataset
+        subs = ", ".join(f"{key}.{k}" for k in current)
+        if not isinstance(value, dict):
+            raise JobError("command line (--set)", None, key, f"is a group of settings, got {value!r}",
+                           f"set one of them, e.g. --set {key}.{next(iter(current))}=..., or all at once: "
+                           f"--set '{key}={{{next(iter(current))}: ...}}' (settings: {subs})")
+        given: dict[str, int | None] = {}
+        _merge(current, value, key + ".", "command line (--set)", given)
+        if lines is not None:
+            lines.update({k: -1 for k in given})  # errors found later name the command line, not the file
+        return
     node[parts[-1]] = value
 
 
@@ -167,6 +196,16 @@ def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
         else:
             out.append(f"{prefix}{k}" + (".NAME" if k in ("env", "env_from") else ".NODE" if k == "shares" else ""))
     return out
+
+
+def _head_path_exists(path: Any) -> bool:
+    """A non-empty path that exists on the head (`~user` of an unknown user or a NUL byte: it does not)."""
+    if not isinstance(path, str) or not path:
+        return False
+    try:
+        return Path(path).expanduser().exists()
+    except (RuntimeError, ValueError, OSError):
+        return False
 
 
 def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
@@ -181,12 +220,12 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
             kind = "a whole number" if integer else "a number"
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
             fail(field, f"expected {kind} {bound}, got {value!r}", f"e.g. --set {field}="
-                 + ("2" if integer else "0.01"))
+                 + (str(max(int(minimum), 2)) if integer else "0.01"))
 
     if not isinstance(s["name"], str) or not s["name"] or not all(c.isalnum() or c in "-_." for c in s["name"]):
         fail("name", f"expected a name of letters, digits, '-', '_' or '.', got {s['name']!r}",
              "e.g. name: resnet50-ddp")
-    if s["framework"] not in FRAMEWORKS:
+    if not isinstance(s["framework"], str) or s["framework"] not in FRAMEWORKS:
         fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
              "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy)")
     entry = s["entry"]
@@ -194,13 +233,17 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
         fail("entry", f"no program {entry!r} in cluster/workloads/",
              f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
     ds = s["dataset"]
+    if ds["path"] is not None and not isinstance(ds["path"], str):
+        fail("dataset.path", f"expected the path of a file or folder on the head, got {ds['path']!r}",
+             "--set dataset.path=/data/cifar-10-python.tar.gz")
     if ds["name"] not in DATASETS:
         fail("dataset.name", f"expected one of {', '.join(DATASETS)}, got {ds['name']!r}",
              "dataset: {name: digits} needs no download")
-    if ds["name"] in ("cifar10", "imagefolder"):
-        if not ds["path"] or not Path(str(ds["path"])).expanduser().exists():
-            fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}",
-                 "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
+    if (ds["name"] in ("cifar10", "imagefolder") or ds["path"]) and not _head_path_exists(ds["path"]):
+        # any path given must exist: the dataset's file name hashes what it points to, even for digits
+        fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}"
+             if ds["name"] in ("cifar10", "imagefolder") else f"no such file or folder on the head: {ds['path']!r}",
+             "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
     number("dataset.size", ds["size"], 8, True)
     number("epochs", s["epochs"], 1, True)
     number("batch", s["batch"], 1, True)
