@@ -140,6 +140,9 @@ class _Checker:
         if not isinstance(value, dict):
             raise self.fail(line, path, f"expected a mapping, got {_kind(value)}",
                             f"write `{path.rsplit('.', 1)[-1]}:` followed by indented `key: value` lines")
+        if not isinstance(value, _Map):  # a plain dict (Ansible's answer): no lines to keep
+            plain, value = value, _Map(value)
+            value.line, value.lines, value.dups = line or 0, {}, []
         if value.dups:
             key, first, again = value.dups[0]
             what = "host" if path.endswith("hosts") else "key"
@@ -269,8 +272,8 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
     data, yaml_error = _parse_yaml(path, text)
     chk = _Checker(path)
     is_yaml_file = path.suffix in (".yaml", ".yml", ".json")
-    if yaml_error is not None and (is_yaml_file or reader == "builtin" or not ansible_inventory.available()):
-        raise yaml_error
+    if yaml_error is not None and is_yaml_file:
+        raise yaml_error  # Ansible reads these extensions as YAML only: the YAML error is the answer
     if yaml_error is None and isinstance(data, dict) and data and set(data) <= set(TOP_KEYS) \
             and (is_yaml_file or path.suffix == ""):
         return _load_own(chk, path, data, cli, check_files)

@@ -213,3 +213,99 @@ def test_local_inventory_parses() -> None:
 def test_ssh_home_relative_workdir(tmp_path: Path) -> None:
     inv = inventory.load(write(tmp_path, "hosts:\n  a: {address: x, workdir: ~/cluster}\n"))
     assert inv.hosts["a"].workdir == "cluster"  # remote commands start in the login directory
+
+
+# --------------------------------------------------------------------------- names, encodings, workdir (issue 11)
+
+
+@pytest.mark.parametrize("text, field", [
+    ('hosts:\n  "pc1\\ntouch /tmp/x": {address: a}\n', 'hosts.pc1\ntouch /tmp/x'),
+    ("hosts:\n  ../../evil: {address: a}\n", "hosts.../../evil"),
+    ("hosts:\n  a/b: {address: a}\n", "hosts.a/b"),
+    ("name: ../../outside\nhosts:\n  pc1: {address: a}\n", "name"),
+    ('name: "lab\\u0007"\nhosts:\n  pc1: {address: a}\n', "name"),
+])
+def test_names_that_would_become_paths_or_commands_are_refused(tmp_path: Path, text: str, field: str) -> None:
+    """Host names and the inventory name become file names on the head and words in sourced files."""
+    e = _error(tmp_path, text, check_files=False)
+    assert e.field == field and e.line is not None and "cannot be used as a name" in str(e)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_host_name_with_a_newline_is_refused(tmp_path: Path, reader: str) -> None:
+    e = _error(tmp_path, 'all:\n  hosts:\n    "pc1\\nreboot":\n      ansible_host: 10.0.0.1\n',
+               check_files=False, reader=reader)
+    assert "cannot be used as a name" in str(e) or "install clusterctl[ansible]" in str(e)
+
+
+def test_unsafe_file_name_gives_no_default_name(tmp_path: Path) -> None:
+    bad = tmp_path / "my lab.yaml"
+    bad.write_text("hosts:\n  pc1: {address: a}\n")
+    with pytest.raises(InventoryError, match="rename the inventory file"):
+        inventory.load(bad)
+
+
+def test_non_utf8_inventory_is_exit_2_with_its_line(tmp_path: Path) -> None:
+    p = tmp_path / "inv.yaml"
+    p.write_bytes(b"hosts:\n  pc1:\n    address: caf\xe9\n")
+    with pytest.raises(InventoryError) as exc:
+        inventory.load(p)
+    assert exc.value.line == 3 and "not UTF-8" in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_list_as_yaml_key_is_exit_2_with_its_line(tmp_path: Path) -> None:
+    e = _error(tmp_path, "hosts:\n  pc1:\n    ? [a, b]\n    : 1\n")
+    assert e.line == 3 and "YAML syntax error" in str(e) and "as a key" in str(e)
+
+
+def test_cli_gives_exit_2_not_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    p = tmp_path / "inv.yaml"
+    p.write_bytes(b"hosts:\n  pc1: {address: \xff}\n")
+    q = write(tmp_path, "hosts:\n  ? [x]\n  : {address: a}\n", name="list.yaml")
+    for inv in (p, q):
+        r = subprocess.run([sys.executable, "-m", "cluster", "check", str(inv)], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and str(inv) in r.stderr + r.stdout
+
+
+def test_workdir_in_the_login_users_home(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, "hosts:\n  a: {address: x, user: student, workdir: ~student/cluster}\n"))
+    assert inv.hosts["a"].workdir == "cluster"  # the login directory of student: not `student/cluster`
+
+
+def test_workdir_in_another_users_home_is_refused(tmp_path: Path) -> None:
+    e = _error(tmp_path, "defaults:\n  workdir: ~student/cluster\nhosts:\n  a: {address: x, user: bob}\n")
+    assert (e.line, e.field) == (2, "defaults.workdir")
+    assert "home of 'student'" in str(e) and "/home/student/cluster" in str(e)
+
+
+def test_workdir_tilde_user_on_a_local_node_is_that_users_home(tmp_path: Path) -> None:
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    inv = inventory.load(write(tmp_path, f"hosts:\n  a: {{address: x, connection: local, workdir: ~{me.pw_name}/c}}\n"))
+    assert inv.hosts["a"].workdir == os.path.join(me.pw_dir, "c")
+
+
+def test_builtin_reader_refuses_what_it_cannot_read_exactly(tmp_path: Path) -> None:
+    cases = {
+        "all:\n  hosts:\n    pc[1:3]:\n": "a host range",
+        "all:\n  hosts:\n    pc1:2222:\n": "host:port",
+        "all:\n  vars:\n    ansible_user: '{{ u }}'\n  hosts:\n    pc1:\n": "Jinja",
+        "all:\n  hosts:\n    pc1:\n  host:\n    pc2:\n": "key 'host' in a group",
+        "plugin: aws_ec2\n": "inventory plugin configuration",
+        "all:\n  hosts:\n    pc1:\n    pc1:\n": "written twice",
+        "lab:\n  hosts:\n    lab:\n": "both a host and a group",
+    }
+    for text, feature in cases.items():
+        e = _error(tmp_path, text, check_files=False, reader="builtin")
+        assert feature in str(e) and "install clusterctl[ansible]" in str(e) and e.line, text
+    (tmp_path / "hosts.ini").write_text("[lab]\npc1\n")
+    with pytest.raises(InventoryError, match="INI"):
+        inventory.load(tmp_path / "hosts.ini", reader="builtin")
+    (tmp_path / "host_vars").mkdir()
+    with pytest.raises(InventoryError, match="host_vars/ beside the inventory"):
+        inventory.load(write(tmp_path, "all:\n  hosts:\n    pc1:\n"), reader="builtin")
