@@ -28,6 +28,6 @@ if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$want" ]; then
   # machine's disk where it lies there, else PyPI).
   echo "setup: installing clusterctl, PyTorch, TensorFlow and the test tools into .venv (a few minutes)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,torch,tf,workloads]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,torch,tf,workloads,ansible]'
   echo "$want" > .venv/.setup-stamp
 fi
