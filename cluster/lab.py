@@ -81,7 +81,7 @@ def default_dir(name: str) -> Path:
 
 def _sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run a host command (argv, never a shell string)."""
-    proc = subprocess.run(args, capture_output=True, text=True, input=input)
+    proc = subprocess.run(args, capture_output=True, text=True, input=input, timeout=120)
     if check and proc.returncode != 0:
         raise LabError(f"`{shlex.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
     return proc

@@ -31,9 +31,9 @@ def spawn(run_id: str) -> int:
     """Start the watcher detached from this process (and its terminal); returns its pid."""
     folder = runs.run_path(run_id)
     with open(folder / "watch.log", "ab") as out:
-        p = subprocess.Popen([sys.executable, "-m", "cluster.watch", run_id], stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                             cwd=folder)
+        p = subprocess.Popen(  # bounded: started, never waited for
+            [sys.executable, "-m", "cluster.watch", run_id], stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=folder)
     return p.pid
 
 

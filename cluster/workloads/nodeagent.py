@@ -135,13 +135,13 @@ def start(run_dir: Path) -> dict:
         # A handler, not SIG_IGN: `stop` signals the whole group, this process must live on to record
         # the exit, and exec resets handlers (an ignored signal would be inherited by the job).
         signal.signal(signal.SIGTERM, lambda *_: None)
-        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)
+        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)  # bounded: see the wait below
         doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
                "leader_start": _start_ticks(os.getpid())}
         _write_json(run_dir / "pid.json", doc)
         os.write(w, json.dumps(doc).encode())
         os.close(w)
-        code = child.wait()
+        code = child.wait()  # bounded: the run itself (its collective timeouts, `stop`)
         _write_json(run_dir / "exit.json", {"code": code, "ended": time.time()})
         os._exit(0)
     os.close(w)

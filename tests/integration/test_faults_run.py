@@ -1,0 +1,213 @@
+"""Fault injection on a real 2-node lab, one test per fault: the run's verdict, its time, what is left.
+
+Each test prints a row (fault, stage, time to verdict, outcome) and the module prints the table at the end,
+for docs/reliability.md. The lab's nodes share this machine's process table (only their network and mounts
+are their own), so the tests look for a run's processes directly in /proc, without any clusterctl command
+that could itself judge the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import launch
+from tests.conftest import ROOT
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
+
+LONG = ["--set", "epochs=200", "--set", "threads=1", "--set", "log_every=1", "--set", "batch=8"]
+ROWS: list[tuple[str, str, str, str]] = []
+
+
+@pytest.fixture(scope="module")
+def flab(tmp_path_factory: pytest.TempPathFactory):
+    yield from provisioned_lab(tmp_path_factory, "f", 2, 9)
+    print("\n| fault | stage | time to verdict | outcome |\n|---|---|---|---|")
+    for row in ROWS:
+        print("| " + " | ".join(row) + " |")
+
+
+def procs_of(run_id: str, node: str) -> list[int]:
+    """Live processes whose environment carries the run and the node (as the node agent finds them)."""
+    out = []
+    tags = (f"CLUSTER_RUN_ID={run_id}".encode(), f"CLUSTER_NODE_NAME={node}".encode())
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        if tags[0] in env and tags[1] in env:
+            out.append(int(p.name))
+    return out
+
+
+def saved(env: dict[str, str], run_id: str) -> dict:
+    return json.loads((Path(env["CLUSTERCTL_HOME"]) / "runs" / run_id / "run.json").read_text())
+
+
+def start_detached(env: dict[str, str], state) -> str:
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--detach", *LONG, env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    wait_for(lambda: all(_stepped(state, rec["run_id"], i) for i in range(2)), 300, "a step on every node")
+    return rec["run_id"]
+
+
+def _stepped(state, run_id: str, i: int) -> bool:
+    out = Path(state.nodes[i].dir) / "srv" / "runs" / run_id / "out"
+    return any('"step"' in f.read_text() for f in out.glob("metrics-rank*.jsonl"))
+
+
+def wait_for(cond, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def link(state, node: int, up: bool) -> None:
+    subprocess.run(["ip", "link", "set", state.nodes[node].veth, "up" if up else "down"], check=True)
+
+
+def cleanup(env: dict[str, str], state, run_id: str) -> None:
+    link(state, 1, True)
+    clusterctl("stop", run_id, env=env, timeout=120)
+    for n in ("node1", "node2"):
+        for p in procs_of(run_id, n):
+            os.kill(p, signal.SIGKILL)
+
+
+def test_a_cut_link_fails_a_detached_run_with_nobody_watching(flab) -> None:
+    """node2's link goes down mid-training; no clusterctl command runs. The run's watcher declares it
+    failed and stops node1; the next morning `status` names node2 with its last log lines."""
+    state, env = flab
+    run_id = start_detached(env, state)
+    assert saved(env, run_id)["watcher"]["pid"] > 0
+    try:
+        link(state, 1, False)
+        gone = wait_for(lambda: not procs_of(run_id, "node1"), 180, "node1's training processes gone")
+        judged = wait_for(lambda: saved(env, run_id)["state"] == "failed" and saved(env, run_id)["stop_results"],
+                          90, "the verdict and the stop results in run.json")
+        rec = saved(env, run_id)
+        assert rec["failure"]["node"] == "node2" and "unreachable" in rec["failure"]["reason"]
+        assert rec["failure"]["log"], "node2's last known log lines are kept"
+        assert rec["stop_pending"] == ["node2"]
+        r = clusterctl("status", run_id, env=env, timeout=120)
+        assert r.returncode == 3, r.stdout + r.stderr  # failed, and node2 still cannot be reached
+        assert "run failed on node2" in " ".join(r.stdout.split()) and "node2|" in r.stdout
+        assert "not confirmed stopped" in " ".join(r.stdout.split())
+        ROWS.append(("node2's link cut, detached, nobody watching", "training",
+                     f"{gone:.0f} s to node1 stopped (+{judged:.0f} s)", "failed, names node2, its last log lines"))
+        # the node comes back: the next status finishes the stop there
+        link(state, 1, True)
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert rc == 1 and st["stop_pending"] == [] and st["state"] == "failed"
+        assert wait_for(lambda: not procs_of(run_id, "node2"), 30, "node2 stopped once reachable") >= 0
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_stop_while_a_node_is_unreachable_is_not_called_done(flab) -> None:
+    state, env = flab
+    run_id = start_detached(env, state)
+    try:
+        link(state, 1, False)
+        t0 = time.monotonic()
+        rc, rec = clusterctl_json("stop", run_id, env=env, timeout=180)
+        took = time.monotonic() - t0
+        assert rc == 3 and rec["state"] == "stopping" and rec["stop_pending"] == ["node2"], rec
+        assert not procs_of(run_id, "node1") and procs_of(run_id, "node2")
+        r = clusterctl("launch", "resnet50-ddp", "--limit", "node1", *LONG, env=env, timeout=180)
+        assert r.returncode == 1 and f"run {run_id} is still stopping" in r.stderr, r.stderr
+        link(state, 1, True)
+        rc, rec = clusterctl_json("stop", run_id, env=env, timeout=180)
+        assert rc == 0 and rec["state"] == "stopped" and rec["stop_pending"] == [], rec
+        assert not procs_of(run_id, "node2")
+        ROWS.append(("`stop` while node2 is unreachable", "stop", f"{took:.0f} s",
+                     "exit 3, stopping, launch refused; stopped once node2 is back"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_a_rebooted_node_fails_the_run_and_a_stranger_in_its_old_group_is_spared(flab) -> None:
+    """node2 'reboots': every process of the run there dies at once and another program gets the old
+    process-group number. The run fails naming node2; the stranger is never signalled."""
+    state, env = flab
+    run_id = start_detached(env, state)
+    stranger = subprocess.Popen(["setsid", "sleep", "600"])
+    try:
+        pid_file = Path(state.nodes[1].dir) / "srv" / "runs" / run_id / "pid.json"
+        doc = json.loads(pid_file.read_text())
+        for p in procs_of(run_id, "node2"):
+            os.kill(p, signal.SIGKILL)
+        time.sleep(0.5)
+        pid_file.write_text(json.dumps({**doc, "pgid": stranger.pid}))  # the old number, someone else's now
+        t0 = time.monotonic()
+        judged = wait_for(lambda: saved(env, run_id)["state"] == "failed", 120, "the verdict")
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert rc == 1 and st["state"] == "failed", st
+        assert "node2" in [st["failure"]["node"], *st["failure"]["also"]], st["failure"]
+        assert st["last_status"]["node2"]["state"] in ("vanished", "failed")
+        assert wait_for(lambda: not procs_of(run_id, "node1"), 60, "node1 stopped") >= 0
+        assert stranger.poll() is None, "a process that is not the run's was signalled"
+        ROWS.append(("node2 rebooted (its processes gone, a stranger in the old group)", "training",
+                     f"{time.monotonic() - t0 + judged:.0f} s", "failed, node1 stopped, stranger untouched"))
+    finally:
+        stranger.kill()
+        stranger.wait()
+        cleanup(env, state, run_id)
+
+
+def test_two_launches_at_once_start_one_run(flab) -> None:
+    state, env = flab
+    procs = [subprocess.Popen([sys.executable, "-m", "cluster", "launch", "resnet50-ddp", "--detach", "--json", *LONG],
+                              cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    t0 = time.monotonic()
+    outs = [p.communicate(timeout=300) for p in procs]
+    took = time.monotonic() - t0
+    codes = sorted(p.returncode for p in procs)
+    started = [json.loads(o) for (o, _), p in zip(outs, procs) if p.returncode == 0]
+    refused = [e for (_, e), p in zip(outs, procs) if p.returncode != 0]
+    try:
+        assert codes == [0, 1], outs
+        assert "is still starting" in refused[0] or "is still running" in refused[0], refused[0]
+        rc, listed = clusterctl_json("runs", env=env)
+        assert [r["run_id"] for r in listed if r["state"] in ("starting", "running")] == [started[0]["run_id"]]
+        ROWS.append(("two `launch` at once on the same nodes", "launch", f"{took:.0f} s",
+                     "one run started, the other refused (exit 1)"))
+    finally:
+        for s in started:
+            cleanup(env, state, s["run_id"])
+
+
+def test_a_frozen_sshd_costs_a_timeout_at_launch_not_a_hang(flab) -> None:
+    state, env = flab
+    ns = state.nodes[1].netns
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    sshd = [int(p) for p in pids if "sshd" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert sshd
+    for p in sshd:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = clusterctl("launch", "resnet50-ddp", *LONG, env=env, timeout=300)
+        took = time.monotonic() - t0
+        assert r.returncode == 3 and "node2" in r.stderr, r.stderr
+        assert took < 60, f"launch took {took:.0f} s against a frozen node"
+        ROWS.append(("node2's sshd frozen (SIGSTOP)", "launch", f"{took:.0f} s", "exit 3 naming node2"))
+    finally:
+        for p in sshd:
+            os.kill(p, signal.SIGCONT)
+    assert launch.UNREACHABLE_GRACE_S <= 60
