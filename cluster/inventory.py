@@ -141,7 +141,7 @@ class _Checker:
             raise self.fail(line, path, f"expected a mapping, got {_kind(value)}",
                             f"write `{path.rsplit('.', 1)[-1]}:` followed by indented `key: value` lines")
         if not isinstance(value, _Map):  # a plain dict (Ansible's answer): no lines to keep
-            plain, value = value, _Map(value)
+            value = _Map(value)
             value.line, value.lines, value.dups = line or 0, {}, []
         if value.dups:
             key, first, again = value.dups[0]
