@@ -1,0 +1,70 @@
+"""Ansible inventories, written as an Ansible user would for the simulated lab, work with `trust` and
+`check` through the CLI: an INI file, and a YAML file with a group_vars/ directory and templated vars.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster import ansible_inventory, lab
+from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet
+
+pytestmark = pytest.mark.skipif(not ansible_inventory.available(),
+                                reason="ansible-core is not installed (pip install clusterctl[ansible])")
+
+
+@pytest.fixture(scope="module")
+def lab2(tmp_path_factory: pytest.TempPathFactory):
+    if REASON is not None:
+        pytest.skip(REASON)
+    d = tmp_path_factory.mktemp("ansible-lab")
+    state = lab.up(2, name=lab_name("ans"), subnet=lab_subnet(12), directory=d / "lab")
+    try:
+        yield state
+    finally:
+        lab.down(state.name, d / "lab")
+
+
+def _ini(state: lab.LabState, d: Path) -> Path:
+    key = Path(state.dir) / "id_ed25519"  # the lab's login key (its own inventory uses it too)
+    hosts = "\n".join(f"{n.name} ansible_host={n.address}" for n in state.nodes)
+    src = d / "hosts.ini"
+    src.write_text(f"[lab]\n{hosts}\n\n[lab:vars]\nansible_user=root\nansible_port=22\n"
+                   f"ansible_ssh_private_key_file={key}\nansible_python_interpreter=auto_silent\n"
+                   f"clusterctl_known_hosts={d / 'known_hosts'}\nclusterctl_workdir=/srv/cluster\n"
+                   "clusterctl_connect_timeout=3\n")
+    return src
+
+
+def _yaml_with_group_vars(state: lab.LabState, d: Path) -> Path:
+    hosts = "".join(f"        {n.name}:\n          ansible_host: {n.address}\n" for n in state.nodes)
+    src = d / "hosts.yml"
+    src.write_text(f"all:\n  children:\n    lab:\n      hosts:\n{hosts}")
+    (d / "group_vars" / "all").mkdir(parents=True)
+    (d / "group_vars" / "all" / "ssh.yml").write_text(
+        f"lab_user: root\nansible_user: \"{{{{ lab_user }}}}\"\nansible_port: 22\n"
+        f"ansible_ssh_private_key_file: {Path(state.dir) / 'id_ed25519'}\n")
+    (d / "group_vars" / "lab.yml").write_text(
+        f"clusterctl_known_hosts: {d / 'known_hosts'}\nclusterctl_workdir: /srv/cluster\n"
+        "clusterctl_connect_timeout: 3\n")
+    return src
+
+
+@pytest.mark.parametrize("kind", ["ini", "yaml"])
+def test_trust_and_check_with_an_ansible_inventory(lab2: lab.LabState, tmp_path: Path, kind: str) -> None:
+    inv = _ini(lab2, tmp_path) if kind == "ini" else _yaml_with_group_vars(lab2, tmp_path)
+    # first contact: no known_hosts yet, so check refuses the unknown keys (exit 3) until trust
+    rc, data = clusterctl_json("check", str(inv))
+    assert rc == 3, data
+    r = clusterctl("trust", str(inv), "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    recorded = (tmp_path / "known_hosts").read_text().splitlines()
+    assert sorted(line.split()[0] for line in recorded) == sorted(n.address for n in lab2.nodes)
+    rc, data = clusterctl_json("check", str(inv))
+    assert rc == 0, data
+    assert data["healthy"] == 2 and data["total"] == 2
+    assert [n["host"] for n in data["nodes"]] == [n.name for n in lab2.nodes]
+    for node, n in zip(lab2.nodes, data["nodes"]):
+        assert n["facts"]["hostname"]["name"] == node.hostname  # the right node behind each address
+        assert n["facts"]["disk"]["path"] == "/srv/cluster"
