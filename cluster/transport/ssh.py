@@ -387,6 +387,7 @@ class SSHTransport(Transport):
             yield progress
             if progress.file is not None:
                 progress.file.close()  # reads the pipelined writes' acks: errors (disk full) surface here
+                progress.file = None
         except (socket.timeout, TimeoutError):
             self._abort_copy(progress)
             raise TransportError(

@@ -330,3 +330,21 @@ def test_sshd_frozen_before_a_command_and_before_connecting(tlab: lab.LabState) 
         ROWS.append(("after SIGCONT", "next command", time.monotonic() - start, "reconnected, exit 0"))
     finally:
         t.close()
+
+
+def test_the_nodes_answer_about_a_file_is_not_a_lost_node(tlab: lab.LabState) -> None:
+    """No such file, permission denied: the node answered, so the error is about the file (OSError) and the
+    connection stays up for the next call."""
+    t = SSHTransport(_host(tlab))
+    try:
+        with pytest.raises(FileNotFoundError):
+            t.get_bytes("/srv/cluster/no/such/file")
+        with pytest.raises(FileNotFoundError):
+            t.put_bytes(b"x", "/srv/cluster/no/such/dir/file")
+        client = t._client
+        t.put_bytes(b"hello", "/srv/cluster/hello.txt", 0o600)
+        assert t._client is client  # not reconnected: nothing was wrong with the link
+        assert t.get_bytes("/srv/cluster/hello.txt") == b"hello"
+        assert (_node_dir(tlab) / "hello.txt").stat().st_mode & 0o777 == 0o600
+    finally:
+        t.close()
