@@ -47,6 +47,26 @@ def _progress(label: str) -> Progress:
                     console=err, transient=True, disable=not err.is_terminal)
 
 
+def _number(kind: Callable[[str], float], minimum: float, strict: bool) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` >= minimum (> with `strict`); anything else is exit 2, said so."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}") \
+                from None
+        if value != value or value in (float("inf"), float("-inf")) or value < minimum \
+                or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {minimum:g}, got {text!r}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT, POSITIVE_FLOAT = _number(int, 0, strict=True), _number(float, 0, strict=True)
+NON_NEGATIVE_INT, NON_NEGATIVE_FLOAT = _number(int, 0, strict=False), _number(float, 0, strict=False)
+
+
 def _add_inventory_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     if positional:
         p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
@@ -55,7 +75,7 @@ def _add_inventory_args(p: argparse.ArgumentParser, positional: bool = True) -> 
     p.add_argument("--limit", metavar="HOSTS", help="comma-separated host names, group names or globs")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a host field on every host (e.g. --set user=student); repeatable")
-    p.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+    p.add_argument("--forks", type=POSITIVE_INT, default=32, help="nodes contacted at once (default 32)")
 
 
 # --------------------------------------------------------------------------- lab
@@ -662,7 +682,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     from cluster import study
 
     inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
-    sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    try:
+        sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        raise errors.UsageError(f"--nodes {args.nodes!r}: expected node counts separated by commas",
+                                "e.g. --nodes 1,2,4") from None
     sid, cells, page = study.run(inv, args.jobs, sizes, args.set or [], args.price_kwh,
                                  log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
     if args.json:
@@ -786,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--purge", action="store_true",
                             help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
         if name == "up":
-            sp.add_argument("nodes", type=int, metavar="N", help="number of nodes")
+            sp.add_argument("nodes", type=POSITIVE_INT, metavar="N", help="number of nodes")
             sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")
             sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
             sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
@@ -805,7 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("exec", cmd_exec, "run a shell command on every node: clusterctl exec [INVENTORY] -- CMD")
     _add_inventory_args(sp)
-    sp.add_argument("--timeout", type=float, help="per-node command timeout in seconds")
+    sp.add_argument("--timeout", type=POSITIVE_FLOAT, help="per-node command timeout in seconds")
 
     sp = add("provision", cmd_provision, "install and verify an identical training environment on every node")
     _add_inventory_args(sp)
@@ -820,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a job setting, e.g. --set epochs=2 --set optimizer.lr=0.02; repeatable")
     sp.add_argument("--host-set", action="append", metavar="KEY=VALUE", help="override a host field on every host")
-    sp.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+    sp.add_argument("--forks", type=POSITIVE_INT, default=32, help="nodes contacted at once (default 32)")
     sp.add_argument("--dry-run", action="store_true", help="print every node's files and commands; change nothing")
     sp.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
     sp.add_argument("--plan", action="store_true",
@@ -835,9 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "logs":
             sp.add_argument("--node", help="only this node")
             sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
-            sp.add_argument("-n", "--lines", type=int, default=50, help="last lines per node (default 50)")
+            sp.add_argument("-n", "--lines", type=NON_NEGATIVE_INT, default=50, help="last lines per node (default 50)")
         if name == "stop":
-            sp.add_argument("--grace", type=float, default=10.0,
+            sp.add_argument("--grace", type=NON_NEGATIVE_FLOAT, default=10.0,
                             help="seconds between SIGTERM and SIGKILL (default 10)")
 
     sp = add("collect", cmd_collect, "bring a run's logs, metrics, facts and state from every node to the head")
@@ -846,27 +870,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-i", "--inventory", metavar="INVENTORY",
                     help="reach the nodes as this inventory says (default: as recorded when the run started)")
     sp.add_argument("--with-checkpoints", action="store_true", help="also the checkpoints (large)")
-    sp.add_argument("--forks", type=int, default=32, help="nodes contacted at once (default 32)")
+    sp.add_argument("--forks", type=POSITIVE_INT, default=32, help="nodes contacted at once (default 32)")
 
     sp = add("report", cmd_report, "tables and plots comparing collected runs (HTML, Markdown, JSON)")
     sp.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: the latest run)")
     sp.add_argument("--html", metavar="FILE", help="the HTML page (default: runs/<run>/report.html, or "
                     "reports/report-<time>.html for several runs)")
     sp.add_argument("--markdown", metavar="FILE", help="also (or only) a Markdown page, plots next to it")
-    sp.add_argument("--price-kwh", type=float, metavar="PRICE", help="electricity price per kWh, for the cost column")
+    sp.add_argument("--price-kwh", type=NON_NEGATIVE_FLOAT, metavar="PRICE", help="electricity price per kWh, for the cost column")
 
     sp = add("study", cmd_study, "run each job on 1, 2, ... N nodes, collect every run and write one report")
     sp.add_argument("jobs", nargs="+", metavar="JOB", help="job names or spec files, e.g. resnet50-ddp resnet50-tf")
     sp.add_argument("--nodes", default="1,2", help="node counts, comma-separated (default 1,2); the first N nodes")
     sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting for every run; repeatable")
-    sp.add_argument("--price-kwh", type=float, metavar="PRICE", help="electricity price per kWh, for the cost column")
+    sp.add_argument("--price-kwh", type=NON_NEGATIVE_FLOAT, metavar="PRICE", help="electricity price per kWh, for the cost column")
 
     sp = add("bench", cmd_bench, "measure each node alone (training images/s) and the network (all-reduce)")
     sp.add_argument("-i", "--inventory", metavar="INVENTORY", help="inventory YAML (default: the current context)")
     sp.add_argument("--jobs", default="resnet50-ddp,resnet50-tf", help="jobs whose program, size and batch to "
                     "measure, comma-separated (default both frameworks)")
-    sp.add_argument("--steps", type=int, default=8, help="training steps per node (the first 2 are warm-up)")
+    sp.add_argument("--steps", type=POSITIVE_INT, default=8, help="training steps per node (the first 2 are warm-up)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="job setting, e.g. --set batch=16")
     sp.add_argument("--parallel", action="store_true",
                     help="all nodes at once (faster; only where nodes share no CPU, i.e. real PCs)")

@@ -169,12 +169,20 @@ def test_launch_exit_1_when_reachable_nodes_are_not_provisioned(tmp_path: Path) 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     r = run("check", "--forks", "many")
-    assert r.returncode == 2 and "invalid int value" in r.stderr
+    assert r.returncode == 2 and "argument --forks: expected a whole number, got 'many'" in r.stderr
     r = run("nosuchcommand")
     assert r.returncode == 2 and "invalid choice" in r.stderr
     r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--set", "epochs=zero", "--dry-run")
     assert r.returncode == 2 and "epochs: expected a whole number >= 1, got 'zero'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["exec", "--timeout", "-1", "--", "true"], ["check", "--forks", "0"],
+                                  ["logs", "-n", "-3"], ["bench", "--steps", "0"], ["stop", "--grace", "nan"],
+                                  ["study", "resnet50-ddp", "--nodes", "a"], ["lab", "up", "0"]])
+def test_numbers_out_of_range_exit_2_before_anything_runs(argv: list[str]) -> None:
+    r = run(*argv)
+    assert r.returncode == 2 and "expected" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_lab_without_root_exits_4(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -220,4 +228,4 @@ def test_main_returns_argparse_codes_instead_of_exiting(capsys: pytest.CaptureFi
 
     assert cli.main(["--version"]) == 0
     assert cli.main(["check", "--forks", "x"]) == 2
-    assert "invalid int value" in capsys.readouterr().err
+    assert "argument --forks: expected a whole number" in capsys.readouterr().err

@@ -345,3 +345,59 @@ def test_damaged_run_record_exit_2_or_a_clean_answer(tmp_path_factory: pytest.Te
     listed = json.loads(stdout)
     assert rc == (errors.EXIT_USAGE if any("error" in r for r in listed) else errors.EXIT_OK)
     assert all("run.json" in r["error"] and r["fix"] for r in listed if "error" in r)
+
+
+# --------------------------------------------------------------------------- any command line
+
+
+NUMBERS = st.one_of(st.integers(-3, 40).map(str), st.text(alphabet="0123456789.-einf", max_size=5))
+JOB_NAMES = st.sampled_from(["resnet50-ddp", "resnet50-tf", "nosuch", ".", "/nonexistent.yaml"]) | WORDS
+KEY_VALUES = st.builds(lambda k, v: f"{k}={v}", st.sampled_from(SETTABLE + ["user", "port", "gpu"]), SET_VALUES)
+
+
+@st.composite
+def command_lines(draw: st.DrawFn, inv: str) -> list[str]:
+    """A command line a user could type: every command that reads inventories, specs, records or numbers.
+    The only inventory with nodes is `inv` (a closed port on 127.0.0.1); nothing writes outside the test's
+    CLUSTERCTL_HOME (no `lab up/down`, no report files), and `logs -f` is left out (it follows a run)."""
+    invs = st.sampled_from([inv, "/nonexistent/inv.yaml"])
+    opt = lambda flag, values: st.one_of(st.just([]), values.map(lambda v: [f"{flag}={v}"]))  # noqa: E731
+    pick = draw(st.sampled_from(["runs", "status", "logs", "stop", "collect", "report", "plan", "bench", "study",
+                                 "exec", "check", "trust", "provision", "context", "launch", "lab"]))
+    run_ids = st.lists(WORDS, max_size=1)
+    line: list[str] = {
+        "runs": lambda: ["runs"],
+        "status": lambda: ["status", *draw(run_ids)],
+        "logs": lambda: ["logs", *draw(run_ids), *draw(opt("--node", WORDS)), *draw(opt("--lines", NUMBERS))],
+        "stop": lambda: ["stop", *draw(run_ids), *draw(opt("--grace", NUMBERS))],
+        "collect": lambda: ["collect", *draw(st.sampled_from([["--all"], []]) | run_ids), *draw(opt("-i", invs)),
+                            *draw(opt("--forks", NUMBERS))],
+        "report": lambda: ["report", *draw(run_ids), *draw(opt("--price-kwh", NUMBERS))],
+        "plan": lambda: ["plan", draw(JOB_NAMES), "-i", draw(invs), *draw(opt("--set", KEY_VALUES))],
+        "bench": lambda: ["bench", "-i", draw(invs), f"--jobs={draw(JOB_NAMES)}", *draw(opt("--steps", NUMBERS)),
+                          *draw(opt("--set", KEY_VALUES))],
+        "study": lambda: ["study", draw(JOB_NAMES), "-i", draw(invs), *draw(opt("--nodes", NUMBERS)),
+                          *draw(opt("--set", KEY_VALUES))],
+        "exec": lambda: ["exec", draw(invs), *draw(opt("--timeout", NUMBERS)), *draw(opt("--set", KEY_VALUES)),
+                         *draw(opt("--limit", WORDS)), "--", "true"],
+        "check": lambda: ["check", draw(invs), *draw(opt("--forks", NUMBERS)), *draw(opt("--set", KEY_VALUES))],
+        "trust": lambda: ["trust", draw(invs), "--yes"],
+        "provision": lambda: ["provision", draw(invs), "--dry-run", *draw(opt("--set", KEY_VALUES))],
+        "context": lambda: ["context", draw(invs | WORDS)],
+        "launch": lambda: ["launch", draw(JOB_NAMES), "-i", draw(invs), "--dry-run",
+                           *draw(opt("--set", KEY_VALUES)), *draw(opt("--host-set", KEY_VALUES)),
+                           *draw(opt("--limit", WORDS))],
+        "lab": lambda: ["lab", "status", *draw(opt("--name", WORDS))],
+    }[pick]()
+    if draw(st.booleans()) and pick not in ("exec",):
+        line.append("--json")
+    return line
+
+
+@settings(CLI, max_examples=80)
+@given(data=st.data())
+def test_any_command_line_exits_with_a_documented_code(gone_inventory: Path, data: st.DataObject) -> None:
+    """Generated command lines through `main()`: 0, 1, 2 or 3 (docs/cli.md), never a traceback or exit 70."""
+    argv = data.draw(command_lines(str(gone_inventory)))
+    rc, _, stderr = main(*argv)
+    assert_clean(rc, stderr, (errors.EXIT_OK, errors.EXIT_FAILED, errors.EXIT_USAGE, errors.EXIT_UNREACHABLE))
