@@ -229,3 +229,34 @@ def test_main_returns_argparse_codes_instead_of_exiting(capsys: pytest.CaptureFi
     assert cli.main(["--version"]) == 0
     assert cli.main(["check", "--forks", "x"]) == 2
     assert "argument --forks: expected a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["runs", "--json"], ["status"], ["status", "nosuch"], ["logs", "nosuch"],
+                                  ["stop", "nosuch"], ["collect", "nosuch"], ["report"], ["context", "/nonexistent"]])
+def test_no_such_run_or_file_exits_2(argv: list[str]) -> None:
+    """An empty $CLUSTERCTL_HOME: naming a run that is not there (or none) is bad input; listing is fine."""
+    r = run(*argv)
+    if argv[0] == "runs":
+        assert r.returncode == 0 and json.loads(r.stdout) == []
+    else:
+        assert r.returncode == 2 and "fix:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_plan_and_launch_plan_without_a_benchmark_exit_1(tmp_path: Path) -> None:
+    inv = str(mixed_inventory(tmp_path, gone=False))
+    r = run("plan", "resnet50-ddp", "-i", inv)
+    assert r.returncode == 1 and "no benchmark" in r.stderr and "clusterctl bench" in r.stderr
+    r = run("launch", "resnet50-ddp", "-i", inv, "--plan")
+    assert r.returncode == 1 and "no plan for resnet50-ddp" in r.stderr
+
+
+def test_study_exit_1_when_a_cell_did_not_succeed(tmp_path: Path) -> None:
+    r = run("study", "resnet50-ddp", "--nodes", "1", "-i", str(only_gone(tmp_path)), "--json")
+    assert r.returncode == 1
+    cells = json.loads(r.stdout)["cells"]
+    assert [(c["nodes"], c["state"]) for c in cells] == [(1, "error")] and "cannot reach" in cells[0]["error"]
+
+
+def test_lab_status_of_a_lab_that_is_not_up_exits_1() -> None:
+    r = run("lab", "status", "--name", "nolab", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["up"] is False
