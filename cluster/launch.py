@@ -114,6 +114,10 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
     if not chosen:
         raise UsageError(f"job {spec.name}: no node left after nodes={nodes!r} and --limit {limit!r}",
                          "check the job's `nodes:` and --limit")
+    clash = sorted(h.name for h in chosen if h.name in runs.RUN_FOLDER_ENTRIES)
+    if clash:  # each node's results go to runs/<id>/<node>/ beside these
+        raise UsageError(f"host name {clash[0]!r} is the name of a file clusterctl keeps in each run folder",
+                         f"rename the host in the inventory (reserved: {', '.join(sorted(runs.RUN_FOLDER_ENTRIES))})")
     return inv.ordered(chosen)
 
 

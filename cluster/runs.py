@@ -33,6 +33,8 @@ from cluster.inventory import GpuSpec, Host
 ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# What a run folder on the head holds besides one folder per node (node names must differ from these).
+RUN_FOLDER_ENTRIES = frozenset({"run.json", "rendered", "watch.log", "report.html", "report.md"})
 LOCK_WAIT_S = 30.0  # the longest a writer waits for another (holders keep locks for milliseconds)
 
 

@@ -198,3 +198,16 @@ def test_any_run_json_loads_or_is_refused_as_damaged(doc: object) -> None:
 def test_a_record_with_a_wrong_type_is_refused_naming_the_field(change: dict) -> None:
     with pytest.raises(runs.RecordError, match="damaged run record"):
         runs.RunRecord.from_dict(_record().to_dict() | change)
+
+
+@pytest.mark.parametrize("name", sorted(runs.RUN_FOLDER_ENTRIES))
+def test_a_host_named_like_a_run_folder_entry_is_refused(tmp_path: Path, name: str) -> None:
+    """Each node's results are collected into runs/<id>/<node>/, beside run.json and rendered/."""
+    from cluster import inventory, jobs
+    from cluster.errors import UsageError
+    from tests.conftest import write
+
+    inv = inventory.load(write(tmp_path, f"hosts:\n  {name}: {{address: 127.0.0.1}}\n", "inv.yaml"),
+                         check_files=False)
+    with pytest.raises(UsageError, match=f"host name '{name}' is the name of a file clusterctl keeps"):
+        launch.select_hosts(inv, jobs.load("resnet50-ddp"), None)
