@@ -88,7 +88,7 @@ class NodeStatus:
                 log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
                 processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
                 exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
-        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isdigit()}
+        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
         s.ranks = len(ranks)
         if ranks:
             recs = ranks[min(ranks)]  # the node's lowest rank speaks for it

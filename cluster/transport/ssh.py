@@ -250,8 +250,21 @@ class SSHTransport(Transport):
                                  "check the node and the network", "unreachable") from None
         finally:
             chan.close()
+        if code == -1 and self._lost(transport):  # no exit status because the connection itself went away
+            self._abort()
+            raise TransportError(f"{self.host.name}: connection lost during the command (no exit status)",
+                                 "check the node and the network, then run it again", "unreachable")
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - start)
+
+    @staticmethod
+    def _lost(transport: paramiko.Transport, wait: float = 1.0) -> bool:
+        """Did the connection die? (A command killed by a signal also ends without an exit status, on a
+        connection that stays up: give the transport's thread a moment to notice a closed socket.)"""
+        deadline = time.monotonic() + wait
+        while transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not transport.is_active()
 
     @staticmethod
     def _drain(chan: paramiko.Channel, deadline: float, timeout: float) -> tuple[bytes, bytes]:

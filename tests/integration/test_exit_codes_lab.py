@@ -58,8 +58,19 @@ def check_outcome(report: provision.ProvisionReport, state: lab.LabState) -> Non
     assert n1.status == "failed" and "verification" in (n1.error or "")
 
 
-@pytest.mark.xfail(strict=False, reason="transport/ssh.py run() returns exit -1 (no TransportError) when the "
-                   "connection drops mid-command and the next call reconnects: the drop is not seen as such")
+def test_a_command_killed_by_a_signal_is_a_failed_command_not_a_lost_node(lab2) -> None:
+    """sshd reports a signal death without an exit status, on a connection that stays up: that is the
+    command's failure (exit -1), not an unreachable node."""
+    from cluster.transport.ssh import SSHTransport
+
+    state, _ = lab2
+    host = inventory.load(Path(state.inventory)).hosts["node1"]
+    with SSHTransport(host) as t:
+        r = t.run("kill -9 $$", timeout=30)
+        assert r.exit_code == -1 and not r.ok
+        assert t.run("echo still here", timeout=30).stdout.strip() == "still here"
+
+
 def test_connection_dropped_during_a_step_is_unreachable_not_failed(lab2, monkeypatch: pytest.MonkeyPatch) -> None:
     state, d = lab2
     monkeypatch.setenv("CLUSTERCTL_HOME", str(d / "home"))

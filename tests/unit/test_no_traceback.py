@@ -428,8 +428,6 @@ def test_agent_reply_is_read_or_unanswered_never_raised(doc: dict[str, Any], noi
             assert s.state in launch.AGENT_STATES or s.state == "unanswered"
 
 
-@pytest.mark.xfail(strict=False, reason="launch.NodeStatus.from_agent: a metrics key like '²' passes str.isdigit() "
-                   "but int() refuses it (ValueError, exit 70 from `status`); isdecimal() is the test int() needs")
 def test_agent_reply_with_a_superscript_rank_key() -> None:
     s = launch.NodeStatus.from_agent("pc1", {"state": "running", "metrics": {"²": {}, "0": {}}})
     assert s.state == "running" and s.ranks == 1
