@@ -111,9 +111,12 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
     if limit:
         allowed = {h.name for h in inv.select(limit)}
         chosen = [h for h in chosen if h.name in allowed]
+    if not chosen and limit:
+        raise UsageError(f"job {spec.name}: --limit {limit!r} leaves none of the job's nodes (nodes={nodes!r})",
+                         "name hosts or groups that the job's `nodes:` includes")
     if not chosen:
-        raise UsageError(f"job {spec.name}: no node left after nodes={nodes!r} and --limit {limit!r}",
-                         "check the job's `nodes:` and --limit")
+        raise UsageError(f"job {spec.name}: nodes={nodes!r} selects no host of the inventory",
+                         "set the job's `nodes:` to all, a group or host names of the inventory")
     clash = sorted(h.name for h in chosen if h.name in runs.RUN_FOLDER_ENTRIES)
     if clash:  # each node's results go to runs/<id>/<node>/ beside these
         raise UsageError(f"host name {clash[0]!r} is the name of a file clusterctl keeps in each run folder",
