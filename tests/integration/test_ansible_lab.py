@@ -1,8 +1,11 @@
-"""Ansible inventories, written as an Ansible user would for the simulated lab, work with `trust` and
-`check` through the CLI: an INI file, and a YAML file with a group_vars/ directory and templated vars.
+"""Ansible inventories, written as an Ansible user would for the simulated lab, work with `trust`,
+`check`, `provision` and `launch` through the CLI: an INI file, and a YAML file with a group_vars/ directory
+and templated vars.
 """
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +55,8 @@ def _yaml_with_group_vars(state: lab.LabState, d: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["ini", "yaml"])
-def test_trust_and_check_with_an_ansible_inventory(lab2: lab.LabState, tmp_path: Path, kind: str) -> None:
+def test_trust_check_provision_launch_with_an_ansible_inventory(lab2: lab.LabState, tmp_path: Path,
+                                                               kind: str) -> None:
     inv = _ini(lab2, tmp_path) if kind == "ini" else _yaml_with_group_vars(lab2, tmp_path)
     # first contact: no known_hosts yet, so check refuses the unknown keys (exit 3) until trust
     rc, data = clusterctl_json("check", str(inv))
@@ -68,3 +72,12 @@ def test_trust_and_check_with_an_ansible_inventory(lab2: lab.LabState, tmp_path:
     for node, n in zip(lab2.nodes, data["nodes"]):
         assert n["facts"]["hostname"]["name"] == node.hostname  # the right node behind each address
         assert n["facts"]["disk"]["path"] == "/srv/cluster"
+    # provision (this interpreter through the shared filesystem: the verified state in seconds) and a tiny run
+    env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
+    rc, res = clusterctl_json("provision", str(inv), "--set", f"python={sys.executable}",
+                              "--set", "vars.python_env=existing", env=env, timeout=600)
+    assert rc == 0, json.dumps(res)[-2000:]
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "-i", str(inv), "--set", "epochs=1", "--set", "threads=1",
+                              "--set", "max_steps=2", env=env, timeout=600)
+    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-2000:]
+    assert [n["node"] for n in rec["nodes"]] == [n.name for n in lab2.nodes] and rec["world_size"] == 2
