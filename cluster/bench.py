@@ -21,6 +21,7 @@ from cluster import datasets, jobs, launch, paths, provision
 from cluster.errors import EXIT_UNREACHABLE, ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
+from cluster.replies import agent_reply, error_tail
 
 WARMUP_STEPS = 2
 MODEL_BYTES = 23_528_522 * 4  # ResNet50 with 10 classes, fp32: what DDP all-reduces every step
@@ -103,7 +104,7 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
                         if r.ok:
                             rates.setdefault(name, []).append(step_rate(r.stdout, b))
                         else:
-                            result["errors"][f"{spec.name}/{name}"] = (r.error or r.stderr.strip()[-500:])
+                            result["errors"][f"{spec.name}/{name}"] = r.error or error_tail(r.stderr, 500)
                             if r.status == "unreachable" and name not in result["unreachable"]:
                                 result["unreachable"].append(name)  # the CLI exits 3, not 1
                 per_node.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
@@ -137,11 +138,11 @@ def network(group: Group, hosts: list[Host], backend: str) -> dict[str, Any] | N
         _require_reachable(res, f"the network test ({what})")
         docs = {}
         for n, r in res.items():
-            try:
-                docs[n] = json.loads(r.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                raise ClusterError(f"network test ({what}) failed on {n}: {(r.error or r.stderr).strip()[-300:]}",
-                                   "check the nodes reach each other: clusterctl provision --verify") from None
+            doc = agent_reply(r.stdout)
+            if doc is None:
+                raise ClusterError(f"network test ({what}) failed on {n}: {error_tail(r.error or r.stderr)}",
+                                   "check the nodes reach each other: clusterctl provision --verify")
+            docs[n] = doc
         if what == "bandwidth":
             out["busbw_MBps"] = min(d["busbw_MBps"] for d in docs.values())
             out["model_allreduce_s"] = max(d["median_s"] for d in docs.values())

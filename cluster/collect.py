@@ -23,6 +23,7 @@ from cluster.wheelhouse import sha256_file
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host
+from cluster.replies import agent_reply, error_tail
 from cluster.transport import Transport
 
 
@@ -122,14 +123,13 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
     start = time.monotonic()
     args = [run_dir] + (["checkpoints"] if checkpoints else [])
     r = t.run(render.agent_command(h, "manifest", *args), timeout=1800)
-    try:
-        listing = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ClusterError(f"no file list from the node: {(r.stderr or r.stdout).strip()[-300:]}",
-                           "is the run folder still there? `clusterctl exec -- ls <workdir>/runs`") from None
-    if not isinstance(listing, dict) or not listing.get("ok") or not isinstance(listing.get("files"), list):
-        error = listing.get("error") if isinstance(listing, dict) else None
-        raise ClusterError(f"no file list from the node: {error or str(listing)[:300]}", "check `clusterctl runs`")
+    listing = agent_reply(r.stdout)
+    if listing is None:
+        raise ClusterError(f"no file list from the node: {error_tail(r.stderr or r.stdout)}",
+                           "is the run folder still there? `clusterctl exec -- ls <workdir>/runs`")
+    if not listing.get("ok") or not isinstance(listing.get("files"), list):
+        raise ClusterError(f"no file list from the node: {listing.get('error') or str(listing)[:300]}",
+                           "check `clusterctl runs`")
     dest.mkdir(parents=True, exist_ok=True)
     res.skipped = [x for x in listing.get("skipped", []) if isinstance(x, dict)]
     for entry in listing["files"]:

@@ -30,6 +30,7 @@ from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
 from cluster.jobs import JobError, JobSpec
+from cluster.replies import agent_reply, error_tail
 
 PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py")
 DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
@@ -342,11 +343,6 @@ def require(results: Any, what: str, record: runs.RunRecord | None = None) -> No
     raise ClusterError(message, "fix the node shown (disk space, permissions) and launch again")
 
 
-def error_tail(text: str | None, chars: int = 300) -> str:
-    """The end of a command's output, where the reason usually is."""
-    return (text or "").strip()[-chars:]
-
-
 def _first_error(results: Any, what: str) -> tuple[str, str]:
     """(a message naming every node where `what` failed, the first of them)."""
     bad = {n: r for n, r in results.items() if not r.ok}
@@ -428,22 +424,13 @@ def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) ->
                 out[h.name] = NodeStatus.from_agent(h.name, doc)
             else:
                 out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "unanswered",
-                                         error=r.error or (r.stderr or "").strip()[-300:] or "no answer")
+                                         error=r.error or error_tail(r.stderr) or "no answer")
         return out
 
     if group is not None:
         return ask(group)
     with Group(hosts) as g:
         return ask(g)
-
-
-def agent_reply(stdout: str | None) -> dict[str, Any] | None:
-    """The node agent's answer: the JSON object on its last output line, or None."""
-    try:
-        doc = json.loads((stdout or "").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
@@ -593,7 +580,7 @@ def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | No
         doc = agent_reply(r.stdout)
         if doc is None and r.status == "ok" and "no run folder" in (r.stdout or ""):
             doc = {"ok": True}
-        out[n] = doc if doc is not None else {"ok": False, "error": r.error or (r.stderr or "").strip()[-300:]
+        out[n] = doc if doc is not None else {"ok": False, "error": r.error or error_tail(r.stderr)
                                                                    or r.status, "status": r.status}
     return out
 

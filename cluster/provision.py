@@ -15,6 +15,7 @@ from cluster import __version__, compat, facts, paths, playbook, wheelhouse
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
+from cluster.replies import agent_reply, error_tail
 
 LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), then re-run provision: "
             "it repeats only what is not done")
@@ -280,8 +281,10 @@ def _verify(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], report
                 return {**state["fingerprint"], "reused_from": state.get("time"), "stamp": stamp}
         r = t.run(f"{shlex.quote(env_python(h))} {shlex.quote(h.workdir + '/clusterctl/envcheck.py')}", timeout=600)
         if r.exit_code != 0:
-            raise ClusterError(f"the environment check did not run: {(r.stderr or r.stdout).strip()[-400:]}")
-        fp = json.loads(r.stdout.strip().splitlines()[-1])
+            raise ClusterError(f"the environment check did not run: {error_tail(r.stderr or r.stdout, 400)}")
+        fp = agent_reply(r.stdout)
+        if fp is None:
+            raise ClusterError(f"the environment check printed no JSON: {error_tail(r.stdout, 400)}")
         if fp.get("purelib"):
             fp["stamp"] = t.run(stamp_command(fp["purelib"]), timeout=120).stdout.split()[0]
         return fp
@@ -357,15 +360,12 @@ def _allreduce(group: Group, hosts: list[Host], out: dict[str, NodeOutcome], rep
     lost = _lost(group, [n for n, r in results.items() if not r.ok])
     for h in hosts:
         r, o = results[h.name], out[h.name]
-        try:
-            o.allreduce = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError, AttributeError):
-            o.allreduce = None
+        o.allreduce = agent_reply(r.stdout)
         if r.status == "unreachable" or h.name in lost:
             o.allreduce = None
             o.fail("unreachable", f"connection lost during the all-reduce test: {r.error}", LOST_FIX)
         elif not r.ok or not isinstance(o.allreduce, dict) or not o.allreduce.get("ok"):
-            tail = (r.stderr or r.stdout or r.error or "").strip()[-500:]
+            tail = error_tail(r.stderr or r.stdout or r.error, 500)
             o.fail("failed", f"all-reduce across {len(hosts)} nodes failed: {tail}",
                    "check that the nodes reach each other on the lab network (firewall, interface in cluster.env)")
 
