@@ -70,7 +70,7 @@ def main() -> int:
     sh([str(tmp / "ansible/bin/pip"), "install", "-q", "ansible-core"], what="pip install ansible-core")
     ansible_version = sh([str(tmp / "ansible/bin/ansible"), "--version"]).stdout.splitlines()[0]
 
-    build = compat.plan_cluster([compat.plan_node("x", [])], torch_index=None).builds["x"]
+    build = compat.build_plan([compat.node_options("x", [])], torch_index=None).builds["x"]
     reqs = build.requirements() + list(provision.EXTRA_PACKAGES)
     wh = wheelhouse.build(reqs, "3.11")
     shared = tmp / "sharedenv"

@@ -1,10 +1,10 @@
 """Which PyTorch / TensorFlow build each node can run, from its GPU and driver.
 
 The facts are data with their sources (../shared/COMPAT-FACTS.md, September 2026);
-what is inferred rather than tested on a GPU says so. `plan_node` finds every
-build a node can run; `plan_cluster` picks one version of each framework that all
+what is inferred rather than tested on a GPU says so. `node_options` finds every
+build a node can run; `build_plan` picks one version of each framework that all
 nodes share (mixed versions hang or corrupt collectives) and the backend every
-rank must use.
+rank must use: the cluster's BuildPlan, which provision installs.
 """
 from __future__ import annotations
 
@@ -99,7 +99,9 @@ def driver_ok(driver: str, cuda_major: int) -> bool:
 
 
 @dataclass
-class NodePlan:
+class NodeOptions:
+    """Every build one node could run, or why it can run none (refusal + fix)."""
+
     host: str
     gpu: str | None
     compute_capability: str | None
@@ -116,46 +118,46 @@ class NodePlan:
         return self.refusal is None
 
 
-def plan_node(host: str, gpus: list[dict[str, Any]]) -> NodePlan:
+def node_options(host: str, gpus: list[dict[str, Any]]) -> NodeOptions:
     """Every build this node can run. `gpus`: facts' GPU list (name, compute_capability, driver)."""
     if not gpus:
-        return NodePlan(host, None, None, None, torch_options=list(TORCH_CPU.values()),
-                        notes=["no GPU: CPU builds, gloo"])
+        return NodeOptions(host, None, None, None, torch_options=list(TORCH_CPU.values()),
+                           notes=["no GPU: CPU builds, gloo"])
     g = gpus[0]
     name, cc, driver = g["name"], g.get("compute_capability"), g.get("driver")
-    plan = NodePlan(host, name, cc, driver)
+    opts = NodeOptions(host, name, cc, driver)
     if cc is None:
-        plan.refusal = f"compute capability of {name} is unknown (nvidia-smi gave none and the name is not in the table)"
-        plan.fix = "set it in the inventory: gpu: {compute_capability: \"6.1\"}"
-        return plan
+        opts.refusal = f"compute capability of {name} is unknown (nvidia-smi gave none and the name is not in the table)"
+        opts.fix = "set it in the inventory: gpu: {compute_capability: \"6.1\"}"
+        return opts
     if len({(x["name"], x.get("compute_capability")) for x in gpus}) > 1:
-        plan.notes.append("several GPU models in one node: planned for the first, "
+        opts.notes.append("several GPU models in one node: planned for the first, "
                           + ", ".join(x["name"] for x in gpus))
     if _cc(cc) < (7, 5) and _driver(driver)[0] > LAST_DRIVER_BRANCH_FOR_OLD_ARCHS:
-        plan.refusal = (f"driver {driver} does not support {name} (compute capability {cc}): branches after "
+        opts.refusal = (f"driver {driver} does not support {name} (compute capability {cc}): branches after "
                         f"R{LAST_DRIVER_BRANCH_FOR_OLD_ARCHS} dropped Maxwell, Pascal and Volta")
-        plan.fix = (f"install the R580 driver ({RECOMMENDED_DRIVER} or a newer 580.x; proprietary kernel modules), "
+        opts.fix = (f"install the R580 driver ({RECOMMENDED_DRIVER} or a newer 580.x; proprietary kernel modules), "
                     "supported until August 2028")
-        return plan
-    plan.torch_options = [b for b in TORCH_BUILDS
+        return opts
+    opts.torch_options = [b for b in TORCH_BUILDS
                           if runs_on(b.archs, b.ptx, cc) and driver_ok(driver, b.cuda_major or 0)]
-    if not plan.torch_options:
+    if not opts.torch_options:
         arch_ok = [b for b in TORCH_BUILDS if runs_on(b.archs, b.ptx, cc)]
         if arch_ok:
             need = min(MIN_DRIVER_FOR_CUDA_MAJOR[b.cuda_major or 0] for b in arch_ok)
-            plan.refusal = f"driver {driver} is too old for every PyTorch build for {name} (needs >= {need})"
-            plan.fix = f"install the R580 driver ({RECOMMENDED_DRIVER})"
+            opts.refusal = f"driver {driver} is too old for every PyTorch build for {name} (needs >= {need})"
+            opts.fix = f"install the R580 driver ({RECOMMENDED_DRIVER})"
         else:
-            plan.refusal = (f"no supported PyTorch build runs on {name} (compute capability {cc}); "
+            opts.refusal = (f"no supported PyTorch build runs on {name} (compute capability {cc}); "
                             "the oldest builds start at 3.7 (cu118) and 5.0 (cu126)")
-            plan.fix = "use this PC as a CPU-only node: gpu: none in the inventory"
-        return plan
-    plan.tf_gpu_options = [t for t in TF_BUILDS if runs_on(t.archs, t.ptx, cc) and driver_ok(driver, 12)]
-    if not plan.tf_gpu_options:
-        plan.notes.append(f"TensorFlow runs on the CPU here: its CUDA 12 builds need driver >= "
+            opts.fix = "use this PC as a CPU-only node: gpu: none in the inventory"
+        return opts
+    opts.tf_gpu_options = [t for t in TF_BUILDS if runs_on(t.archs, t.ptx, cc) and driver_ok(driver, 12)]
+    if not opts.tf_gpu_options:
+        opts.notes.append(f"TensorFlow runs on the CPU here: its CUDA 12 builds need driver >= "
                           f"{MIN_DRIVER_FOR_CUDA_MAJOR[12]} and one built for cc {cc}")
-    plan.amp = _cc(cc) >= AMP_MIN_CC
-    return plan
+    opts.amp = _cc(cc) >= AMP_MIN_CC
+    return opts
 
 
 @dataclass
@@ -195,8 +197,10 @@ class NodeBuild:
 
 
 @dataclass
-class ClusterPlan:
-    nodes: dict[str, NodePlan]
+class BuildPlan:
+    """The cluster's builds: one torch and one TF version for all, each node's packages, the backend."""
+
+    nodes: dict[str, NodeOptions]
     builds: dict[str, NodeBuild]
     backend: str
     torch: str | None
@@ -209,16 +213,16 @@ class ClusterPlan:
                 "refused": {h: {"reason": r, "fix": self.nodes[h].fix} for h, r in self.refused.items()}}
 
 
-def plan_cluster(plans: list[NodePlan], torch_index: str | None = "pytorch") -> ClusterPlan:
+def build_plan(options: list[NodeOptions], torch_index: str | None = "pytorch") -> BuildPlan:
     """One torch and one TF version for all nodes that can run any; the backend all ranks share.
 
     `torch_index`: "pytorch" (download.pytorch.org, per-variant local versions) or None
     (the default index's plain `torch==X`, e.g. a mirror of PyPI).
     """
-    usable = [p for p in plans if p.ok]
-    refused = {p.host: p.refusal or "" for p in plans if not p.ok}
+    usable = [p for p in options if p.ok]
+    refused = {p.host: p.refusal or "" for p in options if not p.ok}
     if not usable:
-        return ClusterPlan({p.host: p for p in plans}, {}, "gloo", None, None, refused)
+        return BuildPlan({p.host: p for p in options}, {}, "gloo", None, None, refused)
     common = [v for v in dict.fromkeys(b.version for b in TORCH_BUILDS)
               if all(any(o.version == v for o in p.torch_options) for p in usable)]
     if not common:
@@ -252,4 +256,4 @@ def plan_cluster(plans: list[NodePlan], torch_index: str | None = "pytorch") -> 
             tf_package="tensorflow[and-cuda]" if tf_gpu else "tensorflow-cpu", tf_on_gpu=tf_gpu is not None,
             pins=pins, backend=backend, amp=p.amp, gpu=p.gpu, compute_capability=p.compute_capability,
             driver=p.driver, notes=notes)
-    return ClusterPlan({p.host: p for p in plans}, builds, backend, torch_v, tf_v, refused)
+    return BuildPlan({p.host: p for p in options}, builds, backend, torch_v, tf_v, refused)

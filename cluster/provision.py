@@ -59,7 +59,7 @@ class NodeOutcome:
 class ProvisionReport:
     inventory: str
     dry_run: bool
-    plan: compat.ClusterPlan | None
+    plan: compat.BuildPlan | None  # shown as "plan" in --json
     nodes: dict[str, NodeOutcome]
     fingerprint_diff: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -130,7 +130,7 @@ def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool =
                 nf[h.name] = r.value
             else:
                 out[h.name].fail("unreachable" if r.status == "unreachable" else "failed", r.error or r.status, r.fix)
-        report.plan = _plan(inv, [h for h in hosts if h.name in nf], nf, out)
+        report.plan = _build_plan(inv, [h for h in hosts if h.name in nf], nf, out)
         planned = [h for h in hosts if report.plan and h.name in report.plan.builds and out[h.name].status == "pending"]
         whs = _wheelhouses(planned, nf, report.plan, dry_run, log, out)
 
@@ -188,13 +188,13 @@ def _settle(group: Group, hosts: list[Host], results: Any, out: dict[str, NodeOu
             o.fail("failed", f"{stage}: {r.error or r.status}", r.fix)
 
 
-def _plan(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts],
-          out: dict[str, NodeOutcome]) -> compat.ClusterPlan | None:
+def _build_plan(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts],
+                out: dict[str, NodeOutcome]) -> compat.BuildPlan | None:
     if not hosts:
         return None
-    plans = [compat.plan_node(h.name, node_gpus(h, nf[h.name])) for h in hosts]
+    options = [compat.node_options(h.name, node_gpus(h, nf[h.name])) for h in hosts]
     index = hosts[0].vars.get("torch_index", "pytorch")
-    cp = compat.plan_cluster(plans, torch_index=None if index == "pypi" else "pytorch")
+    cp = compat.build_plan(options, torch_index=None if index == "pypi" else "pytorch")
     for h, reason in cp.refused.items():
         out[h].fail("refused", reason, cp.nodes[h].fix)
     for h, b in cp.builds.items():
@@ -202,7 +202,7 @@ def _plan(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts],
     return cp
 
 
-def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.ClusterPlan | None,
+def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
                  dry_run: bool, log: Callable[[str], None],
                  out: dict[str, NodeOutcome]) -> dict[str, wheelhouse.Wheelhouse]:
     """One wheelhouse per (requirements, Python minor); built on the head once, cached across runs."""

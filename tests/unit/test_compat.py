@@ -1,4 +1,4 @@
-"""The compatibility plan for the GPUs a recycled lab holds, against drivers 470/535/580/590."""
+"""The build plan for the GPUs a recycled lab holds, against drivers 470/535/580/590."""
 from __future__ import annotations
 
 import pytest
@@ -35,18 +35,18 @@ def gpu(name: str, driver: str) -> list[dict]:
 @pytest.mark.parametrize("case", sorted(EXPECTED), ids=lambda c: f"{c[0]}-{c[1]}")
 def test_node_plan_matrix(case: tuple[str, str]) -> None:
     name, drv = case
-    plan = compat.plan_node("n", gpu(name, drv))
+    opts = compat.node_options("n", gpu(name, drv))
     want = EXPECTED[case]
     if isinstance(want, str):
-        assert not plan.ok and want in plan.refusal
-        assert "R580" in plan.fix and compat.RECOMMENDED_DRIVER in plan.fix
+        assert not opts.ok and want in opts.refusal
+        assert "R580" in opts.fix and compat.RECOMMENDED_DRIVER in opts.fix
         return
     torch, tf, amp = want
-    best = plan.torch_options[0]
-    assert plan.ok and f"{best.version}+{best.variant}" == torch
-    assert (plan.tf_gpu_options[0].version if plan.tf_gpu_options else None) == tf
-    assert plan.amp is amp
-    alone = compat.plan_cluster([plan]).builds["n"]
+    best = opts.torch_options[0]
+    assert opts.ok and f"{best.version}+{best.variant}" == torch
+    assert (opts.tf_gpu_options[0].version if opts.tf_gpu_options else None) == tf
+    assert opts.amp is amp
+    alone = compat.build_plan([opts]).builds["n"]
     assert alone.backend == "nccl"
     assert alone.tf_package == ("tensorflow[and-cuda]" if tf else "tensorflow-cpu")
     pascal_or_older_on_tf221 = tf == "2.21.0" and float(GPUS[name]) < 7.5
@@ -55,26 +55,26 @@ def test_node_plan_matrix(case: tuple[str, str]) -> None:
 
 @pytest.mark.parametrize("drv", sorted(DRIVERS))
 def test_cpu_only_node_any_driver(drv: str) -> None:
-    plan = compat.plan_node("cpu", [])
-    b = compat.plan_cluster([plan]).builds["cpu"]
+    opts = compat.node_options("cpu", [])
+    b = compat.build_plan([opts]).builds["cpu"]
     assert (b.torch, b.torch_variant, b.tensorflow, b.tf_package, b.backend, b.amp) == (
         "2.14.1", "cpu", "2.21.0", "tensorflow-cpu", "gloo", False)
     assert b.requirements()[:3] == ["torch==2.14.1+cpu", "torchvision==0.29.1+cpu", "tensorflow-cpu==2.21.0"]
 
 
 def test_unknown_and_too_old_gpus_are_refused_with_a_fix() -> None:
-    p = compat.plan_node("k", [{"name": "GeForce GTX 780", "compute_capability": "3.5", "driver": "470.256.02"}])
+    p = compat.node_options("k", [{"name": "GeForce GTX 780", "compute_capability": "3.5", "driver": "470.256.02"}])
     assert not p.ok and "no supported PyTorch build" in p.refusal and "gpu: none" in p.fix
-    p = compat.plan_node("x", [{"name": "Mystery GPU", "compute_capability": None, "driver": "580.95.05"}])
+    p = compat.node_options("x", [{"name": "Mystery GPU", "compute_capability": None, "driver": "580.95.05"}])
     assert not p.ok and "compute_capability" in p.fix
-    p = compat.plan_node("o", [{"name": "GeForce GTX 1050 Ti", "compute_capability": "6.1", "driver": "440.100"}])
+    p = compat.node_options("o", [{"name": "GeForce GTX 1050 Ti", "compute_capability": "6.1", "driver": "440.100"}])
     assert not p.ok and "too old" in p.refusal and ">= 450.80.02" in p.refusal
 
 
 def test_mixed_lab_agrees_on_versions_and_backend() -> None:
-    plans = [compat.plan_node("pc1", gpu("GTX 1050 Ti", "580")), compat.plan_node("pc2", gpu("GTX 970", "580")),
-             compat.plan_node("pc4", [])]
-    cp = compat.plan_cluster(plans)
+    options = [compat.node_options("pc1", gpu("GTX 1050 Ti", "580")), compat.node_options("pc2", gpu("GTX 970", "580")),
+             compat.node_options("pc4", [])]
+    cp = compat.build_plan(options)
     assert cp.torch == "2.14.1" and cp.tensorflow == "2.16.2"  # the 970 (Maxwell) sets TF's version
     assert cp.backend == "gloo"  # one CPU-only rank: every rank uses gloo
     assert [cp.builds[h].torch_variant for h in ("pc1", "pc2", "pc4")] == ["cu126", "cu126", "cpu"]
@@ -83,7 +83,7 @@ def test_mixed_lab_agrees_on_versions_and_backend() -> None:
 
 
 def test_one_old_driver_pulls_the_lab_to_a_common_torch() -> None:
-    cp = compat.plan_cluster([compat.plan_node("a", gpu("GTX 1080", "470")), compat.plan_node("b", gpu("RTX 3090", "580"))])
+    cp = compat.build_plan([compat.node_options("a", gpu("GTX 1080", "470")), compat.node_options("b", gpu("RTX 3090", "580"))])
     assert cp.torch == "2.7.1" and {b.torch_variant for b in cp.builds.values()} == {"cu118"}
     assert cp.backend == "nccl"
     # the same TF version everywhere: on the GPU where the driver allows, on the CPU on the R470 node
@@ -92,19 +92,19 @@ def test_one_old_driver_pulls_the_lab_to_a_common_torch() -> None:
 
 
 def test_refused_nodes_are_reported_and_the_rest_planned() -> None:
-    cp = compat.plan_cluster([compat.plan_node("a", gpu("GTX 1080", "590")), compat.plan_node("b", [])])
+    cp = compat.build_plan([compat.node_options("a", gpu("GTX 1080", "590")), compat.node_options("b", [])])
     assert set(cp.refused) == {"a"} and set(cp.builds) == {"b"}
     assert cp.to_dict()["refused"]["a"]["fix"].startswith("install the R580 driver")
 
 
 def test_no_common_torch_is_an_error() -> None:
-    old = compat.plan_node("old", [{"name": "Tesla K80", "compute_capability": "3.7", "driver": "470.256.02"}])
-    new = compat.plan_node("new", gpu("RTX 3090", "580"))
+    old = compat.node_options("old", [{"name": "Tesla K80", "compute_capability": "3.7", "driver": "470.256.02"}])
+    new = compat.node_options("new", gpu("RTX 3090", "580"))
     new.torch_options = [o for o in new.torch_options if o.version != "2.7.1"]
     with pytest.raises(ClusterError, match="no PyTorch version runs on every node"):
-        compat.plan_cluster([old, new])
+        compat.build_plan([old, new])
 
 
 def test_pypi_index_uses_plain_versions() -> None:
-    b = compat.plan_cluster([compat.plan_node("c", [])], torch_index=None).builds["c"]
+    b = compat.build_plan([compat.node_options("c", [])], torch_index=None).builds["c"]
     assert b.requirements()[:2] == ["torch==2.14.1", "torchvision==0.29.1"]
