@@ -29,6 +29,7 @@ from cluster import paths
 from cluster.errors import LabError, UsageError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
 SSHD = "/usr/sbin/sshd"
 MOUNT_POINT = Path("/srv/cluster")
 SSHD_CONFIG = """\
@@ -73,6 +74,8 @@ class LabState:
     dir: str
     inventory: str
     nodes: list[NodeState]
+    uplink: str | None = None  # the head's NIC: one limit shared by all head<->node traffic
+    ifb: str | None = None  # the device that shapes node->head traffic (the bridge's ingress, redirected)
 
 
 def default_dir(name: str) -> Path:
@@ -145,12 +148,17 @@ def _subnet_in_use(net: ipaddress.IPv4Network, own_bridge: str) -> str | None:
 
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
-       directory: Path | None = None, cpu_quotas: list[float] | None = None) -> LabState:
+       directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None) -> LabState:
     """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
 
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
-    may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds."""
+    may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds.
+    `uplink` models the head's one NIC: every byte between the head and any node shares that rate."""
     net = _validate(name, nodes, subnet)
+    for flag, rate in (("--bandwidth", bandwidth), ("--uplink", uplink)):
+        if rate is not None and not RATE_RE.match(rate):
+            raise UsageError(f"{flag} {rate!r} is not a rate tc understands",
+                             f"a number and a unit, e.g. {flag} 1gbit, 100mbit or 12.5mbps")
     if cpu_quotas is not None and (len(cpu_quotas) != nodes or not all(0.05 <= q <= 1.0 for q in cpu_quotas)):
         raise UsageError(f"--cpu-quota: expected {nodes} fractions of a core between 0.05 and 1, got {cpu_quotas}",
                          "e.g. --cpu-quota 1,0.35 for two nodes")
@@ -176,8 +184,10 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
     _sh("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", bridge)
     _sh("ip", "link", "set", bridge, "up")
     state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(gateway), bandwidth=bandwidth,
-                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[])
+                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink)
     try:
+        if uplink:
+            state.ifb = _shape_uplink(name, bridge, uplink)
         for i in range(1, nodes + 1):
             node = NodeState(name=f"node{i}", netns=f"{name}-n{i}", veth=f"{name}-v{i}",
                              address=str(hosts[9 + i]), hostname=f"node{i}", dir=str(d / f"node{i}"))
@@ -211,6 +221,25 @@ def _start_links(node: NodeState, bridge: str, prefix: int, bandwidth: str | Non
         tbf = ("root", "tbf", "rate", bandwidth, "burst", "128kb", "latency", "50ms")
         _sh("tc", "qdisc", "add", "dev", node.veth, *tbf)
         _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
+
+
+def _shape_uplink(name: str, bridge: str, rate: str) -> str:
+    """One limit for the head's side of the bridge, in each direction: what the head sends to any node
+    leaves through the bridge device's root qdisc; what any node sends to the head arrives on the bridge's
+    ingress, which is redirected to an ifb device shaped the same way. Frames from node to node are
+    forwarded between the ports without passing either, like a switch. Only the lab's own devices are
+    touched (never the host's routes, firewall or other interfaces). Returns the ifb's name."""
+    ifb = f"{name}-ifb"
+    tbf = ("root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms")
+    _sh("tc", "qdisc", "add", "dev", bridge, *tbf)
+    _sh("ip", "link", "add", ifb, "type", "ifb")
+    _sh("ip", "link", "set", ifb, "up")
+    _sh("tc", "qdisc", "add", "dev", ifb, *tbf)
+    _sh("tc", "qdisc", "add", "dev", bridge, "handle", "ffff:", "ingress")
+    # u32 matching everything (cls_matchall is not in every kernel)
+    _sh("tc", "filter", "add", "dev", bridge, "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
+        "action", "mirred", "egress", "redirect", "dev", ifb)
+    return ifb
 
 
 def _start_sshd(node: NodeState, d: Path) -> None:
@@ -336,7 +365,7 @@ def _netns_list(name: str) -> list[str]:
 
 def _links(name: str) -> list[str]:
     out = _sh("ip", "-o", "link", "show", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(br|v\d+)$")
+    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+)$")
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     return [n for n in names if pat.match(n)]
 
