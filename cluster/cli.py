@@ -90,7 +90,7 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         except ValueError:
             raise errors.UsageError(f"--cpu-quota {args.cpu_quota!r}: expected numbers", "e.g. --cpu-quota 1,0.35") from None
         state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth, cpu_quotas=quotas,
-                       directory=Path(args.dir) if args.dir else None)
+                       directory=Path(args.dir) if args.dir else None, uplink=args.uplink)
     context.set_current(Path(state.inventory))
     if args.json:
         _emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
@@ -105,6 +105,8 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
     out.print(t)
     if state.bandwidth:
         out.print(f"links shaped to {state.bandwidth} in both directions")
+    if state.uplink:
+        out.print(f"the head's uplink: {state.uplink} in each direction, shared by all nodes")
     out.print(f"inventory: {escape(state.inventory)} (now the current context)")
     return errors.EXIT_OK
 
@@ -813,6 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("nodes", type=POSITIVE_INT, metavar="N", help="number of nodes")
             sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")
             sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
+            sp.add_argument("--uplink", metavar="RATE",
+                            help="the head's NIC: one limit shared by all head<->node traffic, e.g. 1gbit")
             sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
                             help="heterogeneous nodes: pin node i to one core and let it use Qi of it "
                                  "(cgroup CPU bandwidth), e.g. 1,0.35")
