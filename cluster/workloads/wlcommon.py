@@ -6,6 +6,7 @@ import math
 import os
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
+COMPRESSIONS = ("none", "fp16", "powersgd")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -36,6 +37,25 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "on GPU nodes, 0 on CPU-only nodes (whose cores do the training)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
+    ap.add_argument("--grad-compression", default="none", choices=list(COMPRESSIONS),
+                    help="gradients on the wire: none (float32), fp16 (cast for the all-reduce and back), "
+                    "powersgd (PyTorch only: low-rank with error feedback and warm start)")
+    ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
+    ap.add_argument("--powersgd-start-step", type=int, default=0,
+                    help="optimizer steps of plain all-reduce before PowerSGD starts (>= 2); 0: the warm-up's "
+                    "steps, at least 2")
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="micro-batches per optimizer step: one all-reduce per ACCUMULATE batches of --batch")
+    ap.add_argument("--bucket-mb", type=float, default=0.0,
+                    help="DDP gradient bucket size in MiB; 0: DDP's default (25 MiB, first bucket 1 MiB)")
+    ap.add_argument("--tf-implementation", default="auto", choices=["auto", "ring", "nccl"],
+                    help="TensorFlow CommunicationOptions implementation (MWMS)")
+    ap.add_argument("--tf-bytes-per-pack", type=int, default=0,
+                    help="TensorFlow CommunicationOptions bytes_per_pack (0: TensorFlow decides)")
+    ap.add_argument("--collective-timeout-s", type=float, default=120.0,
+                    help="a collective that waits longer for a peer fails, so a dead or frozen peer ends the "
+                    "run instead of hanging it (torch: process-group timeout; TF: collective timeout and the "
+                    "coordination service's heartbeat timeout); 0: the framework's default")
 
 
 def parse_shares(text: str) -> dict[str, int]:
@@ -149,3 +169,47 @@ def epoch_order(n: int, seed: int, epoch: int):
     import numpy as np
 
     return np.random.default_rng(seed * 1000003 + epoch).permutation(n)
+
+
+def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -> int:
+    """The optimizer step PowerSGD starts at: as asked, else after the learning-rate warm-up (its early
+    steps are the most sensitive to a biased gradient); never before step 2, because DDP rebuilds its
+    buckets after the first step and PowerSGD's per-bucket state must not see the old buckets."""
+    if requested:
+        return max(2, requested)
+    return max(2, int(round(warmup_epochs * steps_per_epoch)))
+
+
+def powersgd_elements(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> int:
+    """Elements PowerSGD all-reduces per step for gradients of these shapes, as torch's powerSGD_hook
+    decides per tensor: a tensor viewed as n x m (n = first dimension) is sent as P (n x r) and Q (m x r)
+    when (n + m) * r * min_compression_rate < n * m, with r = min(n, m, rank); else uncompressed."""
+    total = 0
+    for shape in shapes:
+        n = shape[0] if shape else 1
+        m = math.prod(shape[1:]) if len(shape) > 1 else 1
+        r = min(n, m, rank)
+        total += (n + m) * r if (n + m) * r * min_compression_rate < n * m else n * m
+    return total
+
+
+def comm_volume(shapes: list[tuple[int, ...]], world: int, compression: str, powersgd_rank: int = 2,
+                elem_bytes: int = 4) -> dict[str, float]:
+    """Bytes one rank all-reduces and sends per optimizer step, exactly from the gradients' shapes.
+
+    `allreduce_payload_bytes`: what is handed to the all-reduce(s) (float32: 4 bytes per element,
+    fp16: 2, powersgd: P, Q and the uncompressed tensors in float32). `bytes_sent_per_step_ring`: what a
+    ring all-reduce sends per rank for that payload, 2 (world - 1) / world times it (reduce-scatter then
+    all-gather); with PowerSGD before its start step the plain figure applies. Buffers DDP broadcasts
+    (BatchNorm statistics) are not gradients and are not counted."""
+    elements = sum(math.prod(s) for s in shapes)
+    if compression == "fp16":
+        payload = elements * 2
+    elif compression == "powersgd":
+        payload = powersgd_elements(shapes, powersgd_rank) * elem_bytes
+    else:
+        payload = elements * elem_bytes
+    ring = 2.0 * (world - 1) / world if world > 1 else 0.0
+    return {"grad_elements": elements, "grad_bytes": elements * elem_bytes, "allreduce_payload_bytes": payload,
+            "bytes_sent_per_step_ring": round(payload * ring),
+            "bytes_sent_per_step_ring_uncompressed": round(elements * elem_bytes * ring)}

@@ -40,14 +40,35 @@ class MetricsWriter:
                           node=os.environ.get("CLUSTER_NODE_NAME"), run_id=os.environ.get("CLUSTER_RUN_ID"), **fields)
 
     def step(self, epoch: int, step: int, loss: float, lr: float, global_batch: int,
-             t0: float, t1: float, t2: float) -> dict[str, Any]:
+             t0: float, t1: float, t2: float, **extra: Any) -> dict[str, Any]:
         """A step record from the step's timestamps: t0 batch asked for, t1 batch ready, t2 step done."""
         return self.write("step", epoch=epoch, step=step, loss=loss, lr=lr,
                           images_per_s=round(global_batch / max(t2 - t0, 1e-9), 2),
-                          data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5))
+                          data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5), **extra)
 
     def close(self) -> None:
         self._f.close()
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, all its threads (compute, communication,
+    loaders) included."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class CpuMeter:
+    """CPU use of this process over an interval: CPU seconds / wall seconds, i.e. the cores it kept busy
+    on average. Shown beside throughput so a comparison of frameworks can show the budgets were equal."""
+
+    def __init__(self) -> None:
+        self.cpu0, self.wall0 = process_cpu_s(), time.perf_counter()
+
+    def read(self) -> dict[str, float]:
+        cpu, wall = process_cpu_s() - self.cpu0, time.perf_counter() - self.wall0
+        return {"cpu_s_process": round(cpu, 3), "cpu_cores_process": round(cpu / wall, 3) if wall > 0 else 0.0}
 
 
 def system_sample() -> dict[str, Any]:
@@ -113,7 +134,14 @@ def summary(framework: str, args: Any, world: int, steps_per_epoch: int, history
             wall_s: float, ds: Any) -> dict[str, Any]:
     """The run's summary.json from its epoch records (the same fields for both frameworks)."""
     vals = [h["val_acc"] for h in history]
-    return {"framework": framework, "world": world, "batch": args.batch, "global_batch": args.batch * world,
+    accumulate = int(getattr(args, "accumulate", 1))
+    sent = [h["bytes_sent_per_step_ring"] for h in history if "bytes_sent_per_step_ring" in h]
+    cores = [h["cpu_cores_process"] for h in history if "cpu_cores_process" in h]
+    return {"framework": framework, "world": world, "batch": args.batch,
+            "global_batch": args.batch * world * accumulate, "accumulate": accumulate,
+            "grad_compression": getattr(args, "grad_compression", "none"),
+            "bytes_sent_per_step_ring": round(sum(sent) / len(sent)) if sent else None,
+            "cpu_cores_process": round(sum(cores) / len(cores), 3) if cores else None,
             "epochs": args.epochs, "steps_per_epoch": steps_per_epoch, "dataset": ds.name, "synthetic": ds.synthetic,
             "final_val_acc": vals[-1] if vals else None, "best_val_acc": max(vals) if vals else None,
             "epoch_s": [h["epoch_s"] for h in history], "images_per_s": [h["images_per_s"] for h in history],
