@@ -42,11 +42,22 @@ DEFAULTS: dict[str, Any] = {
     "max_restarts": 0,
     "max_steps": 0,
     "log_every": 10,
+    # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
+    "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only)
+    "powersgd_rank": 2,
+    "powersgd_start_step": 0,  # 0: after the learning-rate warm-up (at least step 2)
+    "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
+    "bucket_mb": 0,  # DDP bucket size in MiB; 0: DDP's default
+    "tf_implementation": "auto",  # TF CommunicationOptions: auto | ring | nccl
+    "tf_bytes_per_pack": 0,  # TF CommunicationOptions; 0: TensorFlow decides
+    "collective_timeout_s": 120,  # a peer silent this long fails the run (0: the framework's default)
     "port": 0,
     "shares": {},  # node -> its batch (uneven split, `clusterctl plan`); empty: `batch` on every worker
     "env": {},
     "env_from": {},  # NAME -> {file: PATH on the head} | {env: VARIABLE of the head}: secrets, never written in clear
 }
+COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "accumulate", "bucket_mb",
+             "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
 FREE_MAPS = ("env", "shares", "env_from")  # mappings whose keys the user chooses
 
 
@@ -87,6 +98,9 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
+        for key in COMM_KEYS:  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+            if s[key] != DEFAULTS[key]:
+                args += ["--" + key.replace("_", "-"), s[key]]
         if s["shares"]:
             args += ["--shares", ",".join(f"{node}={n}" for node, n in s["shares"].items())]
         return [str(a) for a in args]
@@ -208,6 +222,31 @@ def _head_path_exists(path: Any) -> bool:
         return False
 
 
+def _validate_communication(s: dict[str, Any], fail: Any, number: Any) -> None:
+    """The communication settings (docs/jobs.md "Communication")."""
+    if s["grad_compression"] not in ("none", "fp16", "powersgd"):
+        fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
+             "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation")
+    if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
+        fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
+             "use grad_compression: fp16 with tensorflow, or framework: pytorch")
+    number("powersgd_rank", s["powersgd_rank"], 1, True)
+    number("powersgd_start_step", s["powersgd_start_step"], 0, True)
+    if s["powersgd_start_step"] == 1:
+        fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
+             "powersgd_start_step: 0 (after the warm-up) or >= 2")
+    number("accumulate", s["accumulate"], 1, True)
+    number("bucket_mb", s["bucket_mb"], 0, False)
+    if s["tf_implementation"] not in ("auto", "ring", "nccl"):
+        fail("tf_implementation", f"expected auto, ring or nccl, got {s['tf_implementation']!r}",
+             "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
+    number("tf_bytes_per_pack", s["tf_bytes_per_pack"], 0, True)
+    number("collective_timeout_s", s["collective_timeout_s"], 0, False)
+    if 0 < s["collective_timeout_s"] < 10:
+        fail("collective_timeout_s", f"{s['collective_timeout_s']} s is shorter than a slow step's all-reduce",
+             "collective_timeout_s: 120 (longer than the slowest all-reduce bench measured; 0: framework default)")
+
+
 def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
     def fail(field: str, message: str, fix: str) -> None:
         line = lines.get(field)
@@ -258,6 +297,7 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
         number(field, s[field], 0, True)
     number("log_every", s["log_every"], 1, True)
     number("loader_workers", s["loader_workers"], -1, True)
+    _validate_communication(s, fail, number)
     if s["port"] > 65535:
         fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
     ppn = s["procs_per_node"]

@@ -1,0 +1,68 @@
+"""The communication settings of a job reach the training programs, and bad values are refused clearly."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import jobs
+from cluster.jobs import JobError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "workloads"))
+import wlcommon  # noqa: E402
+
+
+def test_the_programs_defaults_are_the_jobs_defaults() -> None:
+    """program_args passes only changed settings, so the two sets of defaults must agree."""
+    ap = argparse.ArgumentParser()
+    wlcommon.add_args(ap)
+    defaults = vars(ap.parse_args([]))
+    for key in jobs.COMM_KEYS:
+        assert defaults[key] == jobs.DEFAULTS[key], key
+
+
+def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_program() -> None:
+    args = jobs.load("resnet50-ddp").program_args("/d/x.npz", "out")
+    assert not any(a.startswith(("--grad-compression", "--accumulate", "--collective-timeout-s")) for a in args)
+    spec = jobs.load("resnet50-ddp", ["grad_compression=powersgd", "powersgd_rank=4", "accumulate=3",
+                                      "bucket_mb=50", "collective_timeout_s=300"])
+    args = spec.program_args("/d/x.npz", "out")
+    ap = argparse.ArgumentParser()
+    wlcommon.add_args(ap)
+    a = ap.parse_args(args)
+    assert (a.grad_compression, a.powersgd_rank, a.accumulate, a.bucket_mb, a.collective_timeout_s) == \
+           ("powersgd", 4, 3, 50.0, 300.0)
+    tf = jobs.load("resnet50-tf", ["grad_compression=fp16", "tf_implementation=ring", "tf_bytes_per_pack=4194304"])
+    a = ap.parse_args(tf.program_args("/d/x.npz", "out"))
+    assert (a.grad_compression, a.tf_implementation, a.tf_bytes_per_pack) == ("fp16", "ring", 4194304)
+
+
+@pytest.mark.parametrize("job, override, field, message", [
+    ("resnet50-ddp", "grad_compression=int8", "grad_compression", "expected none, fp16 or powersgd, got 'int8'"),
+    ("resnet50-tf", "grad_compression=powersgd", "grad_compression", "powersgd is implemented for PyTorch"),
+    ("resnet50-ddp", "powersgd_rank=0", "powersgd_rank", "expected a whole number >= 1"),
+    ("resnet50-ddp", "powersgd_start_step=1", "powersgd_start_step", "cannot start at step 1"),
+    ("resnet50-ddp", "accumulate=0", "accumulate", "expected a whole number >= 1"),
+    ("resnet50-ddp", "accumulate=1.5", "accumulate", "expected a whole number >= 1"),
+    ("resnet50-ddp", "bucket_mb=-1", "bucket_mb", "expected a number >= 0"),
+    ("resnet50-tf", "tf_implementation=mpi", "tf_implementation", "expected auto, ring or nccl"),
+    ("resnet50-ddp", "collective_timeout_s=5", "collective_timeout_s", "shorter than a slow step's all-reduce"),
+    ("resnet50-ddp", "collective_timeout_s=soon", "collective_timeout_s", "expected a number >= 0"),
+])
+def test_bad_communication_settings_name_the_field_and_a_fix(job: str, override: str, field: str,
+                                                              message: str) -> None:
+    with pytest.raises(JobError) as e:
+        jobs.load(job, [override])
+    assert e.value.field == field and e.value.file == "command line (--set)"
+    assert message in str(e.value)
+    assert e.value.exit_code == 2 and e.value.fix  # a usage error with a fix
+
+
+def test_a_bad_setting_in_a_spec_file_names_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("name: j\nframework: tensorflow\ngrad_compression: powersgd\n")
+    with pytest.raises(JobError) as e:
+        jobs.load(str(f))
+    assert str(e.value).startswith(f"{f}:3: grad_compression:")
