@@ -14,28 +14,148 @@ import json
 import shlex
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from cluster import datasets, jobs, launch, paths, provision
-from cluster.errors import EXIT_UNREACHABLE, ClusterError
-from cluster.fanout import Group
+from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
+from cluster.fanout import Group, GroupResult
 from cluster.inventory import Host, Inventory
 from cluster.replies import agent_reply, error_tail
+from cluster.transport import Transport
 
 WARMUP_STEPS = 2
 MODEL_BYTES = 23_528_522 * 4  # ResNet50 with 10 classes, fp32: what DDP all-reduces every step
+
+
+# --------------------------------------------------------------------------- results (the saved JSON)
+
+
+@dataclass
+class StepRate:
+    """One process alone at one batch size: the median step time after the warm-up steps."""
+
+    images_per_s: float
+    step_s: float
+    steps: int
+    batch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"images_per_s": self.images_per_s, "step_s": self.step_s, "steps": self.steps, "batch": self.batch}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepRate:
+        return cls(float(d["images_per_s"]), float(d["step_s"]), int(d["steps"]), int(d["batch"]))
+
+
+@dataclass
+class NodeBench(StepRate):
+    """A node's rate at the job's batch and, fitted with half of it, step(b) = fixed_s + b * per_sample_s.
+    Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
+
+    fixed_s: float | None = None
+    per_sample_s: float | None = None
+    half: StepRate | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.per_sample_s is not None:
+            d.update(fixed_s=self.fixed_s, per_sample_s=self.per_sample_s,
+                     half=self.half.to_dict() if self.half else None)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeBench:
+        rate = StepRate.from_dict(d)
+        if d.get("per_sample_s") is None:
+            return cls(**rate.__dict__)
+        return cls(**rate.__dict__, fixed_s=float(d.get("fixed_s") or 0.0), per_sample_s=float(d["per_sample_s"]),
+                   half=StepRate.from_dict(d["half"]) if d.get("half") else None)
+
+
+@dataclass
+class FrameworkBench:
+    """Every node alone with one job's training program, at the job's image size and batch."""
+
+    job: str
+    size: int
+    batch: int
+    nodes: dict[str, NodeBench] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "size": self.size, "batch": self.batch,
+                "nodes": {n: r.to_dict() for n, r in self.nodes.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FrameworkBench:
+        return cls(str(d["job"]), int(d["size"]), int(d["batch"]),
+                   {str(n): NodeBench.from_dict(r) for n, r in d["nodes"].items()})
+
+
+@dataclass
+class NetworkBench:
+    """A real all-reduce across `nodes` nodes: of the model's size (bandwidth) and of 4 bytes (latency)."""
+
+    nodes: int
+    busbw_MBps: float
+    model_allreduce_s: float
+    per_node_busbw_MBps: dict[str, float]
+    latency_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "busbw_MBps": self.busbw_MBps, "model_allreduce_s": self.model_allreduce_s,
+                "per_node_busbw_MBps": dict(self.per_node_busbw_MBps), "latency_s": self.latency_s}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NetworkBench:
+        return cls(int(d["nodes"]), float(d["busbw_MBps"]), float(d["model_allreduce_s"]),
+                   {str(n): float(v) for n, v in d["per_node_busbw_MBps"].items()}, float(d["latency_s"]))
+
+
+@dataclass
+class BenchResult:
+    """What `clusterctl bench` measured, saved for `clusterctl plan` (the file keeps this JSON layout)."""
+
+    inventory: str
+    time: float
+    steps: int
+    compute: dict[str, FrameworkBench] = field(default_factory=dict)  # framework -> its figures
+    network: NetworkBench | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # "job/node" -> why that node has no figure
+    unreachable: list[str] = field(default_factory=list)  # nodes lost during the benchmark: exit 3, not 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inventory": self.inventory, "time": self.time, "steps": self.steps,
+                "compute": {fw: c.to_dict() for fw, c in self.compute.items()},
+                "network": self.network.to_dict() if self.network else None,
+                "errors": dict(self.errors), "unreachable": list(self.unreachable)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchResult:
+        return cls(str(d["inventory"]), float(d["time"]), int(d["steps"]),
+                   {str(fw): FrameworkBench.from_dict(c) for fw, c in d["compute"].items()},
+                   NetworkBench.from_dict(d["network"]) if d.get("network") else None,
+                   {str(k): str(v) for k, v in (d.get("errors") or {}).items()},
+                   [str(n) for n in d.get("unreachable") or []])
 
 
 def bench_path(inv: Inventory) -> Path:
     return paths.home() / "bench" / f"{paths.inventory_key(inv.name, inv.path)}.json"
 
 
-def load(inv: Inventory) -> dict[str, Any]:
+def load(inv: Inventory) -> BenchResult:
     p = bench_path(inv)
     if not p.exists():
         raise ClusterError(f"no benchmark for {inv.name} yet", f"run it first: clusterctl bench -i {inv.path}")
-    return json.loads(p.read_text())
+    try:
+        return BenchResult.from_dict(json.loads(p.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{p}: not a benchmark clusterctl can read ({type(e).__name__}: {e})",
+                         f"run it again: clusterctl bench -i {inv.path}") from None
+
+
+# --------------------------------------------------------------------------- compute: each node alone
 
 
 def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str) -> str:
@@ -49,7 +169,7 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
             f"[ $rc -eq 0 ] || tail -5 -- {q(out)}.err >&2; exit $rc")
 
 
-def step_rate(metrics_text: str, batch: int) -> dict[str, Any]:
+def step_rate(metrics_text: str, batch: int) -> StepRate:
     """images/s from a single-process run's step records, after the warm-up steps."""
     recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
     steps = [r for r in recs if r.get("type") == "step"]
@@ -58,66 +178,76 @@ def step_rate(metrics_text: str, batch: int) -> dict[str, Any]:
     if not times:
         raise ClusterError("the benchmark run recorded no step", "see the node's log above")
     med = statistics.median(times)
-    return {"images_per_s": batch / med, "step_s": med, "steps": len(times), "batch": batch}
+    return StepRate(batch / med, med, len(times), batch)
 
 
-def fit(full: dict[str, Any], half: dict[str, Any]) -> dict[str, Any]:
+def fit(full: StepRate, half: StepRate) -> NodeBench:
     """Step time at two batch sizes -> a fixed part per step (optimizer update, framework overhead)
     plus a part per sample: step(b) = fixed_s + b * per_sample_s."""
-    db = full["batch"] - half["batch"]
-    per_sample = max((full["step_s"] - half["step_s"]) / db, 1e-6) if db else full["step_s"] / full["batch"]
-    fixed = max(0.0, full["step_s"] - full["batch"] * per_sample)
-    return {**full, "fixed_s": fixed, "per_sample_s": per_sample, "half": half}
+    db = full.batch - half.batch
+    per_sample = max((full.step_s - half.step_s) / db, 1e-6) if db else full.step_s / full.batch
+    fixed = max(0.0, full.step_s - full.batch * per_sample)
+    return NodeBench(**full.__dict__, fixed_s=fixed, per_sample_s=per_sample, half=half)
+
+
+def _stage(group: Group, spec: jobs.JobSpec, prepared: datasets.Prepared) -> None:
+    """The job's program and its dataset on every node, under <workdir>/clusterctl/bench."""
+    program = launch.program_files(spec.entry)
+
+    def stage(t: Transport) -> Any:
+        t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl/bench')}", timeout=60)
+        for name, text in program.items():
+            t.put_bytes(text.encode(), f"{t.host.workdir}/clusterctl/bench/{name}")
+        return datasets.stage(t, prepared)
+
+    staged = group.call(stage)
+    _require_reachable(staged, "staging the benchmark")
+    launch.require(staged, "staging the benchmark")
+
+
+def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str, steps: int, parallel: bool,
+             result: BenchResult, log: Callable[[str], None]) -> FrameworkBench:
+    """Each node alone (or all at once with `parallel`) at the job's batch and half of it."""
+    fb = FrameworkBench(spec.name, spec["dataset"]["size"], spec["batch"])
+    for batch_hosts in ([hosts] if parallel else [[h] for h in hosts]):
+        log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
+        rates: dict[str, list[StepRate]] = {}
+        for b in (spec["batch"], max(1, spec["batch"] // 2)):  # two sizes: fixed + per-sample cost
+            res = group.run(lambda h, b=b: _compute_cmd(h, spec, data_file, steps, b,
+                                                        f"{h.workdir}/clusterctl/bench/out-{spec.framework}"),
+                            timeout=1800, hosts=batch_hosts)
+            for name, r in res.items():
+                if r.ok:
+                    rates.setdefault(name, []).append(step_rate(r.stdout, b))
+                    continue
+                result.errors[f"{spec.name}/{name}"] = r.error or error_tail(r.stderr, 500)
+                if r.status == "unreachable" and name not in result.unreachable:
+                    result.unreachable.append(name)  # the CLI exits 3, not 1
+        fb.nodes.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
+    return fb
 
 
 def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[str] | None = None,
-        parallel: bool = False, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+        parallel: bool = False, log: Callable[[str], None] = lambda s: None) -> BenchResult:
+    """Every job's program on each node alone, then the network; saved for `clusterctl plan`."""
     specs = [jobs.load(n, overrides or []) for n in job_names]
     hosts = inv.ordered(inv.hosts.values())
-    result: dict[str, Any] = {"inventory": str(inv.path), "time": time.time(), "steps": steps,
-                              "compute": {}, "network": None, "errors": {}, "unreachable": []}
+    result = BenchResult(str(inv.path), time.time(), steps)
     with Group(hosts) as group:
         targets = launch.preflight(group, hosts)
         for spec in specs:
             prepared = datasets.prepare(spec, log)
-            program = launch.program_files(spec.entry)
-
-            def stage(t):
-                t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl/bench')}", timeout=60)
-                for name, text in program.items():
-                    t.put_bytes(text.encode(), f"{t.host.workdir}/clusterctl/bench/{name}")
-                return datasets.stage(t, prepared)
-
-            staged = group.call(stage)
-            _require_reachable(staged, "staging the benchmark")
-            launch.require(staged, "staging the benchmark")
-            per_node: dict[str, Any] = {}
-            order = [hosts] if parallel else [[h] for h in hosts]
-            for batch_hosts in order:
-                log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
-                rates: dict[str, list[dict[str, Any]]] = {}
-                for b in (spec["batch"], max(1, spec["batch"] // 2)):  # two sizes: fixed + per-sample cost
-                    res = group.run(lambda h, b=b: _compute_cmd(h, spec, prepared.file_name, steps, b,
-                                                                f"{h.workdir}/clusterctl/bench/out-{spec.framework}"),
-                                    timeout=1800, hosts=batch_hosts)
-                    for name, r in res.items():
-                        if r.ok:
-                            rates.setdefault(name, []).append(step_rate(r.stdout, b))
-                        else:
-                            result["errors"][f"{spec.name}/{name}"] = r.error or error_tail(r.stderr, 500)
-                            if r.status == "unreachable" and name not in result["unreachable"]:
-                                result["unreachable"].append(name)  # the CLI exits 3, not 1
-                per_node.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
-            result["compute"][spec.framework] = {"job": spec.name, "size": spec["dataset"]["size"],
-                                                 "batch": spec["batch"], "nodes": per_node}
-        result["network"] = network(group, hosts, targets[hosts[0].name].backend)
+            _stage(group, spec, prepared)
+            result.compute[spec.framework] = _compute(group, hosts, spec, prepared.file_name, steps, parallel,
+                                                      result, log)
+        result.network = network(group, hosts, targets[hosts[0].name].backend)
     p = bench_path(inv)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result, indent=1))
+    p.write_text(json.dumps(result.to_dict(), indent=1))
     return result
 
 
-def _require_reachable(results: Any, what: str) -> None:
+def _require_reachable(results: GroupResult, what: str) -> None:
     """A node lost on the way is unreachable (exit 3), not a failed benchmark (exit 1)."""
     lost = {n: r for n, r in results.items() if r.status == "unreachable"}
     if lost:
@@ -126,27 +256,31 @@ def _require_reachable(results: Any, what: str) -> None:
                            exit_code=EXIT_UNREACHABLE)
 
 
-def network(group: Group, hosts: list[Host], backend: str) -> dict[str, Any] | None:
+# --------------------------------------------------------------------------- network: all nodes at once
+
+
+def _allreduce(group: Group, hosts: list[Host], backend: str, what: str, mb: float) -> dict[str, dict[str, Any]]:
+    """Every node's reply to one all-reduce test (cluster/workloads/allreduce.py)."""
+    port = int(hosts[0].vars.get("allreduce_port", 29499))
+    res = group.run(lambda h: provision.allreduce_command(h, hosts, port, backend, mb), timeout=300, hosts=hosts)
+    _require_reachable(res, f"the network test ({what})")
+    docs = {}
+    for n, r in res.items():
+        doc = agent_reply(r.stdout)
+        if doc is None:
+            raise ClusterError(f"network test ({what}) failed on {n}: {error_tail(r.error or r.stderr)}",
+                               "check the nodes reach each other: clusterctl provision --verify")
+        docs[n] = doc
+    return docs
+
+
+def network(group: Group, hosts: list[Host], backend: str) -> NetworkBench | None:
     """All-reduce over every node: bandwidth with the model's size, latency with 4 bytes."""
     if len(hosts) < 2:
         return None
-    port = int(hosts[0].vars.get("allreduce_port", 29499))
-    out: dict[str, Any] = {"nodes": len(hosts)}
-    for what, mb in (("bandwidth", MODEL_BYTES / 2**20), ("latency", 4 / 2**20)):
-        res = group.run(lambda h, mb=mb: provision.allreduce_command(h, hosts, port, backend, mb), timeout=300,
-                        hosts=hosts)
-        _require_reachable(res, f"the network test ({what})")
-        docs = {}
-        for n, r in res.items():
-            doc = agent_reply(r.stdout)
-            if doc is None:
-                raise ClusterError(f"network test ({what}) failed on {n}: {error_tail(r.error or r.stderr)}",
-                                   "check the nodes reach each other: clusterctl provision --verify")
-            docs[n] = doc
-        if what == "bandwidth":
-            out["busbw_MBps"] = min(d["busbw_MBps"] for d in docs.values())
-            out["model_allreduce_s"] = max(d["median_s"] for d in docs.values())
-            out["per_node_busbw_MBps"] = {n: d["busbw_MBps"] for n, d in docs.items()}
-        else:
-            out["latency_s"] = max(d["median_s"] for d in docs.values())
-    return out
+    bw = _allreduce(group, hosts, backend, "bandwidth", MODEL_BYTES / 2**20)
+    lat = _allreduce(group, hosts, backend, "latency", 4 / 2**20)
+    return NetworkBench(nodes=len(hosts), busbw_MBps=min(d["busbw_MBps"] for d in bw.values()),
+                        model_allreduce_s=max(d["median_s"] for d in bw.values()),
+                        per_node_busbw_MBps={n: d["busbw_MBps"] for n, d in bw.items()},
+                        latency_s=max(d["median_s"] for d in lat.values()))

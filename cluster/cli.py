@@ -429,10 +429,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=args.host_set))
     planned = None
     if args.plan:
-        from cluster import plan as plan_mod
+        from cluster import placement
 
-        planned = plan_mod.load_recommended(inv, args.job)
-    spec = jobs.load(args.job, (plan_mod.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
+        planned = placement.load_recommended(inv, args.job).to_dict()
+    spec = jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
     if args.dry_run:
         record, plan = launch.dry_run(inv, spec, limit=args.limit, forks=args.forks)
         if args.json:
@@ -714,7 +714,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
-                    log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]"))
+                    log=lambda m: None if args.json else err.print(f"[dim]{escape(m)}[/dim]")).to_dict()
     if args.json:
         _emit_json(res)
     else:
@@ -744,10 +744,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cluster import plan
+    from cluster import placement
 
     inv = _load_inventory(argparse.Namespace(inventory=args.inventory, set=None))
-    doc = plan.make(inv, args.job, args.set or [])
+    doc = placement.choose(inv, args.job, args.set or []).to_dict()
     if args.json:
         _emit_json(doc)
         return errors.EXIT_OK

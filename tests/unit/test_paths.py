@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, inventory, paths, plan
+from cluster import bench, inventory, paths, placement
 from cluster.errors import InventoryError
 from tests.conftest import write
 
@@ -20,8 +20,8 @@ def test_two_inventories_with_one_name_keep_separate_state(tmp_path: Path, monke
     b = inventory.load(write(tmp_path / "b", INV, "lab.yaml"), check_files=False)
     assert a.name == b.name == "lab"
     assert bench.bench_path(a) != bench.bench_path(b)
-    assert plan.plan_path(a, "j") != plan.plan_path(b, "j")
-    for p in (bench.bench_path(a), plan.plan_path(a, "j")):
+    assert placement.choice_path(a, "j") != placement.choice_path(b, "j")
+    for p in (bench.bench_path(a), placement.choice_path(a, "j")):
         assert p.resolve().is_relative_to((tmp_path / "home").resolve())
     assert paths.inventory_key("lab", tmp_path / "a" / "lab.yaml") == paths.inventory_key("lab", tmp_path / "a" / "lab.yaml")
 

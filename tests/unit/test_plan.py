@@ -1,35 +1,38 @@
-"""The planner's model and the benchmark's reading of step records, on numbers worked out by hand."""
+"""The placement model and the benchmark's reading of step records, on numbers worked out by hand."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from cluster import bench, plan
-from cluster.plan import NodeSpeed
+from cluster import bench, inventory, placement
+from cluster.bench import NetworkBench, StepRate
+from cluster.errors import UsageError
+from cluster.placement import NodeSpeed
 
-NET = {"latency_s": 0.001, "model_allreduce_s": 0.2, "nodes": 2}
+NET = NetworkBench(nodes=2, busbw_MBps=100.0, model_allreduce_s=0.2, per_node_busbw_MBps={}, latency_s=0.001)
 
 
 def test_balance_equalises_finish_times_in_whole_samples() -> None:
     # no fixed part: proportional to speed (30 vs 10 images/s)
-    assert plan.balance(32, {"a": NodeSpeed(0, 1 / 30), "b": NodeSpeed(0, 1 / 10)}) == {"a": 24, "b": 8}
+    assert placement.balance(32, {"a": NodeSpeed(0, 1 / 30), "b": NodeSpeed(0, 1 / 10)}) == {"a": 24, "b": 8}
     # same per-sample cost, b has 0.3 s more fixed work per step: a takes 0.3 s / 0.02 = 15 samples more
-    sh = plan.balance(32, {"a": NodeSpeed(0.0, 0.02), "b": NodeSpeed(0.3, 0.02)})
+    sh = placement.balance(32, {"a": NodeSpeed(0.0, 0.02), "b": NodeSpeed(0.3, 0.02)})
     assert sum(sh.values()) == 32 and sh["a"] - sh["b"] in (15, 16)
-    s = plan.balance(8, {"fast": NodeSpeed(0, 0.001), "slow": NodeSpeed(0, 1000.0)})
+    s = placement.balance(8, {"fast": NodeSpeed(0, 0.001), "slow": NodeSpeed(0, 1000.0)})
     assert s["slow"] == 1 and sum(s.values()) == 8  # every chosen node gets at least one sample
 
 
 def test_comm_time_scales_the_measured_all_reduce_by_the_ring_volume() -> None:
-    assert plan.comm_time(NET, 1) == 0.0
-    assert plan.comm_time(NET, 2) == pytest.approx(0.2)
-    assert plan.comm_time(NET, 4) == pytest.approx(0.001 + 0.199 * 1.5)
+    assert placement.comm_time(NET, 1) == 0.0
+    assert placement.comm_time(NET, 2) == pytest.approx(0.2)
+    assert placement.comm_time(NET, 4) == pytest.approx(0.001 + 0.199 * 1.5)
 
 
 def test_candidates_prefer_the_split_that_keeps_the_slow_node_busy_not_late() -> None:
     speeds = {"fast": NodeSpeed(0.1, 0.025), "slow": NodeSpeed(0.1, 0.075)}
-    one, two = plan.candidates(speeds, 16, NET, train_samples=1600)
+    one, two = placement.candidates(speeds, 16, NET, train_samples=1600)
     assert one.nodes == ["fast"] and one.even_images_per_s == pytest.approx(16 / (0.1 + 16 * 0.025))
     # even: 16 each -> the slow node takes 0.1 + 1.2 s; planned 24/8 -> both take 0.7 s
     assert two.even_images_per_s == pytest.approx(32 / (1.3 + 0.2))
@@ -42,7 +45,65 @@ def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     lines = [json.dumps({"type": "start"})] + [
         json.dumps({"type": "step", "data_s": 0.0, "compute_s": t}) for t in (5.0, 3.0, 1.0, 1.2, 0.8)]
     full = bench.step_rate("\n".join(lines), batch=16)
-    assert full["step_s"] == 1.0 and full["images_per_s"] == 16.0 and full["steps"] == 3
-    f = bench.fit(full, {"batch": 8, "step_s": 0.6, "images_per_s": 8 / 0.6})
-    assert f["per_sample_s"] == pytest.approx(0.05) and f["fixed_s"] == pytest.approx(0.2)
+    assert full.step_s == 1.0 and full.images_per_s == 16.0 and full.steps == 3
+    f = bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3))
+    assert f.per_sample_s == pytest.approx(0.05) and f.fixed_s == pytest.approx(0.2)
     assert NodeSpeed.from_bench(f).step(16) == pytest.approx(1.0)
+
+
+# A benchmark file as `clusterctl bench` wrote it before the results were typed: node a with the two-size fit,
+# node b from before the fit (images/s only), and the network. Loading and saving must keep it to the byte.
+OLD_BENCH = {
+    "inventory": "/labs/mixed.yaml", "time": 1764417600.5, "steps": 8,
+    "compute": {"pytorch": {"job": "resnet50-ddp", "size": 32, "batch": 16, "nodes": {
+        "a": {"images_per_s": 16.0, "step_s": 1.0, "steps": 6, "batch": 16, "fixed_s": 0.2, "per_sample_s": 0.05,
+              "half": {"images_per_s": 13.333333333333334, "step_s": 0.6, "steps": 6, "batch": 8}},
+        "b": {"images_per_s": 8.0, "step_s": 2.0, "steps": 6, "batch": 16}}}},
+    "network": {"nodes": 2, "busbw_MBps": 110.5, "model_allreduce_s": 0.2,
+                "per_node_busbw_MBps": {"a": 110.5, "b": 112.0}, "latency_s": 0.001},
+    "errors": {"resnet50-tf/b": "exit 1"}, "unreachable": [],
+}
+
+
+def test_a_saved_benchmark_loads_typed_and_saves_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    inv = inventory.load(_inventory(tmp_path), check_files=False)
+    p = bench.bench_path(inv)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(OLD_BENCH, indent=1))
+    b = bench.load(inv)
+    assert b.compute["pytorch"].nodes["a"].half == StepRate(13.333333333333334, 0.6, 6, 8)
+    assert b.network is not None and b.network.per_node_busbw_MBps["b"] == 112.0
+    assert json.dumps(b.to_dict(), indent=1) == p.read_text()
+    speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
+    assert speeds == {"a": NodeSpeed(0.2, 0.05), "b": NodeSpeed(0.0, 1 / 8.0)}  # b: from before the fit
+
+
+def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    inv = inventory.load(_inventory(tmp_path), check_files=False)
+    b = bench.BenchResult.from_dict(OLD_BENCH)
+    speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
+    cands = placement.candidates(speeds, 16, b.network, train_samples=1600)
+    choice = placement.PlacementChoice("resnet50-ddp", "pytorch", str(inv.path), 2.0, b.time, speeds, b.network,
+                                       16, cands, max(cands, key=lambda c: c.planned_images_per_s))
+    doc = json.loads(json.dumps(choice.to_dict()))
+    assert placement.PlacementChoice.from_dict(doc) == choice
+    assert list(doc["recommended"]) == ["nodes", "global_batch", "shares", "even_images_per_s",
+                                        "planned_images_per_s", "step_s", "comm_s", "epoch_s"]
+    p = placement.choice_path(inv, "resnet50-ddp")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(doc))
+    assert placement.overrides_for(inv, "resnet50-ddp") == (
+        [f"nodes=[{', '.join(choice.recommended.nodes)}]"]
+        + [f"shares.{n}={s}" for n, s in choice.recommended.shares.items()])
+    p.write_text('{"recommended": {"nodes": "a"}}')
+    with pytest.raises(UsageError, match=str(p)):
+        placement.load_recommended(inv, "resnet50-ddp")
+
+
+def _inventory(tmp_path: Path) -> Path:
+    f = tmp_path / "mixed.yaml"
+    f.write_text("name: mixed\nhosts:\n  a: {address: 127.0.0.1}\n  b: {address: 127.0.0.1}\n")
+    return f
