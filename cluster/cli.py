@@ -316,7 +316,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         sent[host] = sent.get(host, 0) + n
         if host not in tasks:
             tasks[host] = live.add_task(host)
-        live.update(tasks[host], description=f"{host}: wheels {sent[host] / 2**20:.0f} MiB sent")
+        live.update(tasks[host], description=f"{host}: wheels {sent[host] / 2**20:.0f} MiB received and verified")
 
     with live:
         report = provision.run(inv, hosts, dry_run=args.dry_run, verify=args.verify, forks=args.forks, log=log, on_step=on_step,
@@ -344,6 +344,8 @@ def _print_provision(report: Any) -> None:
                       b.torch_label, f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
                       "on" if b.amp else "off", "; ".join(b.notes + b.pins))
         out.print(t)
+    for line in (report.distribution or {}).get("lines", []):
+        out.print(f"wheels: {escape(line)}")
     title = "dry run: what provision would do" if report.dry_run else "provision"
     t = Table(title=title)
     for col in ("node", "status", "changed", "unchanged", "time", "torch", "TensorFlow", "all-reduce"):

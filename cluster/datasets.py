@@ -2,7 +2,8 @@
 
 The prepared file's name is a hash of what it is made from (dataset, source file,
 image size, split seed, loader code), so a second launch finds it in the head's
-cache and on the nodes, and staging sends nothing.
+cache and on the nodes, and staging sends nothing. `stage_all` puts it on every node
+of a launch at once by peer relay (cluster/relay.py): the head sends it once.
 """
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from cluster import paths
+from cluster import paths, relay
 from cluster.errors import ClusterError
 from cluster.jobs import WORKLOADS_DIR, JobSpec
 from cluster.transport import Transport
-from cluster.wheelhouse import sha256_file
+from cluster.wheelhouse import distribution_mode, sha256_file
+
+if TYPE_CHECKING:
+    from cluster.fanout import Group, GroupResult
+    from cluster.inventory import Host
 
 
 @dataclass(frozen=True)
@@ -91,3 +96,17 @@ def stage(t: Transport, prepared: Prepared, progress: Callable[[int], None] | No
     if progress:
         progress(prepared.size)
     return f"sent {sent / 2**20:.1f} MiB, sha256 verified"
+
+
+def stage_all(group: Group, hosts: list[Host], prepared: Prepared,
+              progress: Callable[[str, int], None] | None = None,
+              log: Callable[[str], None] = lambda s: None) -> GroupResult:
+    """The prepared file on every node at once: the head sends it once, the nodes relay it to each other
+    (a node's copy is re-hashed every launch, as `stage` does). One HostResult per node, ok when its copy
+    is in place and verified; the plan and what each node received are in the results' values."""
+    items = relay.items(prepared.path.parent, {prepared.file_name: {"sha256": prepared.sha256,
+                                                                    "size": prepared.size}})
+    mode = distribution_mode(hosts[0]) if hosts else "relay"
+    _, results = relay.distribute(group, hosts, items, {h.name: f"{h.workdir}/datasets" for h in hosts},
+                                  mode=mode, rehash=True, progress=progress, log=log)
+    return results

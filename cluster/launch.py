@@ -284,9 +284,9 @@ def _start(group: Group, record: runs.RunRecord, spec: JobSpec, hosts: list[Host
     def stage(t: Any) -> Any:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
         t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
-        return datasets.stage(t, prepared)
 
     require(group.call(stage, hosts), "staging", record)
+    require(datasets.stage_all(group, hosts, prepared, log=log), "staging", record)  # relayed: sent once
     ports = _ports(group, spec, hosts, record)
     plan = render.render(spec, [targets[h.name] for h in hosts], record.run_id, prepared.file_name, ports)
     _keep_rendered(plan)

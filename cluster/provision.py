@@ -21,7 +21,8 @@ LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), 
             "it repeats only what is not done")
 FINGERPRINT_ALL = ("python", "torch", "torchvision", "tensorflow")
 FINGERPRINT_GPU = ("cuda", "cudnn", "nccl")
-EXTRA_PACKAGES = ("numpy", "scikit-learn", "psutil")  # data and metrics of the workloads
+EXTRA_PACKAGES = ("numpy", "scikit-learn", "psutil",  # data and metrics of the workloads
+                  "uv")  # the installer: a wheel with a static binary, installed first from the node's wheelhouse
 
 
 @dataclass
@@ -63,6 +64,7 @@ class ProvisionReport:
     nodes: dict[str, NodeOutcome]
     fingerprint_diff: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    distribution: dict[str, Any] | None = None  # the wheels' relay plan: who receives from whom
 
     @property
     def ok(self) -> bool:
@@ -76,7 +78,7 @@ class ProvisionReport:
         return {"inventory": self.inventory, "dry_run": self.dry_run, "ok": self.ok,
                 "nothing_to_do": self.nothing_to_do, "plan": self.plan.to_dict() if self.plan else None,
                 "nodes": [n.to_dict() for n in self.nodes.values()],
-                "fingerprint_diff": self.fingerprint_diff, "notes": self.notes}
+                "fingerprint_diff": self.fingerprint_diff, "notes": self.notes, "distribution": self.distribution}
 
 
 def node_gpus(host: Host, nf: facts.NodeFacts) -> list[dict[str, Any]]:
@@ -133,6 +135,12 @@ def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool =
         report.plan = _build_plan(inv, [h for h in hosts if h.name in nf], nf, out)
         planned = [h for h in hosts if report.plan and h.name in report.plan.builds and out[h.name].status == "pending"]
         whs = _wheelhouses(planned, nf, report.plan, dry_run, log, out)
+        # every node's wheels at once, before the playbooks: the head sends each file once, the nodes relay it
+        pending = [h for h in planned if out[h.name].status == "pending"]
+        report.distribution = wheelhouse.distribute(
+            group, pb, pending, {h.name: _context(h, nf[h.name], report.plan.builds[h.name], whs.get(h.name), None)
+                                 for h in pending}, whs, dry_run, on_bytes, log,
+            lambda n, status, error, fix: out[n].fail(status, error, fix))
 
         def do(t):
             h = t.host

@@ -288,6 +288,19 @@ class _Run:
         if pending:
             self.head_send(t, pending, d)
 
+    def recheck(self, t: Transport, d: Delivery) -> None:
+        """This node served corrupted pieces: hash its copies of those files; a bad one is dropped and sent
+        again by the head (its peers may be the ones it fed)."""
+        node = t.host.name
+        files = {f: self.by_name[f].sha256 for f, nodes in self.bad.items() if node in nodes}
+        res = _node_cmd(t, "adopt", {"dir": self.dest[node], "files": files, "drop_bad": True}, timeout=1800)
+        bad = [self.by_name[f] for f in res.get("bad") or [] if f in self.by_name]
+        for i in bad:
+            d.refused.append(f"its own {i.name}: sha256 differs from the head's (removed, sent again)")
+        if bad:
+            self.head_send(t, bad, d)
+            d.files += len(bad)
+
     def head_send(self, t: Transport, batch: list[Item], d: Delivery) -> None:
         """The head's copies, over SSH; each resumes from a verified prefix (the node's own earlier pieces
         too), then one command checks and names them all."""
@@ -395,6 +408,14 @@ def distribute(group: Group, hosts: list[Host], files: list[Item], dest: dict[st
             futures = {n: pool.submit(_guarded, run, by_host[n], deliveries[n]) for n in needing}
             for n in needing:
                 out[n] = futures[n].result()  # bounded: every wait in a node's loop has its own limit
+        # a node that served a file another node refused: its own copy is hashed, and replaced if bad
+        suspects = {n for names in run.bad.values() for n in names if n not in out or out[n].ok}
+        if suspects:
+            rechecked = group.call(lambda t: run.recheck(t, deliveries[t.host.name]),
+                                   [by_host[n] for n in p.chain if n in suspects])
+            for n, r in rechecked.items():
+                if not r.ok:
+                    out[n] = r
         for n in p.chain:
             out.setdefault(n, HostResult(n, OK, 0.0, value=deliveries[n]))
         log(f"distributed {len(files)} files to {len(needing)} nodes in {time.monotonic() - start:.1f}s ({mode})")

@@ -1,8 +1,10 @@
-"""The head's wheelhouse: every wheel a node needs, downloaded once, pushed over SSH.
+"""The head's wheelhouse: every wheel a node needs, downloaded once, distributed over the lab network.
 
 Lab networks often have no internet: the head downloads (or finds on disk) the
-wheels for each requirement set once, pins them in a lock, and pushes them to
-each node incrementally (only missing files travel) with sha256 verification.
+wheels for each requirement set once, pins them in a lock, and puts them on every
+node incrementally (only missing files travel) with sha256 verification: by default
+the head sends each file once and the nodes relay it to each other (cluster/relay.py),
+so a room of PCs takes about as long as one; `vars.distribute: push` sends to each node.
 """
 from __future__ import annotations
 
@@ -15,11 +17,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from cluster import paths
-from cluster.errors import ClusterError
+from cluster import paths, relay
+from cluster.errors import ClusterError, UsageError
 from cluster.transport import Transport
+
+if TYPE_CHECKING:
+    from cluster.fanout import Group
+    from cluster.inventory import Host
+    from cluster.playbook import Playbook
 
 MANIFEST = ".clusterctl-manifest.json"  # on the node: files verified there, with their sha256
 PIP_DOWNLOAD_TIMEOUT_S = 6 * 3600.0  # CUDA wheels are GBs: hours on a slow lab uplink, never forever
@@ -49,6 +56,14 @@ class Wheelhouse:
     @property
     def total_bytes(self) -> int:
         return sum(int(f["size"]) for f in self.files.values())
+
+
+@dataclass(frozen=True)
+class Delivered(Wheelhouse):
+    """A wheelhouse this run already put on one node (relay or head push): its `wheels` step reports that."""
+
+    detail: str = ""
+    received: int = 0  # files the node received this run
 
 
 def key(requirements: list[str], python: str, index_url: str | None) -> str:
@@ -151,6 +166,8 @@ def push(t: Transport, wh: Wheelhouse, dest: str, dry: bool = False,
     """Copy the wheels the node lacks, verify their sha256 there, record them. (changed?, detail)."""
     sizes, verified = remote_state(t, dest)
     todo = missing(wh, sizes, verified)
+    if not todo and isinstance(wh, Delivered) and wh.received:
+        return True, wh.detail
     if not todo:
         return False, f"{len(wh.files)} wheels present and verified"
     nbytes = sum(int(wh.files[f]["size"]) for f in todo)
@@ -201,3 +218,72 @@ def unsatisfied(lock_text: str, freeze: str) -> list[str]:
     have = installed(freeze)
     need = installed(lock_text)
     return [f"{n}=={v}" for n, v in need.items() if have.get(n) != v]
+
+
+# --------------------------------------------------------------------------- distribution to many nodes at once
+
+
+def wheel_destinations(pb: Playbook, hosts: list[Host], contexts: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each node's wheel directory, as its playbook's `wheels` step would render it (nodes whose step is
+    skipped, e.g. `python_env: existing`, get none)."""
+    from cluster.playbook import Renderer
+
+    step = next((s for s in pb.steps if s.action == "wheels"), None)
+    out: dict[str, str] = {}
+    if step is None:
+        return out
+    for h in hosts:
+        r = Renderer(pb, contexts[h.name])
+        if r.condition(step):
+            spec = r.text(step, step.spec, "wheels")
+            if not isinstance(spec, dict) or "dest" not in spec:
+                raise r.error(step, "wheels: needs `dest:`")
+            out[h.name] = str(spec["dest"])
+    return out
+
+
+def distribution_mode(h: Host) -> str:
+    mode = h.vars.get("distribute", "relay")
+    if mode not in relay.MODES:
+        raise UsageError(f"{h.name}: inventory var distribute: {mode!r} is not one of {', '.join(relay.MODES)}",
+                         "set `distribute: relay` (the nodes pass wheels on to each other) or `push` "
+                         "(the head sends to every node) under vars:")
+    return str(mode)
+
+
+def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str, dict[str, Any]],
+               whs: dict[str, Wheelhouse], dry: bool, progress: Callable[[str, int], None] | None,
+               log: Callable[[str], None], fail: Callable[[str, str, str, str | None], None]) -> dict[str, Any]:
+    """Put each node's wheelhouse on it before the playbooks run, all nodes together (relay by default).
+    `whs` entries become Delivered, so each node's `wheels` step reports what it received; a node whose
+    delivery failed is handed to `fail(node, status, error, fix)`. Returns the plans for the report."""
+    dests = wheel_destinations(pb, hosts, contexts)
+    groups: dict[Path, list[Host]] = {}
+    for h in hosts:
+        if h.name in dests and h.name in whs:
+            groups.setdefault(whs[h.name].dir, []).append(h)
+    report: dict[str, Any] = {"plans": [], "lines": []}
+    unbuilt = [h for h in hosts if h.name in dests and h.name not in whs]
+    if dry and unbuilt:  # a dry run does not download: the order is known, the sizes are not
+        mode = distribution_mode(unbuilt[0])
+        names = [h.name for h in unbuilt]
+        report["lines"].append("the head downloads the wheelhouse first, then "
+                               + (" -> ".join(["head", *names]) if mode == "relay"
+                                  else f"head -> each of {', '.join(names)}") + f" ({mode})")
+    for members in groups.values():
+        wh = whs[members[0].name]
+        mode = distribution_mode(members[0])
+        items = relay.items(wh.dir, wh.files)
+        plan, results = relay.distribute(group, members, items, {h.name: dests[h.name] for h in members},
+                                         mode=mode, dry=dry, progress=progress, log=log)
+        report["plans"].append(plan.to_dict())
+        report["lines"] += plan.lines()
+        for h in members:
+            r = results[h.name]
+            if not r.ok:
+                fail(h.name, "unreachable" if r.status == "unreachable" else "failed",
+                     f"wheels: {r.error or r.status}",
+                     r.fix or "re-run provision: files already verified on the node are not sent again")
+            elif not dry and isinstance(r.value, relay.Delivery):
+                whs[h.name] = Delivered(wh.dir, wh.requirements, wh.files, r.value.detail(), r.value.files)
+    return report

@@ -455,18 +455,37 @@ def cmd_commit(req: dict) -> int:
 
 def cmd_adopt(req: dict) -> int:
     """Files already here at the right size but never verified (an interrupted run, an older clusterctl):
-    hashed, and recorded when they match; the others are left to be fetched again."""
+    hashed, and recorded when they match; the others are left to be fetched again. With "drop_bad" (a
+    file another node refused when this one served it), a file that does not match is removed and
+    forgotten by the manifest, so it is fetched again."""
     d = str(req["dir"])
-    good = {}
+    good, bad = {}, []
     for name, want in req["files"].items():
+        if not NAME_RE.match(name):
+            continue
         try:
-            if NAME_RE.match(name) and sha256_of(os.path.join(d, name)) == want:
-                good[name] = want
+            ok = sha256_of(os.path.join(d, name)) == want
         except OSError:
-            pass
+            ok = False
+        if ok:
+            good[name] = want
+        else:
+            bad.append(name)
+    if req.get("drop_bad") and bad:
+        for name in bad:
+            try:
+                os.unlink(os.path.join(d, name))
+            except OSError:
+                pass
+        doc = load_manifest(d)
+        for name in bad:
+            doc.pop(name, None)
+        with open(os.path.join(d, MANIFEST + ".tmp"), "w") as f:
+            json.dump(doc, f, indent=0)
+        os.replace(os.path.join(d, MANIFEST + ".tmp"), os.path.join(d, MANIFEST))
     if good:
         record_verified(d, good)
-    reply({"ok": True, "verified": sorted(good)})
+    reply({"ok": True, "verified": sorted(good), "bad": sorted(bad)})
     return 0
 
 

@@ -1,0 +1,214 @@
+"""The node side of the peer relay (cluster/workloads/relaynode.py) on loopback, and the head's plan.
+
+Each test runs the real script with the system's python, as a node would: a relay serving one directory,
+fetches into another, with tokens, allow lists, corrupted sources and interrupted copies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import relay
+from cluster.workloads import relaynode
+
+SCRIPT = Path(relaynode.__file__)
+PIECE = 64 * 1024  # small pieces: several per file, fast tests
+
+
+def node(verb: str, req: dict, timeout: float = 60) -> tuple[int, dict]:
+    r = subprocess.run([sys.executable, str(SCRIPT), verb], input=json.dumps(req), capture_output=True, text=True,
+                       timeout=timeout)
+    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def pieces(data: bytes) -> list[str]:
+    return [hashlib.sha256(data[i:i + PIECE]).hexdigest() for i in range(0, len(data), PIECE)]
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    """A relay on 127.0.0.1 serving tmp/src; yields (port, data, src dir, token, pidfile); stopped at the end."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(5 * PIECE + 123)
+    (src / "a.whl").write_bytes(data)
+    token = "t" * 32
+    pidfile = tmp_path / "relay.pid"
+    rc, doc = node("serve", {"token": token, "bind": "127.0.0.1", "port": 0, "root": str(src),
+                             "allow": ["127.0.0.1"], "stall_s": 1.0, "idle_s": 30, "max_s": 60,
+                             "pidfile": str(pidfile)})
+    assert rc == 0 and doc["ok"] and isinstance(doc["port"], int), doc
+    try:
+        yield doc["port"], data, src, token, pidfile
+    finally:
+        node("stop", {"pidfile": str(pidfile)})
+
+
+def fetch_req(tmp_path: Path, port: int, data: bytes, token: str, name: str = "a.whl", **kw) -> dict:
+    f = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "pieces": pieces(data),
+         "sources": kw.pop("sources", [["127.0.0.1", port]])}
+    return {"token": token, "dir": str(tmp_path / "dst"), "piece": PIECE, "stall_s": 1.0, "connect_s": 2,
+            "files": [f], **kw}
+
+
+def test_fetch_verifies_names_and_records_the_file(tmp_path: Path, served) -> None:
+    port, data, _, token, _ = served
+    rc, doc = node("fetch", fetch_req(tmp_path, port, data, token))
+    assert rc == 0 and doc["ok"], doc
+    r = doc["files"]["a.whl"]
+    assert r["received"] == len(data) and r["resumed_from"] == 0 and r["source"] == f"127.0.0.1:{port}"
+    assert (tmp_path / "dst" / "a.whl").read_bytes() == data
+    assert not (tmp_path / "dst" / ".a.whl.part").exists()
+    manifest = json.loads((tmp_path / "dst" / relay.MANIFEST).read_text())
+    assert manifest == {"a.whl": hashlib.sha256(data).hexdigest()}
+
+
+def test_wrong_token_is_refused_and_nothing_is_written(tmp_path: Path, served) -> None:
+    port, data, _, _, _ = served
+    rc, doc = node("fetch", fetch_req(tmp_path, port, data, "x" * 32))
+    r = doc["files"]["a.whl"]
+    assert rc == 3 and not doc["ok"] and r["failed"][f"127.0.0.1:{port}"]["kind"] == "refused"
+    assert "token" in r["failed"][f"127.0.0.1:{port}"]["detail"]
+    assert not (tmp_path / "dst" / "a.whl").exists() and (tmp_path / "dst" / ".a.whl.part").stat().st_size == 0
+
+
+def test_names_outside_the_directory_are_refused(tmp_path: Path, served) -> None:
+    port, data, _, token, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.settimeout(5)
+        s.sendall(json.dumps({"token": token, "name": "../src/a.whl", "offset": 0, "size": 10}).encode() + b"\n")
+        assert s.recv(100) == b"ERR request\n"
+
+
+def test_corrupt_source_is_refused_and_the_next_source_finishes(tmp_path: Path, served) -> None:
+    port, data, src, token, _ = served
+    # a second relay whose copy has one flipped byte in piece 3
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    corrupt = bytearray(data)
+    corrupt[3 * PIECE + 7] ^= 0xFF
+    (bad / "a.whl").write_bytes(bytes(corrupt))
+    rc, doc2 = node("serve", {"token": token, "bind": "127.0.0.1", "port": 0, "root": str(bad), "allow": [],
+                              "stall_s": 1.0, "idle_s": 30, "max_s": 60, "pidfile": str(tmp_path / "bad.pid")})
+    try:
+        rc, doc = node("fetch", fetch_req(tmp_path, port, data, token,
+                                          sources=[["127.0.0.1", doc2["port"]], ["127.0.0.1", port]]))
+    finally:
+        node("stop", {"pidfile": str(tmp_path / "bad.pid")})
+    r = doc["files"]["a.whl"]
+    assert rc == 0 and r["ok"] and r["refused_pieces"] == 1, doc
+    assert r["failed"][f"127.0.0.1:{doc2['port']}"]["kind"] == "corrupt"
+    # the three good pieces from the bad source are kept: only the rest comes from the good one
+    assert r["received"] == len(data) and r["source"] == f"127.0.0.1:{port}"
+    assert (tmp_path / "dst" / "a.whl").read_bytes() == data
+
+
+def test_resume_keeps_only_the_verified_prefix(tmp_path: Path, served) -> None:
+    port, data, _, token, _ = served
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    # an interrupted copy: two good pieces, then garbage where the third should be
+    (dst / ".a.whl.part").write_bytes(data[:2 * PIECE] + b"garbage" * 100)
+    rc, doc = node("fetch", fetch_req(tmp_path, port, data, token))
+    r = doc["files"]["a.whl"]
+    assert rc == 0 and r["resumed_from"] == 2 * PIECE and r["received"] == len(data) - 2 * PIECE
+    assert (dst / "a.whl").read_bytes() == data
+
+
+def test_a_growing_part_is_relayed_as_it_grows(tmp_path: Path, served) -> None:
+    """Cut-through: the relay serves a .part another copy is still filling."""
+    port, _, src, token, _ = served
+    data = os.urandom(4 * PIECE)
+    part = src / ".b.whl.part"
+    part.write_bytes(data[:PIECE])
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "fetch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    proc.stdin.write(json.dumps(fetch_req(tmp_path, port, data, token, name="b.whl")))
+    proc.stdin.close()
+    for k in (2, 3, 4):
+        time.sleep(0.3)
+        with open(part, "ab") as f:
+            f.write(data[(k - 1) * PIECE:k * PIECE])
+    part.rename(src / "b.whl")
+    out = proc.stdout.read()  # bounded: the fetch ends within its stall limit (1 s) once the file stops growing
+    proc.wait(timeout=30)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["ok"] and (tmp_path / "dst" / "b.whl").read_bytes() == data
+
+
+def test_a_silent_source_is_abandoned_after_the_stall_limit(tmp_path: Path) -> None:
+    """A source that accepts and never answers: the fetch gives up after stall_s, not never."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        data = os.urandom(PIECE)
+        t = time.monotonic()
+        rc, doc = node("fetch", fetch_req(tmp_path, srv.getsockname()[1], data, "t" * 32))
+        took = time.monotonic() - t
+    r = doc["files"]["a.whl"]
+    assert rc == 3 and next(iter(r["failed"].values()))["kind"] == "stall" and took < 10
+
+
+def test_stop_ends_the_relay_and_nothing_listens(tmp_path: Path, served) -> None:
+    port, _, _, _, pidfile = served
+    rc, doc = node("stop", {"pidfile": str(pidfile)})
+    assert rc == 0 and doc["stopped"]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_relay_stops_when_idle(tmp_path: Path) -> None:
+    pidfile = tmp_path / "r.pid"
+    rc, doc = node("serve", {"token": "t", "bind": "127.0.0.1", "port": 0, "root": str(tmp_path), "stall_s": 1,
+                             "idle_s": 0.5, "max_s": 60, "pidfile": str(pidfile)})
+    deadline = time.monotonic() + 10
+    while pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pidfile.exists()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", doc["port"]), timeout=2).close()
+
+
+def test_commit_and_adopt_check_sha256(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    good, other = os.urandom(1000), os.urandom(1000)
+    (d / ".g.whl.part").write_bytes(good)
+    (d / ".o.whl.part").write_bytes(other)
+    sums = {"g.whl": hashlib.sha256(good).hexdigest(), "o.whl": hashlib.sha256(good).hexdigest()}
+    rc, doc = node("commit", {"dir": str(d), "files": sums})
+    assert rc == 4 and doc["files"]["g.whl"]["ok"] and not doc["files"]["o.whl"]["ok"]
+    assert (d / "g.whl").exists() and not (d / ".o.whl.part").exists()
+    (d / "o.whl").write_bytes(other)
+    rc, doc = node("adopt", {"dir": str(d), "files": sums, "drop_bad": True})
+    assert doc["verified"] == ["g.whl"] and doc["bad"] == ["o.whl"] and not (d / "o.whl").exists()
+    assert json.loads((d / relay.MANIFEST).read_text()) == {"g.whl": sums["g.whl"]}
+
+
+def test_plan_sources_and_head_bytes() -> None:
+    sizes = {"a": 10, "b": 20}
+    p = relay.Plan("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
+    assert p.edges() == [("head", "n1", 2, 30), ("n1", "n2", 2, 30), ("n2", "n3", 1, 20)]
+    assert p.head_bytes == 30  # each file once
+    push = relay.Plan("push", p.chain, p.needs, sizes)
+    assert push.head_bytes == 80 and all(a == "head" for a, *_ in push.edges())
+    # the first node has a file already: the others get it from peers, the head sends nothing of it
+    q = relay.Plan("relay", ["n1", "n2"], {"n1": [], "n2": ["a"]}, sizes)
+    assert q.head_bytes == 0 and q.edges() == [("n1", "n2", 1, 10)]
+    assert "node" not in " ".join(p.lines()) and p.lines()[-1] == "relay: the head sends 0 MiB in all"
+
+
+def test_batches_group_small_files_and_keep_order() -> None:
+    mk = lambda n, s: relay.Item(n, Path(n), s, "0")  # noqa: E731
+    files = [mk("big", relay.BATCH_BYTES), *(mk(f"s{i}", 1) for i in range(40))]
+    b = relay.batches(files)
+    assert [len(x) for x in b] == [1, relay.BATCH_FILES, 40 - relay.BATCH_FILES]
+    assert [i.name for x in b for i in x] == [i.name for i in files]
