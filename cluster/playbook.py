@@ -18,6 +18,7 @@ import jinja2
 
 from cluster import paths, wheelhouse, yamlfile
 from cluster.errors import ClusterError, TransportError, UsageError
+from cluster.replies import error_tail
 from cluster.transport import Transport
 
 ACTIONS = ("command", "file", "template", "wheels", "pip")
@@ -242,7 +243,7 @@ def _command(t: Transport, r: Renderer, step: Step, dry: bool) -> tuple[str, str
         return WOULD_CHANGE, cmd
     res = t.run(cmd)
     if res.exit_code != 0:
-        raise ClusterError(f"exit {res.exit_code}: {(res.stderr or res.stdout).strip()[-600:]}")
+        raise ClusterError(f"exit {res.exit_code}: {error_tail(res.stderr or res.stdout, 600)}")
     return CHANGED, cmd
 
 
@@ -307,7 +308,7 @@ def _pip(t: Transport, r: Renderer, step: Step, dry: bool) -> tuple[str, str]:
            else f"--no-index --find-links {shlex.quote(spec['wheelhouse'])}")
     res = t.run(f"{py} -m pip install --disable-pip-version-check -q {src} -r {shlex.quote(lock)}", timeout=3600)
     if res.exit_code != 0:
-        raise ClusterError(f"pip install failed: {(res.stderr or res.stdout).strip()[-800:]}",
+        raise ClusterError(f"pip install failed: {error_tail(res.stderr or res.stdout, 800)}",
                            "see the message; a broken venv is rebuilt by the venv step on the next run")
     return CHANGED, f"installed {len(todo)} packages"
 
@@ -348,3 +349,70 @@ def run(t: Transport, pb: Playbook, context: dict[str, Any], dry: bool = False,
         if res.status == FAILED:
             break
     return out
+
+
+# --------------------------------------------------------------------------- shown, not run
+
+
+@dataclass
+class RenderedStep:
+    """One step as it would run on one node, rendered without contacting it (`provision --dry-run`, goldens).
+    Guards (`creates`, `unless`) are shown, not checked: whether a step is already done needs the node."""
+
+    name: str
+    action: str
+    runs: bool  # False: its `when` is false on this node
+    when: str | None = None
+    creates: str | None = None
+    unless: str | None = None
+    command: str | None = None  # command: the exact shell line
+    dest: str | None = None  # file, template, wheels
+    mode: str | None = None  # file, template: octal
+    source: str | None = None  # template: its file in templates/; file: the content as written in the playbook
+    content: str | None = None  # template: the rendered text
+    spec: dict[str, Any] | None = None  # pip: venv, wheelhouse, index
+
+    def to_text(self) -> str:
+        """A few stable lines per step (the golden file's format)."""
+        lines = [f"- {self.name} [{self.action}]" + ("" if self.runs else f" skipped (when: {self.when})")]
+        if not self.runs:
+            return lines[0]
+        fields = [(k, getattr(self, k)) for k in ("when", "creates", "unless", "command", "dest", "mode", "source")]
+        for key, value in fields + list((self.spec or {}).items()):
+            if value is not None:
+                lines.append(f"    {key}: {value if value != '' else repr(value)}")
+        return "\n".join(lines)
+
+
+def render_steps(pb: Playbook, context: dict[str, Any]) -> list[RenderedStep]:
+    """Every step of `pb` for the node `context` describes, rendered as `run` would, nothing run."""
+    r = Renderer(pb, context)
+    out = []
+    for step in pb.steps:
+        if not r.condition(step):
+            out.append(RenderedStep(step.name, step.action, False, when=str(step.when)))
+            continue
+        rs = RenderedStep(step.name, step.action, True, when=None if step.when is None else str(step.when),
+                          creates=None if step.creates is None else str(r.text(step, step.creates, "creates")),
+                          unless=None if step.unless is None else r.shell(step, step.unless, "unless"))
+        _render_action(r, step, rs)
+        out.append(rs)
+    return out
+
+
+def _render_action(r: Renderer, step: Step, rs: RenderedStep) -> None:
+    if step.action == "command":
+        rs.command = r.shell(step, step.spec, "command")
+    elif step.action in ("file", "template", "wheels"):
+        dest, mode = _file_spec(r, step)
+        rs.dest = dest
+        if step.action != "wheels":
+            rs.mode = f"{mode:o}"
+        if step.action == "template":
+            rs.source = str(step.spec.get("src"))
+            rs.content = r.template(step, rs.source)
+        elif step.action == "file":
+            rs.source = str(step.spec.get("content", ""))
+    else:
+        spec = r.text(step, step.spec, step.action)
+        rs.spec = dict(spec) if isinstance(spec, dict) else {"value": spec}

@@ -1,0 +1,97 @@
+"""What provision would do on a mixed 4-PC lab, rendered without contacting a node, against golden files:
+each node's steps (the `--dry-run` view) and the files its templates write (cluster.env above all, which
+every launch script sources). UPDATE_GOLDEN=1 rewrites them, as in test_render.py."""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import compat, facts, inventory, playbook, provision
+from cluster.inventory import Host
+from tests.conftest import ROOT
+
+GOLDEN = ROOT / "tests" / "golden" / "provision"
+MIXED = ROOT / "tests" / "fixtures" / "launch" / "mixed.yaml"
+RECORDED = ROOT / "tests" / "fixtures" / "facts" / "lab-node1.txt"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+DRIVER = "580.95.05"  # the driver every GPU of the fixture lab has (R580, COMPAT-FACTS.md)
+
+
+def node_facts(h: Host, base: dict[str, Any]) -> facts.NodeFacts:
+    """A lab node's recorded facts, with the GPUs its inventory entry names as nvidia-smi lists them."""
+    values = copy.deepcopy(base)
+    count = h.gpu.count if h.gpu else 0
+    smi = "\n".join(f"NVIDIA GeForce {h.gpu.model}, {h.gpu.compute_capability}, {DRIVER}, 4096"
+                    for _ in range(count)) if h.gpu else "@@absent"
+    values["gpus"] = facts.parse_gpus(smi or "@@absent", 0)
+    values["hostname"] = {**values["hostname"], "name": h.name}
+    return facts.NodeFacts(h.name, values, address_nic="eth0")
+
+
+def rendered() -> dict[str, list[playbook.RenderedStep]]:
+    inv = inventory.load(MIXED, check_files=False)
+    hosts = inv.ordered(inv.hosts.values())
+    base = facts.parse_all(RECORDED.read_text())
+    nf = {h.name: node_facts(h, base) for h in hosts}
+    builds = compat.build_plan([compat.node_options(h.name, provision.node_gpus(h, nf[h.name])) for h in hosts])
+    pb = playbook.load("provision")
+    return {h.name: playbook.render_steps(pb, provision._context(h, nf[h.name], builds.builds[h.name], None, None))
+            for h in hosts}
+
+
+def golden_files() -> dict[str, str]:
+    """node/steps.txt: the steps as `provision --dry-run` would run them; node/cluster.env: that template's
+    output (other templates belong to the steps they serve and are tested there)."""
+    out = {}
+    for node, steps in rendered().items():
+        out[f"{node}/steps.txt"] = "\n".join(s.to_text() for s in steps) + "\n"
+        env = next(s for s in steps if s.dest and s.dest.endswith("/cluster.env"))
+        assert env.content is not None
+        out[f"{node}/cluster.env"] = env.content
+    return out
+
+
+def test_rendered_provision_matches_golden() -> None:
+    files = golden_files()
+    for rel, content in files.items():
+        golden = GOLDEN / rel
+        if UPDATE:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(content)
+        assert golden.exists(), f"missing golden file {golden} (UPDATE_GOLDEN=1 writes it)"
+        assert content == golden.read_text(), f"provision/{rel} differs from its golden file"
+    names = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file()}
+    assert names == set(files)  # no stale golden files
+
+
+def test_cluster_env_follows_each_node_gpus_and_the_shared_backend() -> None:
+    env = {n: c for n, c in golden_files().items() if n.endswith("/cluster.env")}
+    assert set(env) == {f"pc{i}/cluster.env" for i in range(1, 5)}
+    assert "NCCL_P2P_DISABLE=1" in env["pc1/cluster.env"]  # two cards in one box
+    assert all("NCCL_P2P_DISABLE" not in env[f"pc{i}/cluster.env"] for i in (2, 3, 4))
+    assert all("CLUSTER_BACKEND=gloo" in c for c in env.values())  # pc4 has no GPU: gloo for every rank
+    assert "CLUSTER_AMP=0" in env["pc1/cluster.env"]  # cc 6.1: no tensor cores
+    assert "CLUSTER_PYTHON='/home/student/cluster work/venv/bin/python'" in env["pc3/cluster.env"]
+
+
+@pytest.mark.parametrize("node", ["pc1", "pc3"])
+def test_cluster_env_is_a_shell_file_that_sets_what_it_says(node: str, tmp_path: Path) -> None:
+    """Sourced by sh exactly as launch scripts do: the values arrive as written, spaces included."""
+    (tmp_path / "cluster.env").write_text(golden_files()[f"{node}/cluster.env"])
+    r = subprocess.run(["sh", "-c", ". ./cluster.env && printf '%s|%s|%s' \"$GLOO_SOCKET_IFNAME\" "
+                        "\"$NCCL_SOCKET_IFNAME\" \"$CLUSTER_PYTHON\""],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    workdir = "/srv/cluster" if node == "pc1" else "/home/student/cluster work"
+    assert r.returncode == 0 and r.stdout == f"eth0|=eth0|{workdir}/venv/bin/python"
+
+
+def test_a_step_whose_condition_is_false_is_shown_skipped() -> None:
+    steps = rendered()["pc2"]
+    lock = [s for s in steps if s.when and "wheelhouse is not none" in s.when]
+    assert lock and all(not s.runs for s in lock)  # no wheelhouse without I/O: those steps would not run
+    assert next(s for s in steps if s.name == "work directory").command == "mkdir -p -- /srv/cluster"
