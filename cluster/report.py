@@ -127,7 +127,57 @@ def _board_watts(gpu: str) -> float:
     return DEFAULT_GPU_W
 
 
+def _rank0(r0: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]], float | None]:
+    """Rank 0's start record, its epoch records (the last of a repeated epoch wins) and the wall time."""
+    start = next((x for x in r0 if x["type"] == "start"), {})
+    epochs_by_n: dict[int, dict[str, Any]] = {}
+    for x in r0:
+        if x["type"] == "epoch":
+            epochs_by_n[x["epoch"]] = x  # a resumed run may repeat an epoch: the last record wins
+    starts = [x["time"] for x in r0 if x["type"] == "start"]
+    ends = [x["time"] for x in r0 if x["type"] in ("end", "epoch")]
+    wall = (max(ends) - min(starts)) if starts and ends else None
+    return start, [epochs_by_n[k] for k in sorted(epochs_by_n)], wall
+
+
+def _node_figures(node: str, by_rank: dict[int, list[dict[str, Any]]], node_dir: Path,
+                  batch: int) -> tuple[NodeFigures, float]:
+    """One node's step times, CPU use and power (measured, else estimated from its hardware); the watts
+    unrounded, for the energy."""
+    recs = [x for r in sorted(by_rank) for x in by_rank[r]]
+    steps = [x for x in recs if x["type"] == "step"]
+    step_s = [x["data_s"] + x["compute_s"] for x in steps]
+    ep = [x for x in recs if x["type"] == "epoch"]
+    cpu = [x["cpu_percent_node"] for x in ep if x.get("cpu_percent_node") is not None]
+    power = [sum(g["power_w"] for g in x["gpus"] if g.get("power_w") is not None)
+             for x in ep if x.get("gpus") and any(g.get("power_w") is not None for g in x["gpus"])]
+    hw, gpus, _ = _hardware(node_dir)
+    med = _median(step_s)
+    rest = IDLE_W + CPU_LOAD_W * min(1.0, (_median(cpu) or 100.0) / 100.0)
+    watts = rest + (statistics.mean(power) if power else sum(_board_watts(g) for g in gpus))
+    return NodeFigures(
+        node=node, ranks=sorted(by_rank), step_s_median=med, step_s_p90=_p90(step_s),
+        data_s_median=_median([x["data_s"] for x in steps]),
+        images_per_s=(batch * len(by_rank) / med) if med else None, cpu_percent=_median(cpu),
+        gpu_power_w=statistics.mean(power) if power else None, watts=round(watts, 1),
+        watts_source="measured" if power else "estimated", hardware=hw), watts
+
+
+def _spread_and_energy(fig: RunFigures, watts: list[float], price_kwh: float | None) -> None:
+    """The straggler and the step-time spread across nodes; energy (and cost) over the wall time."""
+    meds = [(p.step_s_median, p.node) for p in fig.per_node if p.step_s_median]
+    if len(meds) > 1:
+        fig.step_spread = max(meds)[0] / min(meds)[0]
+        fig.straggler = max(meds)[1]
+    if fig.wall_s:
+        fig.energy_kwh = sum(w * fig.wall_s for w in watts) / 3.6e6
+        measured_all = all(p.watts_source == "measured" for p in fig.per_node)
+        fig.energy_source = "measured GPU power" if measured_all else "estimated"
+        fig.cost = fig.energy_kwh * price_kwh if price_kwh is not None else None
+
+
 def run_figures(record: runs.RunRecord, price_kwh: float | None = None) -> RunFigures:
+    """Every figure of one collected run, from its metrics files on the head."""
     base = runs.run_path(record.run_id)
     nodes = [n.node for n in record.nodes]
     by_node = {n: read_metrics(base / n) for n in nodes}
@@ -135,16 +185,7 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None) -> RunFi
     if not ranks:
         raise UsageError(f"run {record.run_id}: no metrics on the head",
                          f"collect them first: clusterctl collect {record.run_id}")
-    r0 = ranks[min(ranks)]
-    start = next((x for x in r0 if x["type"] == "start"), {})
-    epochs_by_n: dict[int, dict[str, Any]] = {}
-    for x in r0:
-        if x["type"] == "epoch":
-            epochs_by_n[x["epoch"]] = x  # a resumed run may repeat an epoch: the last record wins
-    epochs = [epochs_by_n[k] for k in sorted(epochs_by_n)]
-    starts = [x["time"] for x in r0 if x["type"] == "start"]
-    ends = [x["time"] for x in r0 if x["type"] in ("end", "epoch")]
-    wall = (max(ends) - min(starts)) if starts and ends else None
+    start, epochs, wall = _rank0(ranks[min(ranks)])
     vals = [e["val_acc"] for e in epochs]
     fig = RunFigures(
         run_id=record.run_id, job=record.job, framework=record.framework, state=record.state,
@@ -155,40 +196,9 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None) -> RunFi
         final_val_acc=vals[-1] if vals else None, best_val_acc=max(vals) if vals else None, wall_s=wall,
         settings=record.settings or {}, started=record.started,
         predicted_images_per_s=(record.prediction or {}).get("planned_images_per_s"))
-    total_j, measured_all = 0.0, True
-    for n in nodes:
-        recs = [x for r in sorted(by_node[n]) for x in by_node[n][r]]
-        steps = [x for x in recs if x["type"] == "step"]
-        step_s = [x["data_s"] + x["compute_s"] for x in steps]
-        data_s = [x["data_s"] for x in steps]
-        ep = [x for x in recs if x["type"] == "epoch"]
-        cpu = [x["cpu_percent_node"] for x in ep if x.get("cpu_percent_node") is not None]
-        power = [sum(g["power_w"] for g in x["gpus"] if g.get("power_w") is not None)
-                 for x in ep if x.get("gpus") and any(g.get("power_w") is not None for g in x["gpus"])]
-        hw, gpus, _ = _hardware(base / n)
-        med = _median(step_s)
-        cpu_load = min(1.0, (_median(cpu) or 100.0) / 100.0)
-        if power:
-            watts, source = IDLE_W + CPU_LOAD_W * cpu_load + statistics.mean(power), "measured"
-        else:
-            watts, source = IDLE_W + CPU_LOAD_W * cpu_load + sum(_board_watts(g) for g in gpus), "estimated"
-            measured_all = False
-        local = fig.batch * len(by_node[n])
-        fig.per_node.append(NodeFigures(
-            node=n, ranks=sorted(by_node[n]), step_s_median=med, step_s_p90=_p90(step_s),
-            data_s_median=_median(data_s), images_per_s=(local / med) if med else None,
-            cpu_percent=_median(cpu), gpu_power_w=statistics.mean(power) if power else None,
-            watts=round(watts, 1), watts_source=source, hardware=hw))
-        if wall:
-            total_j += watts * wall
-    meds = [(p.step_s_median, p.node) for p in fig.per_node if p.step_s_median]
-    if len(meds) > 1:
-        fig.step_spread = max(meds)[0] / min(meds)[0]
-        fig.straggler = max(meds)[1]
-    if wall:
-        fig.energy_kwh = total_j / 3.6e6
-        fig.energy_source = "measured GPU power" if measured_all else "estimated"
-        fig.cost = fig.energy_kwh * price_kwh if price_kwh is not None else None
+    per_node = [_node_figures(n, by_node[n], base / n, fig.batch) for n in nodes]
+    fig.per_node = [p for p, _ in per_node]
+    _spread_and_energy(fig, [w for _, w in per_node], price_kwh)
     return fig
 
 
@@ -233,22 +243,7 @@ def build(run_ids: list[str], price_kwh: float | None = None) -> list[RunFigures
 # --------------------------------------------------------------------------- plots
 
 
-def plots(figs: list[RunFigures]) -> dict[str, bytes]:
-    """name -> PNG bytes: accuracy and loss vs wall time, images/s vs nodes, per-node step time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out: dict[str, bytes] = {}
-
-    def save(fig, name: str) -> None:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        out[name] = buf.getvalue()
-
+def _accuracy_loss(plt: Any, figs: list[RunFigures]) -> Any:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for f in figs:
         t0 = min((e["time"] - e["epoch_s"] for e in f.epochs), default=0)
@@ -262,8 +257,10 @@ def plots(figs: list[RunFigures]) -> dict[str, bytes]:
     a2.set_yscale("log")  # early validation losses (BatchNorm statistics still settling) dwarf the rest
     a1.legend(fontsize=7)
     a2.legend(fontsize=7)
-    save(fig, "accuracy_loss")
+    return fig
 
+
+def _throughput_nodes(plt: Any, figs: list[RunFigures]) -> Any:
     fig, ax = plt.subplots(figsize=(6, 4))
     by_job: dict[str, list[tuple[int, float]]] = {}
     for f in figs:
@@ -277,8 +274,10 @@ def plots(figs: list[RunFigures]) -> dict[str, bytes]:
     ax.set(xlabel="nodes", ylabel="images/s", title="Throughput vs number of nodes")
     ax.set_xticks(sorted({p[0] for pts in by_job.values() for p in pts}) or [1])
     ax.legend(fontsize=8)
-    save(fig, "throughput_nodes")
+    return fig
 
+
+def _step_time(plt: Any, figs: list[RunFigures]) -> Any:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * sum(len(f.per_node) for f in figs)), 4))
     labels, values, colors = [], [], []
     for i, f in enumerate(figs):
@@ -289,7 +288,27 @@ def plots(figs: list[RunFigures]) -> dict[str, bytes]:
     ax.bar(range(len(values)), values, color=colors)
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set(ylabel="median step time (s)", title="Per-node step time (stragglers stand out)")
-    save(fig, "step_time")
+    return fig
+
+
+PLOTS = {"accuracy_loss": _accuracy_loss, "throughput_nodes": _throughput_nodes, "step_time": _step_time}
+
+
+def plots(figs: list[RunFigures]) -> dict[str, bytes]:
+    """name -> PNG bytes: accuracy and loss vs wall time, images/s vs nodes, per-node step time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, bytes] = {}
+    for name, draw in PLOTS.items():
+        fig = draw(plt, figs)
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=110)
+        plt.close(fig)
+        out[name] = buf.getvalue()
     return out
 
 

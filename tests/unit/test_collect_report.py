@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from cluster import collect, report, runs
+from tests.conftest import ROOT
+
+GOLDEN_PAGE = ROOT / "tests" / "golden" / "report" / "structure.txt"
 
 
 @pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "out/../../x", "a//b", "", "./../x", "out/\0x"])
@@ -89,3 +94,56 @@ def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, m
                                                                  "run_dir": "/srv/r"}], "inventory": {"hosts": []}}))
     with pytest.raises(Exception, match="collect them first: clusterctl collect r"):
         report.build(["r"])
+
+
+class _Outline(HTMLParser):
+    """The page's skeleton: headings, each table's columns and row count, figure captions; not the images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self._tag: str | None = None
+        self._text = ""
+        self._columns: list[str] = []
+        self._rows = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("h1", "h2", "th", "figcaption", "title"):
+            self._tag, self._text = tag, ""
+        elif tag == "table":
+            self._columns, self._rows = [], 0
+        elif tag == "tr":
+            self._rows += 1
+        elif tag == "img":
+            src = dict(attrs).get("src") or ""
+            self.lines.append(f"image: {src.split(',', 1)[0]}")
+
+    def handle_data(self, data: str) -> None:
+        if self._tag:
+            self._text += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._tag == "th":
+            self._columns.append(self._text)
+        elif tag == self._tag:
+            self.lines.append(f"{tag}: {self._text}")
+        elif tag == "table":
+            self.lines.append(f"table ({self._rows - 1} rows): {' | '.join(self._columns)}")
+        if tag == self._tag:
+            self._tag = None
+
+
+def test_report_page_structure_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headings, table columns and captions of report.html for two fixed runs (UPDATE_GOLDEN=1 rewrites)."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
+    _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75], power=100.0)
+    figs = report.build(["one", "two"], price_kwh=0.5)
+    outline = _Outline()
+    outline.feed(report.html_page(figs, report.plots(figs), 0.5))
+    text = "\n".join(outline.lines) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN_PAGE.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN_PAGE.write_text(text)
+    assert GOLDEN_PAGE.exists(), f"missing golden file {GOLDEN_PAGE} (UPDATE_GOLDEN=1 writes it)"
+    assert text == GOLDEN_PAGE.read_text(), "the report page's structure differs from its golden file"
