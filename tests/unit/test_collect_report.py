@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from cluster import collect, report, runs
+from tests import goldens
 from tests.conftest import ROOT
 
 GOLDEN_PAGE = ROOT / "tests" / "golden" / "report" / "structure.txt"
@@ -142,8 +142,4 @@ def test_report_page_structure_matches_golden(tmp_path: Path, monkeypatch: pytes
     outline = _Outline()
     outline.feed(report.html_page(figs, report.plots(figs), 0.5))
     text = "\n".join(outline.lines) + "\n"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        GOLDEN_PAGE.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN_PAGE.write_text(text)
-    assert GOLDEN_PAGE.exists(), f"missing golden file {GOLDEN_PAGE} (UPDATE_GOLDEN=1 writes it)"
-    assert text == GOLDEN_PAGE.read_text(), "the report page's structure differs from its golden file"
+    goldens.check(GOLDEN_PAGE, text, "the report page's structure")

@@ -4,7 +4,6 @@ every launch script sources). UPDATE_GOLDEN=1 rewrites them, as in test_render.p
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,12 @@ import pytest
 
 from cluster import compat, facts, inventory, playbook, provision
 from cluster.inventory import Host
+from tests import goldens
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "provision"
 MIXED = ROOT / "tests" / "fixtures" / "launch" / "mixed.yaml"
 RECORDED = ROOT / "tests" / "fixtures" / "facts" / "lab-node1.txt"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 DRIVER = "580.95.05"  # the driver every GPU of the fixture lab has (R580, COMPAT-FACTS.md)
 
 
@@ -59,12 +58,7 @@ def golden_files() -> dict[str, str]:
 def test_rendered_provision_matches_golden() -> None:
     files = golden_files()
     for rel, content in files.items():
-        golden = GOLDEN / rel
-        if UPDATE:
-            golden.parent.mkdir(parents=True, exist_ok=True)
-            golden.write_text(content)
-        assert golden.exists(), f"missing golden file {golden} (UPDATE_GOLDEN=1 writes it)"
-        assert content == golden.read_text(), f"provision/{rel} differs from its golden file"
+        goldens.check(GOLDEN / rel, content, f"provision/{rel}")
     names = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file()}
     assert names == set(files)  # no stale golden files
 
