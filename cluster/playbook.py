@@ -1,7 +1,7 @@
 """Playbooks: ordered, idempotent steps run on a node (schema: docs/playbooks.md).
 
 A step has a name, one action (command, file, template, push, pip), an optional
-`when` (a jinja expression on vars/facts/plan) and guards (`creates`, `unless`)
+`when` (a jinja expression on vars/facts/build) and guards (`creates`, `unless`)
 that make a step already done report `unchanged`. Values come from jinja2 with
 StrictUndefined; in shell fields every `{{ value }}` is shell-quoted on output.
 """
