@@ -1,4 +1,4 @@
-"""`clusterctl provision`: facts -> plan -> wheelhouse -> playbook -> verify -> state.
+"""`clusterctl provision`: facts -> build plan -> wheelhouse -> playbook -> verify -> state.
 
 A node that fails never stops the others; every outcome is data in ProvisionReport.
 """
