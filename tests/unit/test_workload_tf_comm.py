@@ -1,0 +1,159 @@
+"""fp16 all-reduce and gradient accumulation in the TensorFlow program: 2 MWMS workers on loopback.
+
+The Trainer of train_tf.py runs a tiny Keras model here (build_model replaced) in float64, so the
+comparisons see the arithmetic and the runs take seconds, not minutes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+
+HELPER = f"""
+import argparse, sys
+import numpy as np
+sys.path.insert(0, {str(WL)!r})
+import tf_keras as keras
+keras.backend.set_floatx("float64")
+import tensorflow as tf
+import train_tf, wlcommon
+
+
+def tiny(classes, size):
+    return keras.Sequential([keras.layers.Input((size, size, 3)),
+                             keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+                             keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(classes)])
+
+
+train_tf.build_model = tiny
+mode, init, data, out, split, k, comp = sys.argv[1:8]
+split, k = [int(b) for b in split.split(",")], int(k)
+rank, world = train_tf.worker_info()
+a = argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4, accumulate=k if world > 1 else 1,
+                       grad_compression=comp, tf_implementation="ring", tf_bytes_per_pack=0,
+                       collective_timeout_s=60.0)
+options = train_tf.communication_options(a)
+strategy = train_tf.make_strategy(world, options, a.collective_timeout_s)
+n = k * sum(split)  # samples per optimizer step
+tr = train_tf.Trainer(strategy, 10, 8, a, global_batch=n, comm_options=options)
+if mode == "init":
+    np.savez(init, *tr.model.get_weights())
+    sys.exit(0)
+with np.load(init) as w:
+    tr.model.set_weights([w[f"arr_{{i}}"] for i in range(len(w.files))])
+with np.load(data) as d:
+    x, y = d["x"], d["y"]
+variables = tr.model.trainable_variables
+for step in range(2):  # two steps: the momentum slots are exercised too
+    tr.opt.learning_rate.assign(0.01)
+    if mode == "fp16ref":  # by hand: each worker's gradient, cast to float16, summed in float16
+        total = None
+        for r in range(len(split)):
+            part = wlcommon.batch_slice(step, split, r)
+            _, g = tr._local_grads(tf.constant(x[part]), tf.constant(y[part]))
+            h = [tf.cast(tf.cast(gi, tf.float16), tf.float64) for gi in g]  # exact in float64
+            total = h if total is None else [s + t for s, t in zip(total, h)]
+        grads = [tf.cast(tf.cast(s, tf.float16), tf.float64) + 5e-4 * v for s, v in zip(total, variables)]
+        tr.opt.apply_gradients(zip(grads, variables))
+    elif world > 1:
+        part = wlcommon.batch_slice(step, [k * b for b in split], rank)  # as the program feeds it
+        tr.train_step(tf.constant(x[part]), tf.constant(y[part]))
+    else:
+        tr.train_step(tf.constant(x[step * n:(step + 1) * n]), tf.constant(y[step * n:(step + 1) * n]))
+weights = tr.model.get_weights()
+if rank == 0:
+    np.savez(out, *weights)
+train_tf.wait_for_all_workers(world)
+"""
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _run(helper: Path, args: list[str], tf_config: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TF_CONFIG", None)
+    if tf_config:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    return subprocess.Popen([sys.executable, str(helper), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _ok(*procs: subprocess.Popen) -> None:
+    results = [p.communicate(timeout=600) for p in procs]
+    for p in procs:
+        assert p.returncode == 0, "\n---\n".join(e[-2500:] for _, e in results)
+
+
+def _two_workers(helper: Path, args: list[str]) -> None:
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    _ok(*[_run(helper, args, {"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(2)])
+
+
+def _setup(tmp: Path, samples: int) -> tuple[Path, Path, Path]:
+    helper = tmp / "helper.py"
+    helper.write_text(HELPER)
+    init, data = tmp / "init.npz", tmp / "data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.standard_normal((samples, 8, 8, 3)), y=rng.integers(0, 10, samples))
+    _ok(_run(helper, ["init", str(init), str(data), "-", "4,4", "1", "none"]))
+    return helper, init, data
+
+
+def _delta(init: Path, a: Path, b: Path) -> tuple[float, int]:
+    """Largest difference between the two runs' weight changes, relative to the change; layers moved."""
+    worst, moved = 0.0, 0
+    with np.load(init) as w0, np.load(a) as s, np.load(b) as m:
+        for key in w0.files:
+            d_a, d_b = s[key] - w0[key], m[key] - w0[key]
+            scale = np.abs(d_a).max()
+            moved += int(scale > 0)
+            worst = max(worst, float(np.abs(d_b - d_a).max() / max(scale, 1e-300)))
+    return worst, moved
+
+
+def test_tf_fp16_step_on_two_workers_equals_a_step_with_the_fp16_rounded_sum(tmp_path: Path) -> None:
+    helper, init, data = _setup(tmp_path, 16)
+    _ok(_run(helper, ["fp16ref", str(init), str(data), str(tmp_path / "ref.npz"), "4,4", "1", "fp16"]),
+        _run(helper, ["train", str(init), str(data), str(tmp_path / "plain.npz"), "4,4", "1", "none"]))
+    _two_workers(helper, ["train", str(init), str(data), str(tmp_path / "mwms.npz"), "4,4", "1", "fp16"])
+    worst, moved = _delta(init, tmp_path / "ref.npz", tmp_path / "mwms.npz")
+    assert moved == 6  # every kernel and bias changed
+    assert worst <= 1e-9
+    rounding, _ = _delta(init, tmp_path / "plain.npz", tmp_path / "mwms.npz")
+    assert rounding > 1e-6  # and float16 really was on the wire: it differs from the float32 step
+
+
+@pytest.mark.parametrize("split", ["2,2", "1,3"], ids=["even", "uneven"])
+def test_tf_accumulated_micro_batches_on_two_workers_equal_one_step_on_the_concatenated_batch(
+        tmp_path: Path, split: str) -> None:
+    helper, init, data = _setup(tmp_path, 16)  # two steps of 2 workers x 2 micro-batches (8 samples)
+    _ok(_run(helper, ["train", str(init), str(data), str(tmp_path / "single.npz"), split, "2", "none"]))
+    _two_workers(helper, ["train", str(init), str(data), str(tmp_path / "mwms.npz"), split, "2", "none"])
+    worst, moved = _delta(init, tmp_path / "single.npz", tmp_path / "mwms.npz")
+    assert moved == 6
+    assert worst <= 1e-9
+
+
+def test_tf_program_refuses_powersgd_with_a_clear_message(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(WL / "train_tf.py"), "--grad-compression", "powersgd", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2
+    assert "powersgd is implemented for PyTorch only" in r.stderr and "Traceback" not in r.stderr
