@@ -168,10 +168,15 @@ class Delivery:
                 "from_peers": self.from_peers, "resumed": self.resumed, "refused": self.refused}
 
 
+def pidfile(h: Host) -> str:
+    return f"{h.workdir}/clusterctl/relay.pid"
+
+
 def survey(t: Transport, dest: str, names: list[str]) -> tuple[dict[str, int], dict[str, str]]:
-    """Sizes of these files on the node and the sha256 recorded for those verified there earlier."""
+    """Sizes of these files on the node and the sha256 recorded for those verified there earlier.
+    Also removes the pidfile of a relay left by a run whose head died: that relay then stops within 1 s."""
     q = shlex.quote(dest)
-    r = t.run(f"cd -- {q} 2>/dev/null && {{ stat -c '%s %n' -- {' '.join(shlex.quote(n) for n in names)} "
+    r = t.run(f"rm -f -- {shlex.quote(pidfile(t.host))}; cd -- {q} 2>/dev/null && {{ stat -c '%s %n' -- {' '.join(shlex.quote(n) for n in names)} "
               f"2>/dev/null; echo @@manifest; cat {MANIFEST} 2>/dev/null; }}; true", timeout=120)
     sizes_txt, _, manifest_txt = r.stdout.partition("@@manifest\n")
     sizes = {}
@@ -452,6 +457,11 @@ def _guarded(run: _Run, host: Host, d: Delivery) -> HostResult:
         return HostResult(host.name, FAILED, time.monotonic() - start, error=e.message, problem="command-timeout",
                           value=d)
     except ClusterError as e:
+        try:  # a node that died mid-command leaves no answer, not a TransportError: ask it once more
+            t.run("true", timeout=2 * host.connect_timeout)
+        except (TransportError, CommandTimeout) as lost:
+            return HostResult(host.name, UNREACHABLE, time.monotonic() - start,
+                              error=f"{e.message} (then: {lost.message})", problem="unreachable", value=d)
         return HostResult(host.name, FAILED, time.monotonic() - start, error=e.message, fix=e.fix, value=d)
     return HostResult(host.name, OK, time.monotonic() - start, value=d)
 
@@ -466,7 +476,7 @@ def _start_servers(run: _Run, servers: list[Host], chain: list[Host], log: Calla
         h = t.host
         cfg = {"token": run.token, "bind": run.address[h.name], "port": 0, "root": run.dest[h.name],
                "allow": allow, "stall_s": t.stall_timeout, "idle_s": max(120.0, 4 * t.stall_timeout),
-               "max_s": 6 * 3600, "pidfile": f"{h.workdir}/clusterctl/relay.pid"}
+               "max_s": 6 * 3600, "pidfile": pidfile(h)}
         doc = _node_cmd(t, "serve", cfg, timeout=60)
         if not doc.get("ok") or not isinstance(doc.get("port"), int):
             raise ClusterError(f"{h.name}: the relay did not start: {doc}")
@@ -481,5 +491,4 @@ def _start_servers(run: _Run, servers: list[Host], chain: list[Host], log: Calla
 
 def _stop_servers(run: _Run, servers: list[Host]) -> None:
     """Every relay ends with the distribution (the relays also stop by themselves when idle)."""
-    run.group.call(lambda t: _node_cmd(t, "stop", {"pidfile": f"{t.host.workdir}/clusterctl/relay.pid"},
-                                       timeout=30), servers)
+    run.group.call(lambda t: _node_cmd(t, "stop", {"pidfile": pidfile(t.host)}, timeout=30), servers)
