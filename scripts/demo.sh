@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: set everything up, start a simulated 3-node lab (network namespaces,
-# one sshd each, 1 GbE links, no internet), check it, run a command on every node,
+# one sshd each, 1 GbE links behind the head's one 1 GbE uplink, no internet), check it, run a command on every node,
 # provision PyTorch + TensorFlow on every node from the head's wheelhouse (the first
 # time downloads ~4 GB once, then installs on each node: several minutes), show that
 # a second provision has nothing to do, train ResNet50 on the digits dataset with
@@ -16,7 +16,7 @@ LAB=demo
 CLUSTERCTL_REPORT=${CLUSTERCTL_REPORT:-$PWD/demo-report.html}
 
 set +e
-$CTL lab up 3 --name "$LAB" --subnet 10.77.0.0/24 --bandwidth 1gbit
+$CTL lab up 3 --name "$LAB" --subnet 10.77.0.0/24 --bandwidth 1gbit --uplink 1gbit
 rc=$?
 set -e
 if [ "$rc" -eq 4 ]; then
