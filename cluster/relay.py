@@ -56,9 +56,12 @@ def _piece_hashes(path: Path) -> list[str]:
     return out
 
 
-def items(directory: Path, files: dict[str, dict[str, Any]]) -> list[Item]:
+def items(directory: Path, files: dict[str, dict[str, Any]], with_pieces: bool = True) -> list[Item]:
     """Items for `files` ({name: {sha256, size}}) in `directory`, with their piece hashes (computed once per
-    file version and cached beside the files: a 1 GB file costs a second of reading the first time)."""
+    file version and cached beside the files: a 1 GB file costs a second of reading the first time).
+    A plan alone (a dry run) needs no piece hashes."""
+    if not with_pieces:
+        return [Item(n, directory / n, int(m["size"]), str(m["sha256"])) for n, m in files.items()]
     cache_path = directory / PIECES_CACHE
     try:
         cache = json.loads(cache_path.read_text())

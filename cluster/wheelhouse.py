@@ -273,7 +273,7 @@ def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str
     for members in groups.values():
         wh = whs[members[0].name]
         mode = distribution_mode(members[0])
-        items = relay.items(wh.dir, wh.files)
+        items = relay.items(wh.dir, wh.files, with_pieces=not dry)
         plan, results = relay.distribute(group, members, items, {h.name: dests[h.name] for h in members},
                                          mode=mode, dry=dry, progress=progress, log=log)
         report["plans"].append(plan.to_dict())
