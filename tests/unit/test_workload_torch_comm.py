@@ -268,3 +268,53 @@ def test_comm_volume_counts_powersgd_like_the_hook() -> None:
     assert wlcommon.comm_volume(shapes, 1, "fp16")["bytes_sent_per_step_ring"] == 0
     assert wlcommon.powersgd_start(0, 20, 1.0) == 20 and wlcommon.powersgd_start(0, 1, 0.0) == 2
     assert wlcommon.powersgd_start(7, 20, 1.0) == 7
+
+
+def _digits_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> None:
+    import wldata
+
+    _init(rank, world, init)
+    ds = wldata.load("digits", None, 8, 0)
+    mean, std = ds.normalization()
+    xtr, ytr = train_torch.to_tensor(ds.x_train, mean, std), torch.from_numpy(ds.y_train)
+    xva, yva = train_torch.to_tensor(ds.x_val, mean, std), torch.from_numpy(ds.y_val)
+    result = {}
+    for kind in ("none", "powersgd"):
+        torch.manual_seed(0)
+        model = tiny()
+        ddp = _ddp(model, 1 / 1024)  # several buckets
+        train_torch.setup_compression(ddp, kind, world, "gloo", powersgd_rank=2, powersgd_start=5, timeout_s=60)
+        opt = _opt(ddp)
+        losses, step = [], 0
+        while step < steps:
+            order = wlcommon.epoch_order(len(xtr), 0, step)
+            for i in range(len(order) // 64):
+                if step == steps:
+                    break
+                idx = torch.from_numpy(order[wlcommon.batch_slice(i, [32, 32], rank)].copy())
+                loss = train_torch.train_step(ddp, opt, xtr[idx], ytr[idx], lr=0.05)
+                losses.append(float(loss))
+                step += 1
+        with torch.no_grad():
+            acc = float((model(xva).argmax(1) == yva).double().mean())
+        result[kind] = {"losses": losses, "val_acc": acc}
+    if rank == 0:
+        Path(f"{tmp}/digits.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_powersgd_trains_digits_about_as_well_as_uncompressed(tmp_path: Path) -> None:
+    """A short 2-rank run on real data: with PowerSGD (rank 2, error feedback, several buckets on gloo)
+    the loss falls like without compression, and validation accuracy ends close."""
+    steps = 100  # ~4.5 epochs of 64 samples per step
+    mp.spawn(_digits_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path), steps), nprocs=2, join=True)
+    res = json.loads((tmp_path / "digits.json").read_text())
+    first = {k: sum(v["losses"][:5]) / 5 for k, v in res.items()}
+    last = {k: sum(v["losses"][-10:]) / 10 for k, v in res.items()}
+    print({k: (round(first[k], 3), round(last[k], 3), v["val_acc"]) for k, v in res.items()})  # shown with -s
+    # measured: none 2.32 -> 0.045 (val 0.98), powersgd 2.32 -> 0.17 (val 0.95): powersgd lags a little
+    assert last["none"] < 0.1 * first["none"]  # the uncompressed run learns
+    assert last["powersgd"] < 0.15 * first["powersgd"]  # and so does the compressed one
+    assert last["powersgd"] <= 3 * last["none"] + 0.1
+    assert res["powersgd"]["val_acc"] >= res["none"]["val_acc"] - 0.05
+    assert res["powersgd"]["val_acc"] > 0.9
