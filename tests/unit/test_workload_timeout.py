@@ -72,3 +72,39 @@ def test_a_rank_whose_peer_stops_answering_exits_nonzero_within_the_timeout(tmp_
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=30)
+
+
+def _start_tf(tmp: Path, rank: int, ports: list[int]) -> subprocess.Popen:
+    cfg = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": rank}}
+    env = {**os.environ, "TF_CONFIG": json.dumps(cfg), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, str(WL / "train_tf.py"), "--dataset", "digits", "--batch", "4", "--epochs", "50",
+           "--log-every", "1", "--threads", "1", "--out", str(tmp / f"r{rank}"),
+           "--collective-timeout-s", str(TF_TIMEOUT_S)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / f"r{rank}.err", "w"))
+
+
+TF_TIMEOUT_S = 20
+
+
+def test_a_tf_worker_whose_peer_freezes_exits_nonzero_within_the_timeout(tmp_path: Path) -> None:
+    """MWMS: the coordination service's heartbeat timeout and the collective timeout, both from
+    --collective-timeout-s, end the worker whose peer froze mid-training."""
+    ports = [_free_port(), _free_port()]
+    procs = [_start_tf(tmp_path, r, ports) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 600
+        while _steps(tmp_path, 0) < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+        assert _steps(tmp_path, 0) >= 2, (tmp_path / "r0.err").read_text()[-3000:]
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = procs[0].wait(timeout=TF_TIMEOUT_S + SLACK_S + 30)  # TimeoutExpired here: it hung
+        waited = time.monotonic() - t0
+        print(f"TF peer SIGSTOP: worker 0 exited {rc} after {waited:.1f} s")  # shown with -s
+        assert rc != 0
+        assert waited >= TF_TIMEOUT_S * 0.5, (waited, (tmp_path / "r0.err").read_text()[-2000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
