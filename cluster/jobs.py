@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -222,7 +222,8 @@ def _head_path_exists(path: Any) -> bool:
         return False
 
 
-def _validate_communication(s: dict[str, Any], fail: Any, number: Any) -> None:
+def _validate_communication(s: dict[str, Any], fail: Callable[[str, str, str], None],
+                            number: Callable[..., None]) -> None:
     """The communication settings (docs/jobs.md "Communication")."""
     if s["grad_compression"] not in ("none", "fp16", "powersgd"):
         fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
