@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab
+from cluster import lab, paths
 from tests.integration.conftest import REASON, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
 
 
@@ -65,7 +65,7 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
         assert "GLOO_SOCKET_IFNAME=eth0" in env_file and "NCCL_SOCKET_IFNAME==eth0" in env_file
     assert rep["fingerprint_diff"] == []
     assert {o["fingerprint"]["torch"] for o in nodes.values()} == {nodes["node1"]["fingerprint"]["torch"]}
-    head_state = Path(env["CLUSTERCTL_HOME"]) / "state" / f"{state.name}.json"
+    head_state = Path(env["CLUSTERCTL_HOME"]) / "state" / f"{paths.inventory_key(state.name, state.inventory)}.json"
     assert json.loads(head_state.read_text())["ok"]
 
     rc, again = provision(state, env)
