@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "framework": None,
     "entry": None,  # default: the framework's program in cluster/workloads
     "dataset": {"name": "digits", "path": None, "size": 32},
+    "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "epochs": 4,
     "batch": 32,
     "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
@@ -98,7 +99,7 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
-        for key in COMM_KEYS:  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+        for key in ("model", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
             if s[key] != DEFAULTS[key]:
                 args += ["--" + key.replace("_", "-"), s[key]]
         if s["shares"]:
@@ -284,6 +285,10 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
         fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}"
              if ds["name"] in ("cifar10", "imagefolder") else f"no such file or folder on the head: {ds['path']!r}",
              "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
+    if not isinstance(s["model"], str) or not s["model"].isidentifier():
+        fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
+    if s["model"] != "resnet50" and s["framework"] != "pytorch":
+        fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")
     number("dataset.size", ds["size"], 8, True)
     number("epochs", s["epochs"], 1, True)
     number("batch", s["batch"], 1, True)

@@ -28,8 +28,8 @@ import wldata  # noqa: E402
 import wlmetrics  # noqa: E402
 
 
-def build_model(classes: int) -> torch.nn.Module:
-    return torchvision.models.resnet50(weights=None, num_classes=classes)
+def build_model(classes: int, name: str = "resnet50") -> torch.nn.Module:
+    return torchvision.models.get_model(name, weights=None, num_classes=classes)
 
 
 def to_tensor(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = wlcommon.loader_workers(a.loader_workers, cuda, local_world)
     cc = torch.cuda.get_device_capability(device) if cuda else None
     amp = wlcommon.amp_wanted(a.amp, cc)
-    model = build_model(ds.classes).to(device)
+    model = build_model(ds.classes, a.model).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     opt = make_optimizer(model, a)

@@ -14,6 +14,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dataset", default="digits", help="digits | cifar10 | imagefolder | synthetic")
     ap.add_argument("--data-path", help="archive or folder for cifar10 / imagefolder")
     ap.add_argument("--size", type=int, default=32, help="image side in pixels")
+    ap.add_argument("--model", default="resnet50", help="torchvision.models name (train_torch.py)")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="per-worker batch size")
     ap.add_argument("--shares", default="", help="uneven batches: NODE=N,NODE=N per node (`clusterctl plan`); a "
