@@ -181,7 +181,12 @@ def survey(t: Transport, dest: str, names: list[str]) -> tuple[dict[str, int], d
     q = shlex.quote(dest)
     r = t.run(f"rm -f -- {shlex.quote(pidfile(t.host))}; cd -- {q} 2>/dev/null && {{ stat -c '%s %n' -- {' '.join(shlex.quote(n) for n in names)} "
               f"2>/dev/null; echo @@manifest; cat {MANIFEST} 2>/dev/null; }}; true", timeout=120)
-    sizes_txt, _, manifest_txt = r.stdout.partition("@@manifest\n")
+    return parse_survey(r.stdout)
+
+
+def parse_survey(stdout: str) -> tuple[dict[str, int], dict[str, str]]:
+    """`stat -c '%s %n'` lines, then `@@manifest` and the node's manifest of verified files (JSON)."""
+    sizes_txt, _, manifest_txt = stdout.partition("@@manifest\n")
     sizes = {}
     for line in sizes_txt.splitlines():
         size, _, name = line.partition(" ")

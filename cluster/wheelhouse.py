@@ -144,17 +144,7 @@ def remote_state(t: Transport, dest: str) -> tuple[dict[str, int], dict[str, str
     q = shlex.quote(dest)
     r = t.run(f"cd -- {q} 2>/dev/null && {{ for f in *.whl; do [ -f \"$f\" ] && stat -c '%s %n' -- \"$f\"; done; "
               f"echo @@manifest; cat {MANIFEST} 2>/dev/null; }}; true", timeout=120)
-    sizes_txt, _, manifest_txt = r.stdout.partition("@@manifest\n")
-    sizes = {}
-    for line in sizes_txt.splitlines():
-        size, _, name = line.partition(" ")
-        if size.isdigit():
-            sizes[name] = int(size)
-    try:
-        verified = json.loads(manifest_txt) if manifest_txt.strip() else {}
-    except ValueError:
-        verified = {}
-    return sizes, verified
+    return relay.parse_survey(r.stdout)
 
 
 def missing(wh: Wheelhouse, sizes: dict[str, int], verified: dict[str, str]) -> list[str]:

@@ -5,15 +5,15 @@ comparisons see the arithmetic and the runs take seconds, not minutes.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.unit.test_workload_tf import _free_ports, _run
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 
@@ -76,23 +76,6 @@ train_tf.wait_for_all_workers(world)
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _run(helper: Path, args: list[str], tf_config: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("TF_CONFIG", None)
-    if tf_config:
-        env["TF_CONFIG"] = json.dumps(tf_config)
-    return subprocess.Popen([sys.executable, str(helper), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
 
 
 def _ok(*procs: subprocess.Popen) -> None:
