@@ -5,7 +5,10 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -41,30 +44,43 @@ def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:
         raise AssertionError(f"no JSON (exit {r.returncode}):\n{r.stdout}\n{r.stderr}") from None
 
 
-@pytest.fixture(scope="session")
-def lab3(tmp_path_factory: pytest.TempPathFactory):
+@contextmanager
+def lab_up(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offset: int,
+           **up: Any) -> Iterator[tuple[lab.LabState, Path]]:
+    """A lab of its own (name from `tag`, subnet from `offset`) in a fresh folder `d` (the lab in d/lab);
+    yields (state, d) and removes the lab at the end, whatever happened."""
     if REASON is not None:
         pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("lab3")
-    state = lab.up(3, name=lab_name("a"), subnet=lab_subnet(0), directory=d)
+    d = tmp_path_factory.mktemp(tag)
+    state = lab.up(nodes, name=lab_name(tag), subnet=lab_subnet(offset), directory=d / "lab", **up)
     try:
-        yield state
+        yield state, d
     finally:
-        lab.down(state.name, d)
+        lab.down(state.name, d / "lab")
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> float:
+    """Poll `cond` until it is true; the seconds it took, or an AssertionError naming `what`."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def lab3(tmp_path_factory: pytest.TempPathFactory):
+    with lab_up(tmp_path_factory, "a", 3, 0) as (state, _):
+        yield state
 
 
 def provisioned_lab(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offset: int, **up: Any):
     """A lab whose nodes are provisioned with `python_env: existing` (this interpreter, through the shared
     filesystem): the verified state launch reads, in seconds. Yields (state, env); removed at the end."""
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp(tag)
-    state = lab.up(nodes, name=lab_name(tag), subnet=lab_subnet(offset), directory=d / "lab", **up)
-    env = {"CLUSTERCTL_HOME": str(d / "home")}
-    try:
+    with lab_up(tmp_path_factory, tag, nodes, offset, **up) as (state, d):
+        env = {"CLUSTERCTL_HOME": str(d / "home")}
         rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
                                   "--set", "vars.python_env=existing", env=env, timeout=600)
         assert rc == 0, json.dumps(res)[-2000:]
         yield state, env
-    finally:
-        lab.down(state.name, d / "lab")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster import ansible_inventory, lab
-from tests.integration.conftest import REASON, clusterctl, clusterctl_json, lab_name, lab_subnet
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up
 
 pytestmark = pytest.mark.skipif(not ansible_inventory.available(),
                                 reason="ansible-core is not installed (pip install clusterctl[ansible])")
@@ -19,14 +19,8 @@ pytestmark = pytest.mark.skipif(not ansible_inventory.available(),
 
 @pytest.fixture(scope="module")
 def lab2(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("ansible-lab")
-    state = lab.up(2, name=lab_name("ans"), subnet=lab_subnet(12), directory=d / "lab")
-    try:
+    with lab_up(tmp_path_factory, "ans", 2, 12) as (state, _):
         yield state
-    finally:
-        lab.down(state.name, d / "lab")
 
 
 def _ini(state: lab.LabState, d: Path) -> Path:

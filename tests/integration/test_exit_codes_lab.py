@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cluster import inventory, lab, provision
-from tests.integration.conftest import REASON, lab_name, lab_subnet, pytestmark  # noqa: F401
+from tests.integration.conftest import lab_up, pytestmark  # noqa: F401
 
 # node2's second step kills the sshd serving its own connection ($PPID) and, with `listener`, sshd's
 # listener too (its parent): the node is gone mid-step, as when a PC is switched off or its link cut.
@@ -29,14 +29,8 @@ LISTENER = "$(ps -o ppid= -p $PPID)"
 
 @pytest.fixture(scope="module")
 def lab2(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("eclab")
-    state = lab.up(2, name=lab_name("e"), subnet=lab_subnet(7), directory=d / "lab")
-    try:
+    with lab_up(tmp_path_factory, "e", 2, 7) as (state, d):
         yield state, d
-    finally:
-        lab.down(state.name, d / "lab")
 
 
 def provision_losing_node2(state: lab.LabState, d: Path, kill: str) -> provision.ProvisionReport:

@@ -19,7 +19,8 @@ import pytest
 
 from cluster import launch
 from tests.conftest import ROOT
-from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
+from tests.integration.conftest import (clusterctl, clusterctl_json, provisioned_lab, pytestmark,  # noqa: F401
+                                        wait_until)
 
 LONG = ["--set", "epochs=200", "--set", "threads=1", "--set", "log_every=1", "--set", "batch=8"]
 ROWS: list[tuple[str, str, str, str]] = []
@@ -68,12 +69,7 @@ def _stepped(state, run_id: str, i: int) -> bool:
 
 
 def wait_for(cond, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+    return wait_until(cond, timeout, what, step=0.5)  # each look scans /proc: not too often
 
 
 def link(state, node: int, up: bool) -> None:

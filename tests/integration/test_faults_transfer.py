@@ -30,7 +30,7 @@ from cluster.inventory import Host
 from cluster.transport.base import STALL_ENV
 from cluster.transport.ssh import SSHTransport
 from tests.conftest import ROOT
-from tests.integration.conftest import REASON, clusterctl, lab_name, lab_subnet
+from tests.integration.conftest import clusterctl, lab_up, wait_until
 
 STALL_S = 2.0  # the stall limit these tests use (the default is 30 s: same code path, shorter wait)
 LINK = "16mbit"  # 2 MB/s each way: a 4 MiB copy takes about 2 s, so there is time to freeze it midway
@@ -46,14 +46,10 @@ ROWS: list[tuple[str, str, float, str]] = []
 
 @pytest.fixture(scope="module")
 def tlab(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[lab.LabState]:
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("xfer")
-    state = lab.up(1, name=lab_name("x"), subnet=lab_subnet(8), directory=d, bandwidth=LINK)
     try:
-        yield state
+        with lab_up(tmp_path_factory, "x", 1, 8, bandwidth=LINK) as (state, _):
+            yield state
     finally:
-        lab.down(state.name, d)
         _print_table(pytestconfig)
 
 
@@ -111,14 +107,6 @@ def frozen(state: lab.LabState) -> Iterator[list[int]]:
                 os.kill(p, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-
-
-def _wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def _size(p: Path) -> int:
@@ -181,7 +169,7 @@ def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path)
     worker = threading.Thread(target=upload, daemon=True)
     try:
         worker.start()
-        _wait_for(lambda: _size(part) >= 512 * 1024, 30, "the upload to start")
+        wait_until(lambda: _size(part) >= 512 * 1024, 30, "the upload to start")
         with frozen(tlab):
             froze = time.monotonic()
             worker.join(BOUND_S + 10)
@@ -193,7 +181,7 @@ def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path)
         assert "node1" in e.message and ".data.npz.part" in e.message and "bytes sent" in e.message
         assert "resume" in (e.fix or "")
         assert verdict <= BOUND_S, f"verdict after {verdict:.1f}s, bound {BOUND_S:.1f}s"
-        ROWS.append(("sshd frozen (SIGSTOP)", "upload (put_file) 4 MiB", verdict, f"TransportError timeout, exit 3"))
+        ROWS.append(("sshd frozen (SIGSTOP)", "upload (put_file) 4 MiB", verdict, "TransportError timeout, exit 3"))
 
         have = _settled_size(part)
         assert 0 < have < SIZE
@@ -241,7 +229,7 @@ def test_sshd_frozen_mid_collect_then_resumed(tlab: lab.LabState, tmp_path: Path
     proc = subprocess.Popen([sys.executable, "-m", "cluster", "collect", run_id, "--json"], cwd=ROOT,
                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: _size(part) >= 512 * 1024 or proc.poll() is not None, 60, "collect to start copying")
+        wait_until(lambda: _size(part) >= 512 * 1024 or proc.poll() is not None, 60, "collect to start copying")
         assert proc.poll() is None, proc.communicate()
         with frozen(tlab):
             froze = time.monotonic()

@@ -13,24 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab, paths
-from tests.integration.conftest import REASON, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+from cluster import paths
+from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def plab(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("plab")
-    state = lab.up(3, name=lab_name("p"), subnet=lab_subnet(3), directory=d / "lab")
-    env = {"CLUSTERCTL_HOME": str(d / "home"),
-           # one download per machine, shared with other runs (the lab's nodes get their own copies)
-           "CLUSTERCTL_WHEELHOUSE": os.environ.get("CLUSTERCTL_TEST_WHEELHOUSE", str(Path.home() / ".cache/clusterctl-test-wheelhouse"))}
-    try:
+    with lab_up(tmp_path_factory, "p", 3, 3) as (state, d):
+        env = {"CLUSTERCTL_HOME": str(d / "home"),
+               # one download per machine, shared with other runs (the lab's nodes get their own copies)
+               "CLUSTERCTL_WHEELHOUSE": os.environ.get("CLUSTERCTL_TEST_WHEELHOUSE",
+                                                       str(Path.home() / ".cache/clusterctl-test-wheelhouse"))}
         yield state, env
-    finally:
-        lab.down(state.name, d / "lab")
-        shutil.rmtree(d, ignore_errors=True)  # ~8 GB of venv per node
+    shutil.rmtree(d, ignore_errors=True)  # ~8 GB of venv per node
 
 
 def provision(state, env, *extra: str) -> tuple[int, dict]:

@@ -22,7 +22,7 @@ import pytest
 from cluster import inventory, lab, relay
 from cluster.fanout import Group
 from tests.conftest import ROOT
-from tests.integration.conftest import REASON, lab_name, lab_subnet, pytestmark  # noqa: F401
+from tests.integration.conftest import lab_up, pytestmark, wait_until  # noqa: F401
 
 RATE = "40mbit"  # 5 MB/s: the big file takes ~2.5 s per copy, time enough to act in the middle
 STALL_S = "4"
@@ -32,22 +32,16 @@ SMALL = (1 << 20, 600 * 1024)
 
 @pytest.fixture(scope="module")
 def rlab(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("relay")
-    state = lab.up(3, name=lab_name("r"), subnet=lab_subnet(13), directory=d / "lab", bandwidth=RATE, uplink=RATE)
-    src = d / "files"
-    src.mkdir()
-    files = {}
-    for name, size in (("small_a-1.0-py3-none-any.whl", SMALL[0]), ("small_b-1.0-py3-none-any.whl", SMALL[1]),
-                       ("big-1.0-py3-none-any.whl", BIG)):
-        data = os.urandom(size)
-        (src / name).write_bytes(data)
-        files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size}
-    try:
+    with lab_up(tmp_path_factory, "r", 3, 13, bandwidth=RATE, uplink=RATE) as (state, d):
+        src = d / "files"
+        src.mkdir()
+        files = {}
+        for name, size in (("small_a-1.0-py3-none-any.whl", SMALL[0]), ("small_b-1.0-py3-none-any.whl", SMALL[1]),
+                           ("big-1.0-py3-none-any.whl", BIG)):
+            data = os.urandom(size)
+            (src / name).write_bytes(data)
+            files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size}
         yield state, src, files
-    finally:
-        lab.down(state.name, d / "lab")
 
 
 @pytest.fixture(autouse=True)
@@ -94,14 +88,6 @@ def fetches_running() -> bool:
         except OSError:
             pass
     return False
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def part_size(path: Path) -> int:
@@ -184,7 +170,7 @@ def test_relay_node_killed_mid_transfer_the_others_complete(rlab) -> None:
     th = threading.Thread(target=lambda: box.update(r=distribute(state, src, files, "w2")))
     th.start()
     part = node_dir(state, "node3", "w2") / ".big-1.0-py3-none-any.whl.part"
-    wait_for(lambda: part_size(part) >= 3 << 20, 60, "node3 to be relaying the big file")
+    wait_until(lambda: part_size(part) >= 3 << 20, 60, "node3 to be relaying the big file")
     victim = next(n for n in state.nodes if n.name == "node2")
     lab._kill_netns(victim.netns)  # the PC dies: its relay, its sshd, its fetch
     th.join(timeout=120)
@@ -245,12 +231,12 @@ def test_rerun_after_an_interrupted_distribution_resumes(rlab) -> None:
     big = "big-1.0-py3-none-any.whl"
     part1 = node_dir(state, "node1", "w4") / f".{big}.part"
     try:  # the head's own copy to node1 is cut halfway; node2 and node3 relay behind it
-        wait_for(lambda: part_size(part1) >= 5 << 20, 60, "node1 halfway through the big file")
+        wait_until(lambda: part_size(part1) >= 5 << 20, 60, "node1 halfway through the big file")
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
     # a fetch already running on a node goes on without the head: it ends with its file or its stall limit
-    wait_for(lambda: not fetches_running(), 30, "the nodes' fetches to end")
+    wait_until(lambda: not fetches_running(), 30, "the nodes' fetches to end")
     before = {}
     for n in ("node1", "node2", "node3"):
         d = node_dir(state, n, "w4")
@@ -274,4 +260,4 @@ def test_rerun_after_an_interrupted_distribution_resumes(rlab) -> None:
         assert d.received <= most, (n, d.to_dict(), parts)
         assert d.resumed >= sum((parts[f] // relay.PIECE) * relay.PIECE for f in todo) - relay.PIECE
     # the relays of the killed run lost their pidfile to the new run's survey, and ended
-    wait_for(lambda: listening(state) == [], 10, "every relay to stop")
+    wait_until(lambda: listening(state) == [], 10, "every relay to stop")

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab
 from tests.conftest import ROOT
-from tests.integration.conftest import REASON, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # noqa: F401
 
 sys.path.insert(0, str(ROOT / "cluster" / "workloads"))
 import wlmetrics  # noqa: E402
@@ -25,14 +24,8 @@ COMMON = "--dataset digits --epochs 3 --batch 32 --lr 0.01 --threads 1"
 
 @pytest.fixture(scope="module")
 def wlab(tmp_path_factory: pytest.TempPathFactory):
-    if REASON is not None:
-        pytest.skip(REASON)
-    d = tmp_path_factory.mktemp("wlab")
-    state = lab.up(2, name=lab_name("w"), subnet=lab_subnet(4), directory=d / "lab")
-    try:
+    with lab_up(tmp_path_factory, "w", 2, 4) as (state, d):
         yield state, {"CLUSTERCTL_HOME": str(d / "home")}
-    finally:
-        lab.down(state.name, d / "lab")
 
 
 def _epochs(state, sub: str) -> dict[int, list[dict]]:
