@@ -336,4 +336,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    raise SystemExit(_main(sys.argv[1:]))  # the child process run by load(): its own exit code
