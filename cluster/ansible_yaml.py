@@ -150,23 +150,20 @@ class _Reader:
                 c.parents.append(parent)
 
     def _descendants(self, name: str) -> set[str]:
-        seen: set[str] = set()
-        todo = [name]
-        while todo:
-            for kid in self.groups[todo.pop()].children:
-                if kid not in seen:
-                    seen.add(kid)
-                    todo.append(kid)
-        return seen
+        return self._reach(name, "children")
 
     def _ancestors(self, name: str) -> set[str]:
+        return self._reach(name, "parents")
+
+    def _reach(self, name: str, edge: str) -> set[str]:
+        """Every group reachable from `name` along `edge` (children or parents), `name` itself excluded."""
         seen: set[str] = set()
         todo = [name]
         while todo:
-            for parent in self.groups[todo.pop()].parents:
-                if parent not in seen:
-                    seen.add(parent)
-                    todo.append(parent)
+            for other in getattr(self.groups[todo.pop()], edge):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
         return seen
 
     def _add_host(self, name: Any, group: str, line: int | None, where: str) -> _Host:

@@ -15,6 +15,7 @@ last log lines for the morning.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -39,12 +40,11 @@ def spawn(run_id: str) -> int:
 
 def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
     """Follow the run to its end, unless another watcher already does (returns None then)."""
-    try:
-        held = runs.file_lock(runs.run_path(run_id) / ".watch.lock", f"watcher of {run_id}", wait=0)
-        held.__enter__()
-    except ClusterError:
-        return None
-    try:
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(runs.file_lock(runs.run_path(run_id) / ".watch.lock", f"watcher of {run_id}", wait=0))
+        except ClusterError:
+            return None
         record = runs.load(run_id)
         runs.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
         while True:
@@ -57,8 +57,6 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
                 record = runs.load(run_id)
                 if not record.active:
                     return record
-    finally:
-        held.__exit__(None, None, None)
 
 
 def main(argv: list[str]) -> int:

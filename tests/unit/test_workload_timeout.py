@@ -45,15 +45,20 @@ def _steps(tmp: Path, rank: int) -> int:
     return max((r["step"] for r in recs if r["type"] == "step"), default=0)
 
 
+def _wait_for_steps(tmp: Path, procs: list[subprocess.Popen], n: int, limit: float) -> None:
+    """Until rank 0 has logged `n` steps (both ranks training), or fail with its stderr."""
+    deadline = time.monotonic() + limit
+    while _steps(tmp, 0) < n and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    assert _steps(tmp, 0) >= n, (tmp / "r0.err").read_text()[-3000:]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["frozen-peer", "dead-peer"])
 def test_a_rank_whose_peer_stops_answering_exits_nonzero_within_the_timeout(tmp_path: Path, sig: int) -> None:
     port = _free_port()
     procs = [_start(tmp_path, r, port) for r in range(2)]
     try:
-        deadline = time.monotonic() + 300
-        while _steps(tmp_path, 0) < 3 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        assert _steps(tmp_path, 0) >= 3, (tmp_path / "r0.err").read_text()[-3000:]
+        _wait_for_steps(tmp_path, procs, 3, 300)
         os.kill(procs[1].pid, sig)
         t0 = time.monotonic()
         rc = procs[0].wait(timeout=TIMEOUT_S + SLACK_S)  # TimeoutExpired here: it hung
@@ -92,10 +97,7 @@ def test_a_tf_worker_whose_peer_freezes_exits_nonzero_within_the_timeout(tmp_pat
     ports = [_free_port(), _free_port()]
     procs = [_start_tf(tmp_path, r, ports) for r in range(2)]
     try:
-        deadline = time.monotonic() + 600
-        while _steps(tmp_path, 0) < 2 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.2)
-        assert _steps(tmp_path, 0) >= 2, (tmp_path / "r0.err").read_text()[-3000:]
+        _wait_for_steps(tmp_path, procs, 2, 600)
         os.kill(procs[1].pid, signal.SIGSTOP)
         t0 = time.monotonic()
         rc = procs[0].wait(timeout=TF_TIMEOUT_S + SLACK_S + 30)  # TimeoutExpired here: it hung
