@@ -578,8 +578,6 @@ def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | No
     out = {}
     for n, r in res.items():
         doc = agent_reply(r.stdout)
-        if doc is None and r.status == "ok" and "no run folder" in (r.stdout or ""):
-            doc = {"ok": True}
         out[n] = doc if doc is not None else {"ok": False, "error": r.error or error_tail(r.stderr)
                                                                    or r.status, "status": r.status}
     return out

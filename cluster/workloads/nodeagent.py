@@ -305,6 +305,10 @@ def main(argv: list[str]) -> int:
     else:
         run_dir = Path(argv[1]).resolve()
         if not run_dir.is_dir():
+            if argv[0] == "stop":  # never started here: nothing of the run can be running, the stop is done
+                sys.stdout.write(json.dumps({"ok": True, "terminated": [], "killed": [], "left": [],
+                                             "note": f"no run folder {run_dir}"}) + "\n")
+                return 0
             sys.stdout.write(json.dumps({"ok": False, "state": "missing", "error": f"no run folder {run_dir}"}) + "\n")
             return 1
         if argv[0] == "start":

@@ -100,3 +100,11 @@ def test_a_reused_process_group_number_is_not_taken_for_the_run(tmp_path: Path) 
 def test_usage(arg: str) -> None:
     r = subprocess.run([sys.executable, str(AGENT), *([arg] if arg else [])], capture_output=True, text=True)
     assert r.returncode == 2 and "start" in r.stderr
+
+
+def test_stop_where_the_run_never_started_is_confirmed(tmp_path: Path) -> None:
+    """A node the run never reached has nothing to stop: its stop is done, not pending forever."""
+    r = subprocess.run([sys.executable, str(AGENT), "stop", str(tmp_path / "never"), "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True and json.loads(r.stdout)["left"] == []
+    assert agent("status", str(tmp_path / "never"))["state"] == "missing"
