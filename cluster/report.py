@@ -12,11 +12,12 @@ import html
 import io
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import runs
+from cluster import paths, runs
 from cluster.errors import UsageError
 
 # Energy estimate where no power was measured (docs/report.md): an old desktop draws about
@@ -406,3 +407,30 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
         (image_dir / f"{name}.png").write_bytes(png)
         parts += [f"![{CAPTIONS.get(name, name)}]({image_dir.name}/{name}.png)", ""]
     return "\n".join(parts)
+
+
+def default_page(figs: list[RunFigures]) -> Path:
+    """Where a report goes when no path is given: beside the run for one, else a dated page under reports/."""
+    if len(figs) == 1:
+        return runs.run_path(figs[0].run_id) / "report.html"
+    return paths.home() / "reports" / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+
+
+def write_pages(run_ids: list[str], *, html: Path | None, markdown: Path | None, price_kwh: float | None,
+                target_acc: float = 0.9) -> tuple[list[RunFigures], list[Path]]:
+    """Build the figures and plots and write the pages (HTML by default); the figures and the resolved paths
+    written. Markdown gets its plots as PNG files in <stem>-plots/ beside it."""
+    figs = build(run_ids, price_kwh=price_kwh)
+    images = plots(figs)
+    if html is None and markdown is None:
+        html = default_page(figs)
+    written: list[Path] = []
+    if html is not None:
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(html_page(figs, images, price_kwh))
+        written.append(html.resolve())
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(markdown_page(figs, markdown.parent / f"{markdown.stem}-plots", images))
+        written.append(markdown.resolve())
+    return figs, written

@@ -143,3 +143,23 @@ def test_report_page_structure_matches_golden(tmp_path: Path, monkeypatch: pytes
     outline.feed(report.html_page(figs, report.plots(figs), 0.5))
     text = "\n".join(outline.lines) + "\n"
     goldens.check(GOLDEN_PAGE, text, "the report page's structure")
+
+
+def test_write_pages_picks_the_default_path_and_writes_markdown_plots(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
+    _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75])
+    figs, written = report.write_pages(["one"], html=None, markdown=None, price_kwh=0.5)
+    assert [f.run_id for f in figs] == ["one"] and written == [(runs.run_path("one") / "report.html").resolve()]
+    assert written[0].read_text().startswith("<!doctype html>")
+    _, written = report.write_pages(["one", "two"], html=None, markdown=None, price_kwh=0.5)
+    assert len(written) == 1 and written[0].parent == (tmp_path / "reports").resolve()
+    assert written[0].name.startswith("report-") and written[0].suffix == ".html"
+    md = tmp_path / "out" / "r.md"
+    _, written = report.write_pages(["one", "two"], html=None, markdown=md, price_kwh=None)
+    assert written == [md.resolve()] and (tmp_path / "out" / "r-plots" / "step_time.png").exists()
+    assert "![" in md.read_text()
+    page = tmp_path / "p.html"
+    _, written = report.write_pages(["two"], html=page, markdown=md, price_kwh=None)
+    assert written == [page.resolve(), md.resolve()]
