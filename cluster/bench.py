@@ -140,6 +140,26 @@ class BenchResult:
                    [str(n) for n in d.get("unreachable") or []])
 
 
+def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """`clusterctl bench`'s table (header, rows of strings): each node alone, per framework.
+    `nodes` gives the row order (the inventory's); by default every node the result names."""
+    header = ["node"]
+    for fw in result.compute:
+        header += [f"{fw} images/s", f"{fw} step s"]
+    if nodes is None:
+        named = [n for c in result.compute.values() for n in c.nodes]
+        named += [k.split("/", 1)[-1] for k in result.errors] + list(result.unreachable)
+        nodes = list(dict.fromkeys(named))
+    rows = []
+    for n in nodes:
+        cells = [n]
+        for c in result.compute.values():
+            r = c.nodes.get(n)
+            cells += [f"{r.images_per_s:.1f}", f"{r.step_s:.3f}"] if r else ["-", "-"]
+        rows.append(cells)
+    return header, rows
+
+
 def bench_path(inv: Inventory) -> Path:
     return paths.home() / "bench" / f"{paths.inventory_key(inv.name, inv.path)}.json"
 

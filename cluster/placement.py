@@ -159,6 +159,20 @@ def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench |
     return out
 
 
+def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
+    """`clusterctl plan`'s table (header, rows of strings): one row per candidate; the recommended one's
+    nodes cell ends with " (recommended)"."""
+    header = ["nodes", "global batch", "even split img/s", "planned split img/s", "step s", "all-reduce s",
+              "epoch s", "shares"]
+    rows = []
+    for c in choice.candidates:
+        mark = " (recommended)" if c.nodes == choice.recommended.nodes else ""
+        rows.append([",".join(c.nodes) + mark, str(c.global_batch), f"{c.even_images_per_s:.1f}",
+                     f"{c.planned_images_per_s:.1f}", f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+                     f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
+    return header, rows
+
+
 # --------------------------------------------------------------------------- for a job on an inventory
 
 

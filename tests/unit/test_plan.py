@@ -107,3 +107,19 @@ def _inventory(tmp_path: Path) -> Path:
     f = tmp_path / "mixed.yaml"
     f.write_text("name: mixed\nhosts:\n  a: {address: 127.0.0.1}\n  b: {address: 127.0.0.1}\n")
     return f
+
+
+def test_summary_rows_are_the_tables_bench_and_plan_print() -> None:
+    b = bench.BenchResult.from_dict(OLD_BENCH)
+    header, rows = bench.summary_rows(b)
+    assert header == ["node", "pytorch images/s", "pytorch step s"]
+    assert rows == [["a", "16.0", "1.000"], ["b", "8.0", "2.000"]]
+    assert bench.summary_rows(b, ["b", "c"])[1] == [["b", "8.0", "2.000"], ["c", "-", "-"]]
+    speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
+    cands = placement.candidates(speeds, 16, b.network, train_samples=1600)
+    choice = placement.PlacementChoice("resnet50-ddp", "pytorch", "/labs/mixed.yaml", 2.0, b.time, speeds,
+                                       b.network, 16, cands, cands[0])
+    header, rows = placement.summary_rows(choice)
+    assert header[:2] == ["nodes", "global batch"] and len(rows) == 2 and all(len(r) == len(header) for r in rows)
+    assert rows[0][0] == "a (recommended)" and rows[1][0] == "a,b" and rows[0][1] == "16"
+    assert rows[0][2] == f"{16 / 1.0:.1f}" and rows[0][7] == "a=16"
