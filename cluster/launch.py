@@ -1,18 +1,10 @@
-"""`clusterctl launch` and the run lifecycle: preflight -> stage -> render -> upload -> start -> follow.
+"""`clusterctl launch`: prepare the request (preflight -> render), then execute it (stage -> upload -> start).
 
-Every node is started by the node agent (cluster/workloads/nodeagent.py) in a
-session of its own, so a run outlives the SSH connection that started it. The
-head only polls: one agent `status` per node per poll. A node that fails or
-vanishes fails the run, and the others are stopped instead of being left
-hanging in a collective; everything written so far stays on the nodes.
-
-Who judges a run: whichever clusterctl process polls it (the foreground
-`launch`, `status`, the busy check of another launch) and, so that a run left
-alone overnight still gets its verdict, a watcher process on the head started
-by launch (cluster/watch.py). They all write through runs.update, under the
-run's lock, and the silence clock lives in the record, so they agree.
-Independently of the head, the training programs' collective timeouts
-(`collective_timeout_s`) end the survivors of a dead peer by themselves.
+torchx's shape: `prepare` returns the LaunchRequest that `launch --dry-run` prints (every node's files
+and start command, nothing changed), and `execute` starts exactly that request. Every node is started
+by the node agent (cluster/workloads/nodeagent.py) in a session of its own, so a run outlives the SSH
+connection that started it. What happens after the start (poll, judge, settle, refresh, follow, stop,
+logs) is cluster/runstate.py; its names stay importable from here.
 """
 from __future__ import annotations
 
@@ -20,87 +12,34 @@ import json
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 from cluster import __version__, datasets, errors, provision, render, runs
 from cluster.errors import ClusterError, UsageError
-from cluster.fanout import Group
+from cluster.fanout import Group, GroupResult
 from cluster.inventory import Host, Inventory
 from cluster.jobs import JobError, JobSpec
+from cluster.render import LaunchRequest
 from cluster.replies import agent_reply, error_tail
+from cluster.runstate import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
+                              NodeStatus, follow, judge, logs, poll, refresh, settle, stop, stop_nodes)
+from cluster.transport import Transport
+
+__all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "PROGRAM_FILES", "SILENT_STATES",
+           "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply", "dry_run",
+           "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_files",
+           "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
+           "stop_nodes"]
 
 PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py")
 DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
-# A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd
-# under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).
-UNREACHABLE_GRACE_S = 30.0
-POLL_TIMEOUT_S = 20.0  # one agent `status` call
-FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
-SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
-
-
-AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
-
-
-def _obj(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def _num(x: Any, kind: type = float) -> Any:
-    """x when it is a number (a whole one for kind=int), else None: agent replies are data from a node."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or (kind is int and not isinstance(x, int)):
-        return None
-    return x
+Log = Callable[[str], None]
 
 
 class LaunchRefused(ClusterError):
     """The nodes are not ready for this job (not provisioned, environments differ, busy)."""
-
-
-@dataclass
-class NodeStatus:
-    node: str
-    state: str  # agent state, or unreachable
-    epoch: int | None = None
-    step: int | None = None
-    loss: float | None = None
-    images_per_s: float | None = None
-    world: int | None = None
-    ranks: int = 0
-    exit_code: int | None = None
-    processes: int = 0
-    log: list[str] = field(default_factory=list)
-    error: str | None = None
-    ended: float | None = None
-
-    @classmethod
-    def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
-        """The agent's JSON, read defensively: a field of the wrong type is dropped, an unknown state is
-        `unanswered` (the grace applies), never an exception."""
-        state = doc.get("state")
-        if state not in AGENT_STATES:
-            return cls(node, "unanswered", error=f"unreadable agent reply (state {str(state)[:40]!r})")
-        log = doc.get("log")
-        exit_doc, metrics = _obj(doc.get("exit")), _obj(doc.get("metrics"))
-        s = cls(node, state, error=doc.get("error") if isinstance(doc.get("error"), str) else None,
-                log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
-                processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
-                exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
-        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
-        s.ranks = len(ranks)
-        if ranks:
-            recs = ranks[min(ranks)]  # the node's lowest rank speaks for it
-            last, end = _obj(recs.get("step")), _obj(recs.get("end"))
-            s.world = _num(_obj(recs.get("start")).get("world"), int)
-            s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
-            s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
-        return s
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 # --------------------------------------------------------------------------- preflight
@@ -128,7 +67,7 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
 def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
     """Each node's verified environment (its provision state.json); refuse unless all exist and match."""
 
-    def read(t):
+    def read(t: Transport) -> dict[str, Any] | None:
         q = shlex.quote(t.host.workdir)
         r = t.run(f"cat -- {q}/clusterctl/state.json && test -f {q}/cluster.env", timeout=60)
         return json.loads(r.stdout) if r.exit_code == 0 and r.stdout.strip() else None
@@ -183,7 +122,7 @@ def _busy(hosts: list[Host]) -> None:
                                 exit_code=errors.EXIT_UNREACHABLE)
 
 
-# --------------------------------------------------------------------------- launch
+# --------------------------------------------------------------------------- what a node gets
 
 
 def _agent_source() -> str:
@@ -224,94 +163,94 @@ def secrets_file(values: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dry_run(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32) -> tuple[runs.RunRecord, render.LaunchPlan]:
-    """What launch would do: the verified nodes and each node's rendered files, nothing started."""
+
+
+# --------------------------------------------------------------------------- the request
+
+
+def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32,
+            log: Log = lambda s: None) -> LaunchRequest:
+    """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
+    and every node's rendered files. Nothing is changed on the nodes or the head."""
     hosts = select_hosts(inv, spec, limit)
-    run_id = runs.new_run_id(spec.name)
+    log(f"checking {len(hosts)} nodes are provisioned and identical")
     with Group(hosts, forks=forks) as group:
         targets = preflight(group, hosts)
-    port = spec["port"] or DEFAULT_PORTS[spec.framework]
-    plan = render.render(spec, [targets[h.name] for h in hosts], run_id, datasets.file_name(spec),
-                         {h.name: port for h in hosts})
-    return _record(inv, spec, plan, "dry-run"), plan
+    return request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name))
 
 
-def _reserve(inv: Inventory, spec: JobSpec, hosts: list[Host], targets: dict[str, render.Target],
-             run_id: str, prediction: dict[str, Any] | None) -> runs.RunRecord:
-    """The busy check and the new record in one step under the launch lock: two launches on the same
-    nodes cannot both pass. The record says which process is starting it (see refresh)."""
-    plan = render.LaunchPlan(run_id, spec, 0, None, datasets.file_name(spec), [
-        render.NodeLaunch(h.name, i, render.procs_per_node(spec, targets[h.name]), render.run_dir(h, run_id), {}, "")
-        for i, h in enumerate(hosts)])
-    with runs.launch_lock():
-        _busy(hosts)
-        record = _record(inv, spec, plan, "starting")
-        record.prediction = prediction
-        record.extra["launcher"] = {"pid": os.getpid(), "started": time.time()}
-        record.secrets = sorted(spec["env_from"])
-        runs.save(record)
-    return record
+def request_for(inv: Inventory, spec: JobSpec, targets: list[render.Target], run_id: str,
+                data_file: str | None = None) -> LaunchRequest:
+    """The request for these verified nodes (no I/O but naming the dataset file: the golden tests' entry).
+    Without the job's `port:`, the files show the framework's default port and the run gets one free at
+    its start."""
+    port = spec["port"]
+    ports = {t.host.name: port or DEFAULT_PORTS[spec.framework] for t in targets}
+    request = render.render(spec, targets, run_id, data_file or datasets.file_name(spec), ports)
+    request.port_picked_at_start = not port
+    names = {t.host.name for t in targets}
+    request.inventory = {"path": str(inv.path), "name": inv.name,
+                         "hosts": [h.to_dict() for h in inv.hosts.values() if h.name in names]}
+    return request
 
 
-def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32,
-           log: Callable[[str], None] = lambda s: None, prediction: dict[str, Any] | None = None,
-           watch: bool = True) -> tuple[runs.RunRecord, render.LaunchPlan]:
-    """Start the job on its nodes; returns the run record (saved) and the rendered plan.
+def execute(request: LaunchRequest, log: Log = lambda s: None, prediction: dict[str, Any] | None = None,
+            watch: bool = True, forks: int = 32) -> runs.RunRecord:
+    """Start the request on its nodes; returns the run record (saved, `running`).
     `prediction`: the `clusterctl plan` candidate this run applies, kept in the record for the report.
     `watch`: start the head-side watcher that judges the run when no clusterctl command is running."""
-    hosts = select_hosts(inv, spec, limit)
-    run_id = runs.new_run_id(spec.name)
-    secret = secret_values(spec)
+    secret = secret_values(request.job)  # read at the start, never kept in the request or the record
+    hosts = [t.host for t in request.targets]
     with Group(hosts, forks=forks) as group:
-        log(f"checking {len(hosts)} nodes are provisioned and identical")
-        targets = preflight(group, hosts)
-        record = _reserve(inv, spec, hosts, targets, run_id, prediction)
+        record = _reserve(request, prediction)
         try:
-            return _start(group, record, spec, hosts, targets, secret, log, watch)
+            return _start(group, record, request, secret, log, watch)
         except BaseException as e:
-            if runs.load(run_id).state == "starting":
+            if runs.load(record.run_id).state == "starting":
                 _fail_start(record, f"launch interrupted: {e}" if str(e) else f"launch interrupted ({type(e).__name__})")
             raise
 
 
-def _start(group: Group, record: runs.RunRecord, spec: JobSpec, hosts: list[Host],
-           targets: dict[str, render.Target], secret: dict[str, str], log: Callable[[str], None],
-           watch: bool) -> tuple[runs.RunRecord, render.LaunchPlan]:
-    prepared = datasets.prepare(spec, log)
-    agent = _agent_source()
-    log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
+def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32, log: Log = lambda s: None,
+           prediction: dict[str, Any] | None = None, watch: bool = True) -> tuple[runs.RunRecord, LaunchRequest]:
+    """prepare + execute in one call (the job's secrets are read first, before any node is contacted)."""
+    secret_values(spec)
+    request = prepare(inv, spec, limit, forks, log)
+    return execute(request, log, prediction, watch, forks), request
 
-    def stage(t: Any) -> Any:
-        t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
-        t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
 
-    require(group.call(stage, hosts), "staging", record)
-    require(datasets.stage_all(group, hosts, prepared, log=log), "staging", record)  # relayed: sent once
-    ports = _ports(group, spec, hosts, record)
-    plan = render.render(spec, [targets[h.name] for h in hosts], record.run_id, prepared.file_name, ports)
-    _keep_rendered(plan)
-    full = _record(record.inventory, spec, plan, "starting")
+def dry_run(inv: Inventory, spec: JobSpec, limit: str | None = None,
+            forks: int = 32) -> tuple[runs.RunRecord, LaunchRequest]:
+    """The request and the record it would make (state `dry-run`, not saved). Prefer `prepare`."""
+    request = prepare(inv, spec, limit, forks)
+    return _record(request, "dry-run"), request
 
-    def planned(r: runs.RunRecord) -> None:
-        r.world_size, r.endpoint, r.data_file, r.nodes = full.world_size, full.endpoint, full.data_file, full.nodes
 
-    record = runs.update(record.run_id, planned)
-    program = {f"program/{n}": text for n, text in program_files(spec.entry).items()}
-    by_node = {n.node: n for n in plan.nodes}
-    private = {"secrets.env": secrets_file(secret)} if secret else {}
+def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None) -> runs.RunRecord:
+    """The busy check and the new record in one step under the launch lock: two launches on the same
+    nodes cannot both pass. The record says which process is starting it (see runstate.refresh)."""
+    with runs.launch_lock():
+        _busy([t.host for t in request.targets])
+        record = _record(request, "starting")
+        record.endpoint = None if request.port_picked_at_start else request.endpoint  # known once picked
+        record.prediction = prediction
+        record.extra["launcher"] = {"pid": os.getpid(), "started": time.time()}
+        record.secrets = sorted(request.job["env_from"])
+        runs.save(record)
+    return record
 
-    def upload(t: Any) -> None:
-        n = by_node[t.host.name]
-        # NOTE: the run folder and its files are the owner's only: job settings may hold tokens.
-        t.run(f"mkdir -p -m 700 -- {shlex.quote(n.run_dir)} && mkdir -p -- {shlex.quote(n.run_dir + '/program')} "
-              f"{shlex.quote(n.run_dir + '/out')}", timeout=60)
-        for name, content in {**n.files, **program, **private}.items():
-            t.put_bytes(content.encode(), f"{n.run_dir}/{name}", 0o700 if name.endswith(".sh") else 0o600)
 
-    uploaded = group.call(upload, hosts)
-    if not uploaded.ok:
-        _fail_start(record, *_first_error(uploaded, "upload"))
-    log(f"starting {len(hosts)} nodes")
+def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str], log: Log,
+           watch: bool) -> runs.RunRecord:
+    _stage(group, record, request, log)
+    if request.port_picked_at_start:  # the only thing that differs from what --dry-run printed
+        request = _with_ports(request, _ports(group, request, record))
+        record = runs.update(record.run_id, lambda r: setattr(r, "endpoint", request.endpoint))
+    _keep_rendered(request)
+    _upload(group, record, request, secret)
+    log(f"starting {len(request.nodes)} nodes")
+    by_node = {n.node: n for n in request.nodes}
+    hosts = [t.host for t in request.targets]
     started = group.run(lambda h: by_node[h.name].start_command, timeout=60, hosts=hosts)
     pids = {n: agent_reply(r.stdout) for n, r in started.items() if r.ok}
     if not started.ok:
@@ -326,13 +265,57 @@ def _start(group: Group, record: runs.RunRecord, spec: JobSpec, hosts: list[Host
 
     record = runs.update(record.run_id, running)
     if watch:
-        from cluster import watch as watch_mod  # the watcher imports this module
+        from cluster import watch as watch_mod  # started as its own process; imported only when wanted
 
         watch_mod.spawn(record.run_id)
-    return record, plan
+    return record
 
 
-def require(results: Any, what: str, record: runs.RunRecord | None = None) -> None:
+def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """The node agent and the dataset on every node (the dataset sent once and relayed, verified)."""
+    prepared = datasets.prepare(request.job, log)
+    if prepared.file_name != request.data_file:
+        _fail_start(record, f"the dataset changed since the request was made ({request.data_file} is now "
+                            f"{prepared.file_name})")
+    agent = _agent_source()
+    hosts = [t.host for t in request.targets]
+    log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
+
+    def stage(t: Transport) -> None:
+        t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
+        t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
+
+    require(group.call(stage, hosts), "staging", record)
+    require(datasets.stage_all(group, hosts, prepared, log=log), "staging", record)
+
+
+def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str]) -> None:
+    """Each node's run folder: its rendered files, the training program, the secrets (owner-only)."""
+    program = {f"program/{n}": text for n, text in program_files(request.job.entry).items()}
+    by_node = {n.node: n for n in request.nodes}
+    private = {"secrets.env": secrets_file(secret)} if secret else {}
+
+    def upload(t: Transport) -> None:
+        n = by_node[t.host.name]
+        # NOTE: the run folder and its files are the owner's only: job settings may hold tokens.
+        t.run(f"mkdir -p -m 700 -- {shlex.quote(n.run_dir)} && mkdir -p -- {shlex.quote(n.run_dir + '/program')} "
+              f"{shlex.quote(n.run_dir + '/out')}", timeout=60)
+        for name, content in {**n.files, **program, **private}.items():
+            t.put_bytes(content.encode(), f"{n.run_dir}/{name}", 0o700 if name.endswith(".sh") else 0o600)
+
+    uploaded = group.call(upload, [t.host for t in request.targets])
+    if not uploaded.ok:
+        _fail_start(record, *_first_error(uploaded, "upload"))
+
+
+def _with_ports(request: LaunchRequest, ports: dict[str, int]) -> LaunchRequest:
+    """The same request with the ports picked at the start: rendered from the same inputs."""
+    final = render.render(request.job, request.targets, request.run_id, request.data_file, ports)
+    final.inventory = request.inventory
+    return final
+
+
+def require(results: GroupResult, what: str, record: runs.RunRecord | None = None) -> None:
     """Raise, naming every node where `what` failed (and fail the run being started, if any)."""
     bad = {n: r for n, r in results.items() if not r.ok}
     if not bad:
@@ -343,7 +326,7 @@ def require(results: Any, what: str, record: runs.RunRecord | None = None) -> No
     raise ClusterError(message, "fix the node shown (disk space, permissions) and launch again")
 
 
-def _first_error(results: Any, what: str) -> tuple[str, str]:
+def _first_error(results: GroupResult, what: str) -> tuple[str, str]:
     """(a message naming every node where `what` failed, the first of them)."""
     bad = {n: r for n, r in results.items() if not r.ok}
     n, r = next(iter(bad.items()))
@@ -365,11 +348,12 @@ def _fail_start(record: runs.RunRecord, reason: str, node: str | None = None) ->
                        f"nothing of it is left running; see `clusterctl status {record.run_id}`")
 
 
-def _ports(group: Group, spec: JobSpec, hosts: list[Host], record: runs.RunRecord) -> dict[str, int]:
-    """The spec's port, or one free right now: on the first node (torchrun) or on every node (TF)."""
-    if spec["port"]:
-        return {h.name: spec["port"] for h in hosts}
-    targets = hosts[:1] if spec.framework == "pytorch" else hosts
+
+
+def _ports(group: Group, request: LaunchRequest, record: runs.RunRecord) -> dict[str, int]:
+    """A port free right now: on the first node (torchrun) or on every node (TF)."""
+    hosts = [t.host for t in request.targets]
+    targets = hosts[:1] if request.job.framework == "pytorch" else hosts
     results = group.run(lambda h: render.agent_command(h, "freeport"), timeout=30, hosts=targets)
     require(results, "finding a free port", record)
     ports = {n: (agent_reply(r.stdout) or {}).get("port") for n, r in results.items()}
@@ -379,247 +363,21 @@ def _ports(group: Group, spec: JobSpec, hosts: list[Host], record: runs.RunRecor
     return {n: int(p) for n, p in ports.items() if p is not None}
 
 
-def _record(inventory: Inventory | dict[str, Any], spec: JobSpec, plan: render.LaunchPlan,
-            state: str) -> runs.RunRecord:
-    names = [n.node for n in plan.nodes]
-    if isinstance(inventory, Inventory):
-        inventory = {"path": str(inventory.path), "name": inventory.name,
-                     "hosts": [h.to_dict() for h in inventory.hosts.values() if h.name in names]}
+def _record(request: LaunchRequest, state: str) -> runs.RunRecord:
+    spec = request.job
     return runs.RunRecord(
-        run_id=plan.run_id, job=spec.name, framework=spec.framework, state=state, created=time.time(),
-        clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=plan.world_size,
-        endpoint=plan.endpoint, data_file=plan.data_file, inventory=inventory,
-        nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in plan.nodes])
+        run_id=request.run_id, job=spec.name, framework=spec.framework, state=state, created=time.time(),
+        clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=request.world_size,
+        endpoint=request.endpoint, data_file=request.data_file, inventory=request.inventory,
+        nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in request.nodes])
 
 
-def _keep_rendered(plan: render.LaunchPlan) -> None:
+def _keep_rendered(request: LaunchRequest) -> None:
     """The exact files each node got, kept on the head with the record."""
-    base = runs.run_path(plan.run_id) / "rendered"
-    for n in plan.nodes:
+    base = runs.run_path(request.run_id) / "rendered"
+    for n in request.nodes:
         d = base / n.node
         d.mkdir(parents=True, exist_ok=True)
         for name, content in n.files.items():
             (d / name).write_text(content)
             os.chmod(d / name, 0o600)
-
-
-# --------------------------------------------------------------------------- lifecycle
-
-
-def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
-    """Every node's state, read by its agent (one bounded command per node).
-
-    A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
-    something unreadable is `unanswered`: both get a grace time before they fail the run (see judge)."""
-    dirs = record.node_dirs()
-    hosts = record.hosts()
-
-    def ask(g: Group) -> dict[str, NodeStatus]:
-        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S)
-        out = {}
-        for h in hosts:
-            r = res[h.name]
-            doc = agent_reply(r.stdout)
-            if doc is not None and isinstance(doc.get("state"), str):
-                out[h.name] = NodeStatus.from_agent(h.name, doc)
-            else:
-                out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "unanswered",
-                                         error=r.error or error_tail(r.stderr) or "no answer")
-        return out
-
-    if group is not None:
-        return ask(group)
-    with Group(hosts) as g:
-        return ask(g)
-
-
-def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
-    """The run's state from its nodes': any failure fails it, all succeeded succeeds it.
-
-    A node silent (unreachable or unanswered) for UNREACHABLE_GRACE_S since it last answered fails the
-    run; the clock is kept in the record, so it runs across `status` calls and processes."""
-    now = time.time() if now is None else now
-    start = record.started or record.created
-    for n, s in statuses.items():
-        if s.state not in SILENT_STATES:
-            record.last_seen[n] = now
-    failed = [s for s in statuses.values() if s.state in FAILED_STATES]
-    lost = sorted(n for n, s in statuses.items()
-                  if s.state in SILENT_STATES and now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S)
-    if failed or lost:
-        if record.failure is None:
-            first = min(failed, key=lambda s: s.ended or now) if failed else statuses[lost[0]]
-            silent_for = now - record.last_seen.get(first.node, start)
-            reason = (f"exit code {first.exit_code}" if first.state == "failed" else
-                      f"{first.state} for {silent_for:.0f} s ({first.error})" if first.state in SILENT_STATES else
-                      "its processes are gone without an exit record" if first.state == "vanished" else
-                      first.error or first.state)
-            known = (record.last_status or {}).get(first.node) or {}
-            record.failure = runs.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
-                                          sorted(({s.node for s in failed} | set(lost)) - {first.node}))
-        return "failed"
-    states = {s.state for s in statuses.values()}
-    if states == {"succeeded"}:
-        return "succeeded"
-    if "stopped" in states and not states & {"running", "stopping"}:
-        return "stopped"
-    return "running"
-
-
-def _remember(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
-    """Keep each node's last status; a silent node keeps its last known log and metrics (the morning after,
-    they are all that is left of a node that went away)."""
-    before = record.last_status or {}
-    now: dict[str, dict[str, Any]] = {}
-    for n, s in statuses.items():
-        d = s.to_dict()
-        if s.state in SILENT_STATES and n in before:
-            d = {**before[n], "state": s.state, "error": s.error}
-        now[n] = d
-    record.last_status = now
-
-
-def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
-    """The verdict, written into the newest copy of the record (inside runs.update)."""
-    if not record.active or record.stopped_by_user:
-        _remember(record, statuses)
-        return
-    state = judge(record, statuses)
-    _remember(record, statuses)
-    if state in runs.FINAL and record.ended is None:
-        record.ended = time.time()
-    record.state = state
-    if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
-        record.stop_pending = sorted(set(record.stop_pending) | {
-            n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
-
-
-def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
-    """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
-    in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot)."""
-    record = runs.update(record.run_id, lambda r: _apply(r, statuses))
-    if record.state == "failed" and record.stop_pending and not record.stopped_by_user:
-        record = _stop_and_record(record, list(record.stop_pending))
-    return record
-
-
-def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10.0) -> runs.RunRecord:
-    results = stop_nodes(record, grace, only=nodes)
-    confirmed = {n for n, r in results.items() if r.get("ok")}
-    statuses = poll(record) if confirmed else {}
-
-    def change(r: runs.RunRecord) -> None:
-        r.stop_results = {**(r.stop_results or {}), **results}
-        r.stop_pending = sorted((set(r.stop_pending) | set(nodes)) - confirmed)
-        if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
-            r.last_status = {**(r.last_status or {}),
-                             **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
-        if r.stopped_by_user and r.state in runs.ACTIVE and not r.stop_pending:
-            r.state = "stopped"
-            r.ended = r.ended or time.time()
-
-    return runs.update(record.run_id, change)
-
-
-def _launcher_alive(record: runs.RunRecord) -> bool:
-    """Is the clusterctl process that is starting this run still at work (on this head)?"""
-    pid = (record.extra.get("launcher") or {}).get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def refresh(record: runs.RunRecord) -> runs.RunRecord:
-    """Ask the nodes, judge, and save: what `clusterctl status` does. Also retries a stop that could not
-    be confirmed on some node."""
-    if record.state == "starting" and _launcher_alive(record):
-        return record  # its launcher is still uploading; judging now would see no processes yet
-    if record.active and not record.stopped_by_user:
-        return settle(record, poll(record))  # a failure found now is stopped there
-    if record.stop_pending:
-        record = _stop_and_record(record, list(record.stop_pending))
-    return record
-
-
-def follow(record: runs.RunRecord, interval: float = 2.0,
-           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None) -> runs.RunRecord:
-    """Poll until the run ends, stopping the others when a node fails."""
-    hosts = record.hosts()
-    group = Group(hosts)
-    try:
-        while True:
-            statuses = poll(record, group)
-            record = settle(record, statuses)
-            if on_update:
-                on_update(record, statuses)
-            if not record.active:
-                return record
-            if any(s.state in SILENT_STATES for s in statuses.values()):
-                group.close()  # the group remembers dead nodes: a fresh one tries them again
-                group = Group(hosts)
-            time.sleep(interval)
-    finally:
-        group.close()
-
-
-def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:
-    """SIGTERM, then SIGKILL after `grace`, every process of the run on every node (or `only` these).
-    A node's result is ok only when its agent confirmed that nothing of the run is left."""
-    dirs = record.node_dirs()
-    hosts = [h for h in record.hosts() if only is None or h.name in only]
-    with Group(hosts) as g:
-        res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 30)
-    out = {}
-    for n, r in res.items():
-        doc = agent_reply(r.stdout)
-        out[n] = doc if doc is not None else {"ok": False, "error": r.error or error_tail(r.stderr)
-                                                                   or r.status, "status": r.status}
-    return out
-
-
-def stop(record: runs.RunRecord, grace: float = 10.0) -> runs.RunRecord:
-    """`clusterctl stop`: end the run everywhere. The run is recorded `stopped` only once every node
-    confirmed it; until then it stays `stopping`, with the nodes to retry in `stop_pending`."""
-
-    def mark(r: runs.RunRecord) -> None:
-        if r.state in runs.ACTIVE:
-            r.state, r.stopped_by_user = "stopping", True
-
-    record = runs.update(record.run_id, mark)
-    return _stop_and_record(record, list(record.node_dirs()), grace)
-
-
-def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
-         lines: int = 50) -> dict[str, tuple[str, int]]:
-    """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
-    hosts = [h for h in record.hosts() if node is None or h.name == node]
-    if not hosts:
-        raise UsageError(f"run {record.run_id} has no node '{node}'",
-                         f"one of: {', '.join(record.node_dirs())}")
-    dirs = record.node_dirs()
-
-    def cmd(h: Host) -> str:
-        f = shlex.quote(f"{dirs[h.name]}/node.log")
-        if offsets is None:
-            return f"wc -c < {f}; tail -n {int(lines)} -- {f}"
-        return f"wc -c < {f}; tail -c +{offsets.get(h.name, 0) + 1} -- {f}"
-
-    with Group(hosts) as g:
-        res = g.run(cmd, timeout=60)
-    out = {}
-    for h in hosts:
-        r = res[h.name]
-        if not r.ok:
-            out[h.name] = (f"[{r.status}: {r.error or r.stderr.strip()}]\n", (offsets or {}).get(h.name, 0))
-            continue
-        size, _, text = r.stdout.partition("\n")
-        if offsets is not None:
-            text = text.encode()[: max(0, int(size) - offsets.get(h.name, 0))].decode("utf-8", "replace")
-        out[h.name] = (text, int(size))
-    return out

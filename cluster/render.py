@@ -1,4 +1,5 @@
-"""A job spec + the chosen nodes -> every node's launch files (pure: no I/O, golden-tested).
+"""A job spec + the chosen nodes -> the launch request: every node's files and start command (pure: no I/O,
+golden-tested, printed by `launch --dry-run`).
 
 torchrun: one launch.sh per node (c10d rendezvous at the first node's inventory
 address). TensorFlow: one launch.sh and one tf_config.json (json.dumps) per
@@ -45,18 +46,48 @@ class NodeLaunch:
 
 
 @dataclass
-class LaunchPlan:
+class LaunchRequest:
+    """What `launch` starts, and exactly what `launch --dry-run` prints (torchx's dry-run info): the nodes in
+    rank order, each node's rendered files and start command. `launch.execute` runs this object."""
+
     run_id: str
     job: JobSpec
     world_size: int
     endpoint: str | None  # torchrun's rendezvous; None for TensorFlow
     data_file: str  # name of the staged dataset under <workdir>/datasets/
     nodes: list[NodeLaunch] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)  # the hosts, in the order of `nodes`
+    # the job sets no `port:`: the files show the framework's default, the run gets a port free at its start
+    port_picked_at_start: bool = False
+    inventory: dict[str, Any] = field(default_factory=dict)  # the hosts' snapshot the run record keeps
 
     def to_dict(self) -> dict[str, Any]:
+        """The `launch --dry-run --json` document."""
         return {"run_id": self.run_id, "job": self.job.name, "framework": self.job.framework,
                 "world_size": self.world_size, "endpoint": self.endpoint, "data_file": self.data_file,
-                "nodes": [n.to_dict() for n in self.nodes]}
+                "nodes": [n.to_dict() for n in self.nodes], "files": {n.node: n.files for n in self.nodes}}
+
+    def to_text(self, width: int = 80) -> str:
+        """The `launch --dry-run` text: each file under a rule naming its path, each node's start command,
+        a summary line. Plain text (no markup): printed as is."""
+        lines: list[str] = []
+        for n in self.nodes:
+            for name, content in n.files.items():
+                lines += [rule(f"{n.node}: {n.run_dir}/{name}", width), content.rstrip("\n")]
+            lines.append(f"{n.node} starts with: {n.start_command}")
+        port = ("the port is picked when the run starts unless the job sets `port:`" if self.port_picked_at_start
+                else "the job's `port:` is used")
+        lines.append(f"dry run: {len(self.nodes)} nodes, world size {self.world_size}; nothing was changed ({port})")
+        return "\n".join(lines) + "\n"
+
+
+def rule(title: str, width: int = 80) -> str:
+    """`──── title ────` across `width` columns, centred as rich's Rule draws it on a terminal."""
+    title = title.replace("\n", " ")
+    if len(title) > width - 4:
+        title = title[: max(0, width - 5)] + "…"
+    side = (width - len(title)) // 2
+    return ("─" * max(0, side - 1) + " " + title + " " + "─" * width)[:width]
 
 
 def run_dir(host: Host, run_id: str) -> str:
@@ -87,7 +118,7 @@ def procs_per_node(spec: JobSpec, target: Target) -> int:
 
 
 def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
-           ports: dict[str, int]) -> LaunchPlan:
+           ports: dict[str, int]) -> LaunchRequest:
     """`ports`: the rendezvous port under the first node's name (torchrun), or one port per worker (TF)."""
     if not targets:
         raise JobError(str(spec.path), None, "nodes", "no node to run on", "check `nodes:` and --limit")
@@ -98,7 +129,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                        "give every node of the job a share, or none (even batches)")
     nprocs = [procs_per_node(spec, t) for t in targets]
     endpoint = f"{first.address}:{ports[first.name]}" if spec.framework == "pytorch" else None
-    plan = LaunchPlan(run_id, spec, sum(nprocs), endpoint, data_file)
+    request = LaunchRequest(run_id, spec, sum(nprocs), endpoint, data_file, targets=list(targets))
     workers = [f"{t.host.address}:{ports[t.host.name]}" for t in targets] if spec.framework == "tensorflow" else []
     env = sorted((k, str(v)) for k, v in spec["env"].items())
     template = SCRIPT_ENV.get_template(TEMPLATES[spec.framework])
@@ -112,11 +143,11 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, entry=spec.entry, args=args,
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
-                                    "nproc": nproc, "world_size": plan.world_size, "endpoint": endpoint,
+                                    "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,
                                     "job": spec.settings}, indent=1, sort_keys=True) + "\n",
         }
         if spec.framework == "tensorflow":
             files["tf_config.json"] = json.dumps(
                 {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}, indent=1) + "\n"
-        plan.nodes.append(NodeLaunch(h.name, rank, nproc, rdir, files, agent_command(h, "start", rdir)))
-    return plan
+        request.nodes.append(NodeLaunch(h.name, rank, nproc, rdir, files, agent_command(h, "start", rdir)))
+    return request

@@ -2,7 +2,7 @@
 
 `launch` starts it (`python -m cluster.watch RUN_ID`, in a session of its own,
 output to runs/<id>/watch.log). It follows the run exactly as a foreground
-`launch` does (launch.follow: poll, judge, stop the survivors of a failure)
+`launch` does (runstate.follow: poll, judge, stop the survivors of a failure)
 and exits when the run reaches a final state. A lock per run keeps it to one
 watcher however often it is started; a foreground `launch` and `status` may
 judge at the same time, which is safe (runs.update, the clock in the record).
@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 
-from cluster import launch, runs
+from cluster import runs, runstate
 from cluster.errors import ClusterError
 
 INTERVAL_S = 5.0  # between two polls; with the grace, a silent node is judged within ~35-55 s
@@ -49,7 +49,7 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
         runs.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
         while True:
             try:
-                record = launch.follow(record, interval=interval)
+                record = runstate.follow(record, interval=interval)
                 return record
             except ClusterError as e:  # e.g. a lock held too long: log it, look again
                 print(f"{time.strftime('%H:%M:%S')} {e}", flush=True)

@@ -1,21 +1,23 @@
-"""Rendered launch files: golden files for a mixed 4-node lab, and values that try to break out."""
+"""Rendered launch files and the printed launch request (`launch --dry-run`, text and --json): golden files
+for a mixed 4-node lab (UPDATE_GOLDEN=1 rewrites them; review the diff), and values that try to break out."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cluster import inventory, jobs, render
+from cluster import inventory, jobs, launch, render
 from cluster.jobs import JobError
+from tests import goldens
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "launch"
 MIXED = ROOT / "tests" / "fixtures" / "launch" / "mixed.yaml"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+REQUEST_FILES = ("request.txt", "request.json")  # the printed request, beside each node's files
+RUN_ID, DATA_FILE = "resnet50-20261129-120000-abcd", "digits-0123456789abcdef.npz"
 
 
 def mixed_targets() -> list[render.Target]:
@@ -23,11 +25,16 @@ def mixed_targets() -> list[render.Target]:
     return [render.Target(h, h.gpu.count if h.gpu else 0, "gloo") for h in inv.ordered(inv.hosts.values())]
 
 
-def plan_for(job: str) -> render.LaunchPlan:
+def plan_for(job: str) -> render.LaunchRequest:
     spec = jobs.load(job, ["epochs=2", "env.OMP_PROC_BIND=close"])
     ports = {"pc1": 29400} if spec.framework == "pytorch" else {f"pc{i}": 23450 + i for i in range(1, 5)}
-    return render.render(spec, mixed_targets(), "resnet50-20261129-120000-abcd", "digits-0123456789abcdef.npz",
-                         ports)
+    return render.render(spec, mixed_targets(), RUN_ID, DATA_FILE, ports)
+
+
+def request_for(job: str) -> render.LaunchRequest:
+    """What `launch JOB --dry-run` prints for the mixed lab, the job as shipped (its port picked at start)."""
+    inv = inventory.load(MIXED, check_files=False)
+    return launch.request_for(inv, jobs.load(job), mixed_targets(), RUN_ID, DATA_FILE)
 
 
 @pytest.mark.parametrize("job", ["resnet50-ddp", "resnet50-tf"])
@@ -35,14 +42,43 @@ def test_rendered_files_match_golden(job: str) -> None:
     plan = plan_for(job)
     for n in plan.nodes:
         for name, content in n.files.items():
-            golden = GOLDEN / job / n.node / name
-            if UPDATE:
-                golden.parent.mkdir(parents=True, exist_ok=True)
-                golden.write_text(content)
-            assert golden.exists(), f"missing golden file {golden} (UPDATE_GOLDEN=1 writes it)"
-            assert content == golden.read_text(), f"{job}/{n.node}/{name} differs from its golden file"
+            goldens.check(GOLDEN / job / n.node / name, content, f"{job}/{n.node}/{name}")
     names = {p.relative_to(GOLDEN / job).as_posix() for p in (GOLDEN / job).rglob("*") if p.is_file()}
-    assert names == {f"{n.node}/{f}" for n in plan.nodes for f in n.files}  # no stale golden files
+    assert names == {f"{n.node}/{f}" for n in plan.nodes for f in n.files} | set(REQUEST_FILES)  # none stale
+
+
+@pytest.mark.parametrize("job", ["resnet50-ddp", "resnet50-tf"])
+def test_printed_request_matches_golden(job: str) -> None:
+    """`launch --dry-run` (text, 80 columns as on a pipe) and `launch --dry-run --json`, as printed."""
+    request = request_for(job)
+    goldens.check(GOLDEN / job / "request.txt", request.to_text(80), f"{job} --dry-run text")
+    goldens.check(GOLDEN / job / "request.json", json.dumps(request.to_dict(), indent=2, default=str) + "\n",
+                  f"{job} --dry-run --json")
+
+
+def test_request_says_whether_the_port_is_chosen_or_picked_at_start() -> None:
+    request = request_for("resnet50-ddp")
+    assert request.port_picked_at_start and request.endpoint == "192.168.1.11:29400"  # the default, shown
+    assert "picked when the run starts" in request.to_text()
+    inv = inventory.load(MIXED, check_files=False)
+    chosen = launch.request_for(inv, jobs.load("resnet50-ddp", ["port=29555"]), mixed_targets(), RUN_ID, DATA_FILE)
+    assert not chosen.port_picked_at_start and chosen.endpoint == "192.168.1.11:29555"
+    assert "the job's `port:` is used" in chosen.to_text()
+    assert chosen.to_dict()["files"]["pc4"]["job.json"] == chosen.nodes[3].files["job.json"]
+    assert [h["name"] for h in chosen.inventory["hosts"]] == ["pc1", "pc2", "pc3", "pc4"]
+
+
+@pytest.mark.parametrize("title", ["pc1: /x/launch.sh", "ab", "t" * 36, "t" * 37, "t" * 90])
+def test_a_rule_is_drawn_as_rich_draws_it_on_a_pipe(title: str) -> None:
+    """The text the CLI printed before the request had its own rendering: rich's rule, 40 or 80 wide."""
+    import io
+
+    from rich.console import Console
+
+    for width in (40, 80):
+        buf = io.StringIO()
+        Console(file=buf, width=width, color_system=None).rule(title)
+        assert render.rule(title, width) == buf.getvalue().rstrip("\n")
 
 
 def test_ddp_plan_uses_one_process_per_gpu_and_one_on_cpu_nodes() -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launch, runs
-from cluster.launch import NodeStatus, judge
+from cluster import launch, runs, runstate
+from cluster.replies import agent_reply
+from cluster.runstate import NodeStatus, judge
 
 
 def _record(run_id: str = "r1", nodes: tuple[str, ...] = ("a", "b"), state: str = "running") -> runs.RunRecord:
@@ -109,10 +110,10 @@ def test_judge_names_the_first_node_to_fail() -> None:
 def test_a_silent_node_fails_the_run_after_the_grace_counted_from_its_last_answer(silent: str) -> None:
     """A slow or garbled agent reply is not a failure at once; silence longer than the grace is."""
     rec = _record()
-    grace = launch.UNREACHABLE_GRACE_S
+    grace = runstate.UNREACHABLE_GRACE_S
     ok = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running", log=["epoch 3 loss 0.5"])}
     assert judge(rec, ok, now=200.0) == "running"
-    launch._remember(rec, ok)
+    runstate._remember(rec, ok)
     quiet = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", silent, error="no answer")}
     assert judge(rec, quiet, now=200.0 + grace - 1) == "running"
     # the clock lives in the record: it survives a save and a load by another process
@@ -124,7 +125,7 @@ def test_a_silent_node_fails_the_run_after_the_grace_counted_from_its_last_answe
 
 def test_a_node_that_answers_again_restarts_its_clock() -> None:
     rec = _record()
-    grace = launch.UNREACHABLE_GRACE_S
+    grace = runstate.UNREACHABLE_GRACE_S
     quiet = {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unanswered")}
     assert judge(rec, quiet, now=100.0 + grace - 5) == "running"
     assert judge(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running")},
@@ -134,8 +135,8 @@ def test_a_node_that_answers_again_restarts_its_clock() -> None:
 
 def test_a_silent_node_keeps_its_last_known_log_and_metrics() -> None:
     rec = _record()
-    launch._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running", epoch=2, log=["l"])})
-    launch._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unreachable", error="timeout")})
+    runstate._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "running", epoch=2, log=["l"])})
+    runstate._remember(rec, {"a": NodeStatus("a", "running"), "b": NodeStatus("b", "unreachable", error="timeout")})
     assert rec.last_status is not None
     assert rec.last_status["b"]["state"] == "unreachable" and rec.last_status["b"]["epoch"] == 2
     assert rec.last_status["b"]["log"] == ["l"]
@@ -143,7 +144,7 @@ def test_a_silent_node_keeps_its_last_known_log_and_metrics() -> None:
 
 @pytest.mark.parametrize("stdout", ["", "garbage", "[1, 2]", '{"state": 3}', "Traceback...\n"])
 def test_agent_replies_that_cannot_be_read_are_unanswered_not_failed(stdout: str) -> None:
-    assert launch.agent_reply(stdout) is None or not isinstance(launch.agent_reply(stdout).get("state"), str)
+    assert agent_reply(stdout) is None or not isinstance(agent_reply(stdout).get("state"), str)
 
 
 # --------------------------------------------------------------------------- any input, no traceback
@@ -156,7 +157,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=20)
 AGENT_KEYS = st.sampled_from(["state", "exit", "metrics", "log", "processes", "error", "pid"])
 AGENT_DOCS = st.dictionaries(AGENT_KEYS, JSON | st.sampled_from(["running", "failed", "succeeded"]), max_size=7) | \
-    st.fixed_dictionaries({"state": st.sampled_from(launch.AGENT_STATES)},
+    st.fixed_dictionaries({"state": st.sampled_from(runstate.AGENT_STATES)},
                           optional={"exit": st.dictionaries(st.sampled_from(["code", "ended"]), JSON),
                                     "metrics": st.dictionaries(st.text(max_size=3) | st.sampled_from(["0", "1"]),
                                                                st.dictionaries(st.sampled_from(["start", "step", "end"]),
@@ -170,7 +171,7 @@ AGENT_DOCS = st.dictionaries(AGENT_KEYS, JSON | st.sampled_from(["running", "fai
 @given(AGENT_DOCS)
 def test_any_agent_reply_gives_a_status_never_an_exception(doc: dict) -> None:
     s = NodeStatus.from_agent("n", doc)
-    assert s.state in (*launch.AGENT_STATES, "unanswered")
+    assert s.state in (*runstate.AGENT_STATES, "unanswered")
     assert all(isinstance(x, str) for x in s.log)
     assert s.step is None or isinstance(s.step, int)
     judge(_record(nodes=("n",)), {"n": s}, now=1000.0)

@@ -1,0 +1,308 @@
+"""A started run's life, seen from the head: poll the nodes' agents, judge, settle, stop, read logs.
+
+The head only polls: one node agent `status` per node per poll. A node that fails
+or vanishes fails the run, and the others are stopped instead of being left
+hanging in a collective; everything written so far stays on the nodes.
+
+Who judges a run: whichever clusterctl process polls it (the foreground
+`launch`, `status`, the busy check of another launch) and, so that a run left
+alone overnight still gets its verdict, a watcher process on the head started
+by launch (cluster/watch.py). They all write through runs.update, under the
+run's lock, and the silence clock lives in the record, so they agree.
+Independently of the head, the training programs' collective timeouts
+(`collective_timeout_s`) end the survivors of a dead peer by themselves.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cluster import render, runs
+from cluster.errors import UsageError
+from cluster.fanout import Group
+from cluster.inventory import Host
+from cluster.replies import agent_reply, error_tail
+
+# A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd
+# under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).
+UNREACHABLE_GRACE_S = 30.0
+POLL_TIMEOUT_S = 20.0  # one agent `status` call
+FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
+SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
+AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
+
+
+def _obj(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _num(x: Any, kind: type = float) -> Any:
+    """x when it is a number (a whole one for kind=int), else None: agent replies are data from a node."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or (kind is int and not isinstance(x, int)):
+        return None
+    return x
+
+
+@dataclass
+class NodeStatus:
+    node: str
+    state: str  # agent state, or unreachable
+    epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    images_per_s: float | None = None
+    world: int | None = None
+    ranks: int = 0
+    exit_code: int | None = None
+    processes: int = 0
+    log: list[str] = field(default_factory=list)
+    error: str | None = None
+    ended: float | None = None
+
+    @classmethod
+    def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
+        """The agent's JSON, read defensively: a field of the wrong type is dropped, an unknown state is
+        `unanswered` (the grace applies), never an exception."""
+        state = doc.get("state")
+        if state not in AGENT_STATES:
+            return cls(node, "unanswered", error=f"unreadable agent reply (state {str(state)[:40]!r})")
+        log = doc.get("log")
+        exit_doc, metrics = _obj(doc.get("exit")), _obj(doc.get("metrics"))
+        s = cls(node, state, error=doc.get("error") if isinstance(doc.get("error"), str) else None,
+                log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
+                processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
+                exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
+        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
+        s.ranks = len(ranks)
+        if ranks:
+            recs = ranks[min(ranks)]  # the node's lowest rank speaks for it
+            last, end = _obj(recs.get("step")), _obj(recs.get("end"))
+            s.world = _num(_obj(recs.get("start")).get("world"), int)
+            s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
+            s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
+    """Every node's state, read by its agent (one bounded command per node).
+
+    A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
+    something unreadable is `unanswered`: both get a grace time before they fail the run (see judge)."""
+    dirs = record.node_dirs()
+    hosts = record.hosts()
+
+    def ask(g: Group) -> dict[str, NodeStatus]:
+        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S)
+        out = {}
+        for h in hosts:
+            r = res[h.name]
+            doc = agent_reply(r.stdout)
+            if doc is not None and isinstance(doc.get("state"), str):
+                out[h.name] = NodeStatus.from_agent(h.name, doc)
+            else:
+                out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "unanswered",
+                                         error=r.error or error_tail(r.stderr) or "no answer")
+        return out
+
+    if group is not None:
+        return ask(group)
+    with Group(hosts) as g:
+        return ask(g)
+
+
+def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
+    """The run's state from its nodes': any failure fails it, all succeeded succeeds it.
+
+    A node silent (unreachable or unanswered) for UNREACHABLE_GRACE_S since it last answered fails the
+    run; the clock is kept in the record, so it runs across `status` calls and processes."""
+    now = time.time() if now is None else now
+    start = record.started or record.created
+    for n, s in statuses.items():
+        if s.state not in SILENT_STATES:
+            record.last_seen[n] = now
+    failed = [s for s in statuses.values() if s.state in FAILED_STATES]
+    lost = sorted(n for n, s in statuses.items()
+                  if s.state in SILENT_STATES and now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S)
+    if failed or lost:
+        if record.failure is None:
+            first = min(failed, key=lambda s: s.ended or now) if failed else statuses[lost[0]]
+            silent_for = now - record.last_seen.get(first.node, start)
+            reason = (f"exit code {first.exit_code}" if first.state == "failed" else
+                      f"{first.state} for {silent_for:.0f} s ({first.error})" if first.state in SILENT_STATES else
+                      "its processes are gone without an exit record" if first.state == "vanished" else
+                      first.error or first.state)
+            known = (record.last_status or {}).get(first.node) or {}
+            record.failure = runs.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
+                                          sorted(({s.node for s in failed} | set(lost)) - {first.node}))
+        return "failed"
+    states = {s.state for s in statuses.values()}
+    if states == {"succeeded"}:
+        return "succeeded"
+    if "stopped" in states and not states & {"running", "stopping"}:
+        return "stopped"
+    return "running"
+
+
+def _remember(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+    """Keep each node's last status; a silent node keeps its last known log and metrics (the morning after,
+    they are all that is left of a node that went away)."""
+    before = record.last_status or {}
+    now: dict[str, dict[str, Any]] = {}
+    for n, s in statuses.items():
+        d = s.to_dict()
+        if s.state in SILENT_STATES and n in before:
+            d = {**before[n], "state": s.state, "error": s.error}
+        now[n] = d
+    record.last_status = now
+
+
+def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+    """The verdict, written into the newest copy of the record (inside runs.update)."""
+    if not record.active or record.stopped_by_user:
+        _remember(record, statuses)
+        return
+    state = judge(record, statuses)
+    _remember(record, statuses)
+    if state in runs.FINAL and record.ended is None:
+        record.ended = time.time()
+    record.state = state
+    if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
+        record.stop_pending = sorted(set(record.stop_pending) | {
+            n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
+
+
+def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
+    """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
+    in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot)."""
+    record = runs.update(record.run_id, lambda r: _apply(r, statuses))
+    if record.state == "failed" and record.stop_pending and not record.stopped_by_user:
+        record = _stop_and_record(record, list(record.stop_pending))
+    return record
+
+
+def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10.0) -> runs.RunRecord:
+    results = stop_nodes(record, grace, only=nodes)
+    confirmed = {n for n, r in results.items() if r.get("ok")}
+    statuses = poll(record) if confirmed else {}
+
+    def change(r: runs.RunRecord) -> None:
+        r.stop_results = {**(r.stop_results or {}), **results}
+        r.stop_pending = sorted((set(r.stop_pending) | set(nodes)) - confirmed)
+        if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
+            r.last_status = {**(r.last_status or {}),
+                             **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
+        if r.stopped_by_user and r.state in runs.ACTIVE and not r.stop_pending:
+            r.state = "stopped"
+            r.ended = r.ended or time.time()
+
+    return runs.update(record.run_id, change)
+
+
+def _launcher_alive(record: runs.RunRecord) -> bool:
+    """Is the clusterctl process that is starting this run still at work (on this head)?"""
+    pid = (record.extra.get("launcher") or {}).get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def refresh(record: runs.RunRecord) -> runs.RunRecord:
+    """Ask the nodes, judge, and save: what `clusterctl status` does. Also retries a stop that could not
+    be confirmed on some node."""
+    if record.state == "starting" and _launcher_alive(record):
+        return record  # its launcher is still uploading; judging now would see no processes yet
+    if record.active and not record.stopped_by_user:
+        return settle(record, poll(record))  # a failure found now is stopped there
+    if record.stop_pending:
+        record = _stop_and_record(record, list(record.stop_pending))
+    return record
+
+
+def follow(record: runs.RunRecord, interval: float = 2.0,
+           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None) -> runs.RunRecord:
+    """Poll until the run ends, stopping the others when a node fails."""
+    hosts = record.hosts()
+    group = Group(hosts)
+    try:
+        while True:
+            statuses = poll(record, group)
+            record = settle(record, statuses)
+            if on_update:
+                on_update(record, statuses)
+            if not record.active:
+                return record
+            if any(s.state in SILENT_STATES for s in statuses.values()):
+                group.close()  # the group remembers dead nodes: a fresh one tries them again
+                group = Group(hosts)
+            time.sleep(interval)
+    finally:
+        group.close()
+
+
+def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:
+    """SIGTERM, then SIGKILL after `grace`, every process of the run on every node (or `only` these).
+    A node's result is ok only when its agent confirmed that nothing of the run is left."""
+    dirs = record.node_dirs()
+    hosts = [h for h in record.hosts() if only is None or h.name in only]
+    with Group(hosts) as g:
+        res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 30)
+    out = {}
+    for n, r in res.items():
+        doc = agent_reply(r.stdout)
+        out[n] = doc if doc is not None else {"ok": False, "error": r.error or error_tail(r.stderr)
+                                                                   or r.status, "status": r.status}
+    return out
+
+
+def stop(record: runs.RunRecord, grace: float = 10.0) -> runs.RunRecord:
+    """`clusterctl stop`: end the run everywhere. The run is recorded `stopped` only once every node
+    confirmed it; until then it stays `stopping`, with the nodes to retry in `stop_pending`."""
+
+    def mark(r: runs.RunRecord) -> None:
+        if r.state in runs.ACTIVE:
+            r.state, r.stopped_by_user = "stopping", True
+
+    record = runs.update(record.run_id, mark)
+    return _stop_and_record(record, list(record.node_dirs()), grace)
+
+
+def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
+         lines: int = 50) -> dict[str, tuple[str, int]]:
+    """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
+    hosts = [h for h in record.hosts() if node is None or h.name == node]
+    if not hosts:
+        raise UsageError(f"run {record.run_id} has no node '{node}'",
+                         f"one of: {', '.join(record.node_dirs())}")
+    dirs = record.node_dirs()
+
+    def cmd(h: Host) -> str:
+        f = shlex.quote(f"{dirs[h.name]}/node.log")
+        if offsets is None:
+            return f"wc -c < {f}; tail -n {int(lines)} -- {f}"
+        return f"wc -c < {f}; tail -c +{offsets.get(h.name, 0) + 1} -- {f}"
+
+    with Group(hosts) as g:
+        res = g.run(cmd, timeout=60)
+    out = {}
+    for h in hosts:
+        r = res[h.name]
+        if not r.ok:
+            out[h.name] = (f"[{r.status}: {r.error or r.stderr.strip()}]\n", (offsets or {}).get(h.name, 0))
+            continue
+        size, _, text = r.stdout.partition("\n")
+        if offsets is not None:
+            text = text.encode()[: max(0, int(size) - offsets.get(h.name, 0))].decode("utf-8", "replace")
+        out[h.name] = (text, int(size))
+    return out
