@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from cluster import paths
+from cluster import ansible_yaml, paths
 from cluster.errors import InventoryError
 
 FORMAT_VERSION = 1  # bump when the child's answer changes shape: old cache entries are then ignored
@@ -71,14 +71,6 @@ def source_files(source: Path) -> list[Path]:
     return found
 
 
-def _config_file() -> Path | None:
-    """The ansible.cfg Ansible would read (its own search order)."""
-    env = os.environ.get("ANSIBLE_CONFIG")
-    candidates = [Path(env).expanduser()] if env else []
-    candidates += [Path.cwd() / "ansible.cfg", Path("~/.ansible.cfg").expanduser(), Path("/etc/ansible/ansible.cfg")]
-    return next((c for c in candidates if c.is_file()), None)
-
-
 def cache_key(sources: Iterable[Path]) -> str:
     """Changes whenever any input of Ansible's answer changes (files, config, environment)."""
     h = hashlib.sha256()
@@ -91,7 +83,7 @@ def cache_key(sources: Iterable[Path]) -> str:
             except OSError:
                 continue
             parts.append([str(f.absolute()), st.st_mtime_ns, st.st_size, f.is_dir()])
-    cfg = _config_file()
+    cfg = ansible_yaml.ansible_cfg()
     if cfg is not None:
         st = cfg.stat()
         parts.append(["config", str(cfg.absolute()), st.st_mtime_ns, st.st_size])
@@ -117,7 +109,7 @@ def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = T
     cached = _cache_dir() / f"{key}.json"
     if use_cache:
         try:
-            doc = json.loads(cached.read_text())
+            doc: dict[str, Any] = json.loads(cached.read_text())
             if doc.get("format") == FORMAT_VERSION:
                 doc["cached"] = True
                 return doc
@@ -140,7 +132,7 @@ def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = T
         raise InventoryError(shown, None, None, f"Ansible could not read the inventory: {tail}",
                              f"run `ansible-inventory --list -i {shown}` to see Ansible's full message")
     try:
-        doc = json.loads(proc.stdout)
+        doc = json.loads(proc.stdout)  # the same shape as the cached one
     except ValueError:
         raise InventoryError(shown, None, None, "Ansible's answer could not be read (not JSON)",
                              f"run `ansible-inventory --list -i {shown}` to check the inventory") from None
@@ -217,23 +209,12 @@ def _share_compiled_templates() -> None:
             compiled[key] = original(self, template, options)
         return compiled[key]
 
-    TemplateEngine._compile_template = compile_once  # type: ignore[method-assign]
+    TemplateEngine._compile_template = compile_once
 
 
-def child_main(sources: list[str]) -> dict[str, Any]:
-    """Runs in the child: Ansible reads, layers and templates; the answer is plain JSON."""
-    from ansible import constants as C
-    from ansible import release
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.playbook.play_context import PlayContext
-    from ansible.plugins.loader import connection_loader, init_plugin_loader
-    from ansible.template import Templar
+def _capture_display(warnings: list[str], plugins: dict[str, str]) -> None:
+    """Ansible's warnings collected (any that means a partial read is refused) and each source's plugin."""
     from ansible.utils.display import Display
-    from ansible.vars.manager import VariableManager
-
-    warnings: list[str] = []
-    plugins: dict[str, str] = {}
 
     def warning(self: Any, msg: str, *args: Any, **kwargs: Any) -> None:
         warnings.append(str(msg))
@@ -247,43 +228,53 @@ def child_main(sources: list[str]) -> dict[str, Any]:
             src, _, plugin = msg[len(prefix):].rpartition(" inventory source with ")
             plugins[src] = plugin.removesuffix(" plugin")
 
-    Display.warning = warning  # type: ignore[method-assign]
-    Display.error_as_warning = error_as_warning  # type: ignore[method-assign]
-    Display.vvv = vvv  # type: ignore[method-assign]
+    Display.warning = warning
+    Display.error_as_warning = error_as_warning
+    Display.vvv = vvv
 
-    _share_compiled_templates()
-    init_plugin_loader()
-    loader = DataLoader()
-    inv = InventoryManager(loader=loader, sources=sources)
-    vm = VariableManager(loader=loader, inventory=inv)
-    hosts_out: list[dict[str, Any]] = []
-    templar = Templar(loader=loader)
-    plugins_by_name: dict[str, Any] = {}  # set_options recomputes every option: one instance serves all hosts
-    for name, host in inv.hosts.items():
-        inventory_vars = vm.get_vars(host=host, include_hostvars=False, stage="all")
-        runtime_vars = vm.get_vars(host=host, include_hostvars=True)
-        templar.available_variables = runtime_vars
-        values: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-        origins: dict[str, Any] = {}
-        for k, raw in inventory_vars.items():
-            if k in C.INTERNAL_STATIC_VARS:
-                continue
-            origins[str(k)] = _origin(raw) or _origin(k)
-            try:
-                values[str(k)] = _jsonable(templar.template(raw))
-            except Exception as e:  # noqa: BLE001 - any template failure is reported for that var
-                errors[str(k)] = f"{type(e).__name__}: {e}".splitlines()[0]
+
+def _error_text(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def _templated_vars(templar: Any, inventory_vars: dict[str, Any], internal: Any
+                    ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """A host's inventory variables templated one by one: values, errors (per variable) and origins."""
+    values: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    origins: dict[str, Any] = {}
+    for k, raw in inventory_vars.items():
+        if k in internal:
+            continue
+        origins[str(k)] = _origin(raw) or _origin(k)
+        try:
+            values[str(k)] = _jsonable(templar.template(raw))
+        except Exception as e:  # noqa: BLE001 - any template failure is reported for that var
+            errors[str(k)] = _error_text(e)
+    return values, errors, origins
+
+
+class _Connections:
+    """The fields clusterctl uses, decided by the connection plugin itself (paramiko's own aliases
+    for paramiko, ssh's otherwise), from the same templated variables the task executor gives it."""
+
+    def __init__(self) -> None:
+        self.plugins: dict[str, Any] = {}  # set_options recomputes every option: one instance serves all hosts
+
+    def fields(self, templar: Any, values: dict[str, Any], errors: dict[str, str],
+               runtime_vars: dict[str, Any]) -> dict[str, Any]:
+        from ansible import constants as C
+        from ansible.playbook.play_context import PlayContext
+        from ansible.plugins.loader import connection_loader
+
         connection = values.get("ansible_connection") if "ansible_connection" not in errors else None
         if connection is None:
             connection = C.DEFAULT_TRANSPORT
         connection = "ssh" if connection == "smart" else str(connection)
-        # The fields clusterctl uses, decided by the connection plugin itself (paramiko's own aliases
-        # for paramiko, ssh's otherwise), from the same templated variables the task executor gives it.
         plugin_name = "paramiko" if connection in ("paramiko", "paramiko_ssh") else "ssh"
-        if plugin_name not in plugins_by_name:
-            plugins_by_name[plugin_name] = connection_loader.get(plugin_name, PlayContext())
-        plugin = plugins_by_name[plugin_name]
+        if plugin_name not in self.plugins:
+            self.plugins[plugin_name] = connection_loader.get(plugin_name, PlayContext())
+        plugin = self.plugins[plugin_name]
         var_options: dict[str, Any] = {"_extras": {}}
         for var in C.config.get_plugin_vars("connection", plugin._load_name):
             if var in values:  # templated above: the same value, not compiled twice
@@ -292,15 +283,45 @@ def child_main(sources: list[str]) -> dict[str, Any]:
                 try:
                     var_options[var] = templar.template(runtime_vars[var])
                 except Exception as e:  # noqa: BLE001
-                    errors.setdefault(var, f"{type(e).__name__}: {e}".splitlines()[0])
+                    errors.setdefault(var, _error_text(e))
         plugin.set_options(var_options=var_options)
-        conn = {"connection": connection}
+        conn: dict[str, Any] = {"connection": connection}
         for field, option in (("address", "remote_addr" if plugin_name == "paramiko" else "host"),
                               ("user", "remote_user"), ("port", "port"), ("key", "private_key_file")):
             try:
                 conn[field] = _jsonable(plugin.get_option(option))
             except KeyError:
                 conn[field] = None
+        return conn
+
+
+def child_main(sources: list[str]) -> dict[str, Any]:
+    """Runs in the child: Ansible reads, layers and templates; the answer is plain JSON."""
+    from ansible import constants as C
+    from ansible import release
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    warnings: list[str] = []
+    plugins: dict[str, str] = {}
+    _capture_display(warnings, plugins)
+    _share_compiled_templates()
+    init_plugin_loader()
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=sources)
+    vm = VariableManager(loader=loader, inventory=inv)
+    hosts_out: list[dict[str, Any]] = []
+    templar = Templar(loader=loader)
+    connections = _Connections()
+    for name, host in inv.hosts.items():
+        inventory_vars = vm.get_vars(host=host, include_hostvars=False, stage="all")
+        runtime_vars = vm.get_vars(host=host, include_hostvars=True)
+        templar.available_variables = runtime_vars
+        values, errors, origins = _templated_vars(templar, inventory_vars, C.INTERNAL_STATIC_VARS)
+        conn = connections.fields(templar, values, errors, runtime_vars)
         hosts_out.append({
             "name": str(name),
             "groups": sorted(str(g.name) for g in host.get_groups() if g.name != "all"),

@@ -53,11 +53,17 @@ ANSIBLE_ENV = ("ANSIBLE_REMOTE_USER", "ANSIBLE_REMOTE_PORT", "ANSIBLE_PRIVATE_KE
 
 
 @dataclass
-class _Group:
+class _Node:
+    """What groups and hosts share: a name, where it was written, its variables and their lines."""
+
     name: str
     line: int | None
     vars: dict[str, Any] = field(default_factory=dict)
     origins: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Group(_Node):
     priority: int = 1
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
@@ -65,11 +71,7 @@ class _Group:
 
 
 @dataclass
-class _Host:
-    name: str
-    line: int | None
-    vars: dict[str, Any] = field(default_factory=dict)
-    origins: dict[str, int | None] = field(default_factory=dict)
+class _Host(_Node):
     groups: list[str] = field(default_factory=list)  # direct membership, in the order added
 
 
@@ -111,18 +113,16 @@ class _Reader:
         elif not (value is None or isinstance(value, (bool, int, float))):
             raise self.refuse(line, where, f"a {type(value).__name__} value (Ansible keeps YAML types this reader does not)")
 
-    def mapping(self, m: Any, line: int | None, where: str) -> Map | None:
+    def mapping(self, m: Any, line: int | None, where: str) -> dict[Any, Any] | None:
         """A section as Ansible accepts it: a mapping or nothing (a plain string means {string: None})."""
         if m is None:
             return None
         if isinstance(m, str):
-            out = Map({m: None})
-            out.line, out.lines, out.dups = line or 0, {m: line or 0}, []
-            return out
+            return Map.new({m: None}, line=line or 0, lines={m: line or 0})
         if not isinstance(m, dict):
             raise self.refuse(line, where, f"a {type(m).__name__} where Ansible expects a mapping "
                               "(Ansible skips it with a warning)")
-        if getattr(m, "dups", None):
+        if isinstance(m, Map) and m.dups:
             key, first, again = m.dups[0]
             raise self.refuse(again, f"{where}.{key}", f"'{key}' written twice (first on line {first}; "
                               "Ansible keeps the last one with a warning)")
@@ -199,9 +199,9 @@ class _Reader:
     def group(self, name: Any, body: Any, line: int | None, where: str) -> str:
         if not isinstance(body, (dict, type(None))):
             raise self.refuse(line, where, "a group that is not a mapping (Ansible skips it with a warning)")
-        name = self._add_group(name, line, where)
+        gname = self._add_group(name, line, where)
         if body is None:
-            return name
+            return gname
         body = self.mapping(body, line, where)
         assert body is not None
         for key in body:
@@ -214,21 +214,21 @@ class _Reader:
                 continue
             if key == "vars":
                 for var in section:
-                    self.set_var(self.groups[name], var, section[var], _line(section, var), f"{kwhere}.{var}")
+                    self.set_var(self.groups[gname], var, section[var], _line(section, var), f"{kwhere}.{var}")
             elif key == "children":
                 for sub in section:
                     child = self.group(sub, section[sub], _line(section, sub), f"{kwhere}.{sub}")
-                    self._add_child(name, child, _line(section, sub))
+                    self._add_child(gname, child, _line(section, sub))
             else:
                 for hname in section:
                     hline, hwhere = _line(section, hname), f"{kwhere}.{hname}"
-                    host = self._add_host(hname, name, hline, hwhere)
+                    host = self._add_host(hname, gname, hline, hwhere)
                     hvars = self.mapping(section[hname], hline, hwhere) or {}
                     for var in hvars:
                         self.set_var(host, var, hvars[var], _line(hvars, var), f"{hwhere}.{var}")
-        return name
+        return gname
 
-    def set_var(self, obj: _Group | _Host, var: Any, value: Any, line: int | None, where: str) -> None:
+    def set_var(self, obj: _Node, var: Any, value: Any, line: int | None, where: str) -> None:
         if not isinstance(var, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
             raise self.refuse(line, where, f"variable name {var!r} (Ansible deprecates it)")
         self.check_value(value, line, where)
@@ -274,19 +274,21 @@ class _Reader:
                             key=lambda g: (self.depth(g.name, memo), g.priority, g.name))
             values: dict[str, Any] = {}
             origins: dict[str, Any] = {}
-            for g in ranked + [h]:
-                for k, v in g.vars.items():
+            nodes: list[_Node] = [*ranked, h]
+            for node in nodes:
+                for k, v in node.vars.items():
                     values[k] = v
-                    origins[k] = [str(self.path), g.origins.get(k)]
+                    origins[k] = [str(self.path), node.origins.get(k)]
             conn = _connection(h.name, values)
             hosts_out.append({"name": h.name, "groups": sorted(g for g in mine if g != "all"), "conn": conn,
                               "vars": values, "errors": {}, "origins": origins})
-        groups = {}
-        for g in self.groups:
-            if g == "all":
+        groups: dict[str, list[str]] = {}
+        for gname in self.groups:
+            if gname == "all":
                 continue
-            members = set(self.groups[g].hosts) | {m for d in self._descendants(g) for m in self.groups[d].hosts}
-            groups[g] = [n for n in order if n in members]
+            members = set(self.groups[gname].hosts) | {m for d in self._descendants(gname)
+                                                       for m in self.groups[d].hosts}
+            groups[gname] = [n for n in order if n in members]
         return {"ansible": None, "config_file": None, "default_transport": "ssh", "plugins": {str(self.path): "yaml"},
                 "warnings": [], "hosts": hosts_out, "groups": groups}
 

@@ -1,17 +1,25 @@
 """YAML that remembers where each key was written, so errors can name the line."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import yaml
 
 
-class Map(dict):
+class Map(dict[Any, Any]):
     """A mapping that remembers the line of each key, and keys seen twice."""
 
     line: int = 0
-    lines: dict[Any, int]
+    lines: dict[Any, int | None]
     dups: list[tuple[Any, int, int]]
+
+    @classmethod
+    def new(cls, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]] = (), line: int = 0,
+            lines: dict[Any, int | None] | None = None) -> Map:
+        """A Map built in code (not parsed): its line, its keys' lines (none by default), no duplicates."""
+        out = cls(items)
+        out.line, out.lines, out.dups = line, {} if lines is None else lines, []
+        return out
 
 
 class Loader(yaml.SafeLoader):
@@ -20,8 +28,7 @@ class Loader(yaml.SafeLoader):
 
 def _construct_mapping(loader: Loader, node: yaml.MappingNode) -> Map:
     loader.flatten_mapping(node)
-    out = Map()
-    out.line, out.lines, out.dups = node.start_mark.line + 1, {}, []
+    out = Map.new(line=node.start_mark.line + 1)
     for knode, vnode in node.value:
         key = loader.construct_object(knode, deep=True)
         line = knode.start_mark.line + 1
@@ -32,15 +39,9 @@ def _construct_mapping(loader: Loader, node: yaml.MappingNode) -> Map:
             raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
                                                     f"found a {type(key).__name__} as a key (unhashable)",
                                                     knode.start_mark) from None
-        try:
-            hash(key)
-        except TypeError:  # `? [a, b]: 1` or `{a: 1}: 2`: a MarkedYAMLError, so every loader reports file:line
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark,
-                f"a {type(key).__name__} cannot be a key (keys are names: write it as a plain string)",
-                knode.start_mark) from None
-        if key in out.lines:
-            out.dups.append((key, out.lines[key], line))
+        first = out.lines.get(key)
+        if first is not None:
+            out.dups.append((key, first, line))
         out.lines[key] = line
         out[key] = loader.construct_object(vnode, deep=True)
     return out

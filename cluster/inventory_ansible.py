@@ -1,0 +1,173 @@
+"""Ansible inventories -> hosts: the answer of either reader mapped to clusterctl's host fields.
+
+Both readers give one answer shape (cluster.ansible_inventory.child_main): per host its groups,
+the connection fields as Ansible's connection plugin resolves them, and its templated variables.
+`finish` maps that answer to hosts, the same for both, so they cannot drift apart.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from cluster import ansible_inventory, ansible_yaml
+from cluster.errors import InventoryError
+from cluster.inventory_check import Checker, Layers, build_host, check_files, check_name, default_name
+from cluster.inventory_model import HOST_FIELDS, Inventory
+from cluster.yamlfile import Map
+
+# Variables that become host fields (consumed: they are not copied into `vars`).
+CONSUMED = frozenset({
+    "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user", "ansible_ssh_user",
+    "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_python_interpreter", "ansible_connection",
+    "ansible_paramiko_host", "ansible_paramiko_port", "ansible_paramiko_user", "ansible_paramiko_private_key_file",
+})
+# Secrets: clusterctl never uses passwords (keys and ssh-agent only).
+_SECRET = re.compile(r"^ansible_(\w+_)?(pass|password|passphrase)$")
+# SSH settings clusterctl's own SSH client cannot honour: connecting without them would be a misread.
+_SSH_ARGS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args", "ansible_ssh_executable",
+             "ansible_paramiko_proxy_command")
+_ANSIBLE_TRUE = {True, 1, "1", "y", "yes", "on", "true", "t"}  # ansible.module_utils...boolean
+_INTERPRETER_DISCOVERY = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")
+# The host fields a `clusterctl_<field>` variable may set (address and connection come from Ansible's own).
+_CLUSTERCTL_FIELDS = [f for f in HOST_FIELDS if f not in ("address", "connection")]
+
+
+def answer(chk: Checker, path: Path, data: Any, reader: str) -> dict[str, Any]:
+    """The answer of the reader chosen (ansible-core, or the built-in YAML subset), or the refusal."""
+    if reader == "ansible" or (reader == "auto" and ansible_inventory.available()):
+        if not ansible_inventory.available():
+            raise chk.fail(None, None, "ansible-core is not installed (CLUSTERCTL_INVENTORY_READER=ansible)",
+                           ansible_inventory.INSTALL_FIX)
+        return ansible_inventory.resolve([path])
+    if path.is_dir():
+        raise chk.fail(None, None, "an inventory directory: not in the subset read without Ansible",
+                       ansible_inventory.INSTALL_FIX)
+    if path.suffix not in ansible_yaml.YAML_EXTENSIONS or data is None or isinstance(data, str):
+        raise chk.fail(None, None, "not a YAML inventory (Ansible reads it as INI): INI inventories are not "
+                       "in the subset read without Ansible", ansible_inventory.INSTALL_FIX)
+    return ansible_yaml.read(path, data)
+
+
+def _is_true(value: Any) -> bool:
+    return (value.strip().lower() if isinstance(value, str) else value) in _ANSIBLE_TRUE
+
+
+class _AnsweredHost:
+    """One host of the answer on its way to host fields; errors name the file and line that set a variable."""
+
+    def __init__(self, chk: Checker, h: dict[str, Any]) -> None:
+        self.chk, self.name = chk, h["name"]
+        self.origins: dict[str, Any] = h.get("origins", {})
+        self.values: dict[str, Any] = h["vars"]
+        self.errors: dict[str, Any] = h["errors"]
+        self.conn: dict[str, Any] = h["conn"]
+        self.fields = Map.new()
+
+    def where(self, var: str) -> tuple[Checker, int | None, str]:
+        o = self.origins.get(var) or [None, None]
+        return (Checker(Path(o[0])) if o[0] else self.chk), o[1], f"{self.name}.{var}"
+
+    def refuse(self, var: str, msg: str, fix: str) -> InventoryError:
+        c, line, field_path = self.where(var)
+        return c.fail(line, field_path, msg, fix)
+
+    def put(self, key: str, value: Any, var: str) -> None:
+        c, line, field_path = self.where(var)
+        self.fields[key] = c.value(key, value, line, field_path)
+        self.fields.lines[key] = line
+
+    def set_or_errors(self, var: str) -> bool:
+        return var in self.errors or self.values.get(var) not in (None, "")
+
+    def check_vars(self) -> None:
+        """Refuse what clusterctl cannot honour: passwords, extra SSH settings, unresolved fields, become."""
+        for var in sorted(set(self.values) | set(self.errors)):
+            if _SECRET.match(var) and self.set_or_errors(var):
+                raise self.refuse(var, "a password in the inventory: clusterctl never uses passwords",
+                                  "use SSH keys (ssh-copy-id; a passphrase key through ssh-agent) and remove "
+                                  f"{var} from what clusterctl reads")
+            if var in _SSH_ARGS and self.set_or_errors(var):
+                raise self.refuse(var, "extra SSH settings: clusterctl's SSH client (paramiko) cannot honour "
+                                  "them, it would connect differently from Ansible",
+                                  "reach the node directly (ansible_host, ansible_port), or use ~/.ssh/config "
+                                  "with plain `ssh` for jump hosts")
+            if var in self.errors and (var in CONSUMED or var.startswith("clusterctl_") or var == "ansible_become"):
+                raise self.refuse(var, f"Ansible cannot resolve this value before a play runs: {self.errors[var]}",
+                                  "give it a value that does not depend on facts or play variables")
+        if _is_true(self.values.get("ansible_become")):
+            raise self.refuse("ansible_become", "become (sudo/su) is set: clusterctl runs everything as the SSH "
+                              "user and never becomes another user",
+                              "set ansible_become in your playbooks instead, or give the nodes a workdir that "
+                              "user can write")
+
+    def connection_fields(self) -> None:
+        """The fields Ansible's connection plugin resolved: connection, address, port, user, key, python."""
+        connection = self.conn["connection"]
+        if connection in ("ssh", "paramiko", "paramiko_ssh"):
+            connection = "ssh"
+        elif connection != "local":
+            raise self.refuse("ansible_connection", f"connection {connection!r} is not supported",
+                              "clusterctl reaches nodes with `ssh` (or `paramiko`), or `local` for this machine")
+        self.put("address", self.conn["address"], "ansible_host")
+        self.put("connection", connection, "ansible_connection")
+        for key, fieldname, var in (("port", "port", "ansible_port"), ("user", "user", "ansible_user"),
+                                    ("key", "identity_file", "ansible_ssh_private_key_file")):
+            if self.conn.get(key) is not None:
+                self.put(fieldname, self.conn[key], var)
+        interp = self.values.get("ansible_python_interpreter")
+        if interp is not None and interp not in _INTERPRETER_DISCOVERY:
+            self.put("python", interp, "ansible_python_interpreter")
+
+    def other_vars(self) -> bool:
+        """`clusterctl_<field>` variables become fields, the others `vars`; True if clusterctl_rank0 is true."""
+        free: dict[str, Any] = {}
+        rank0 = False
+        for var, value in self.values.items():
+            if var in CONSUMED:
+                continue
+            if not var.startswith("clusterctl_"):
+                free[var] = value
+                continue
+            target = var[len("clusterctl_"):]
+            if target == "rank0":
+                rank0 = rank0 or _is_true(value)
+                continue
+            if target not in _CLUSTERCTL_FIELDS:
+                c, line, field_path = self.where(var)
+                raise c.fail(line, field_path, "unknown clusterctl field",
+                             f"use one of: {', '.join('clusterctl_' + f for f in _CLUSTERCTL_FIELDS + ['rank0'])}")
+            self.put(target, value, var)
+        if "vars" in self.fields:
+            free.update(self.fields["vars"])
+        self.fields["vars"] = free
+        return rank0
+
+
+def finish(chk: Checker, path: Path, ans: dict[str, Any], cli: list[tuple[str, Any]],
+           check_files_too: bool) -> Inventory:
+    """The validated inventory of an Ansible answer, with the command line's overrides on top."""
+    raw_hosts: dict[str, Layers] = {}
+    rank0: list[str] = []
+    for h in ans["hosts"]:
+        host = _AnsweredHost(chk, h)
+        name = host.name
+        check_name(chk, name, host.where(name)[1] if name in host.origins else None, f"hosts.{name}",
+                   "rename the host (the name is a label: put its address in ansible_host)")
+        host.check_vars()
+        host.connection_fields()
+        if host.other_vars():
+            rank0.append(name)
+        raw_hosts[name] = [(host.fields, None, f"hosts.{name}")]
+    if not raw_hosts:
+        raise chk.fail(None, None, "the inventory has no hosts", "add at least one host")
+    groups = {g: tuple(members) for g, members in ans["groups"].items()}
+    hosts = {n: build_host(chk, n, layers, cli, groups) for n, layers in raw_hosts.items()}
+    if len(rank0) > 1:
+        raise chk.fail(None, "clusterctl_rank0", f"set true on several hosts ({', '.join(rank0)})",
+                       "set clusterctl_rank0: true on one host only (not in group vars)")
+    inv = Inventory(path=path, name=default_name(chk, path), hosts=hosts, groups=groups,
+                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible")
+    if check_files_too:
+        check_files(chk, inv, raw_hosts)
+    return inv

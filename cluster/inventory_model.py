@@ -1,0 +1,111 @@
+"""The inventory as the rest of clusterctl sees it: hosts, their GPUs, groups and rank 0.
+
+Plain frozen values, built and validated by cluster.inventory (which re-exports them).
+"""
+from __future__ import annotations
+
+import fnmatch
+import getpass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cluster.errors import InventoryError
+
+# Fields a host may carry; defaults and groups may set all of them except `address`.
+HOST_FIELDS = (
+    "address",
+    "port",
+    "user",
+    "identity_file",
+    "known_hosts",
+    "python",
+    "workdir",
+    "connection",
+    "gpu",
+    "connect_timeout",
+    "command_timeout",
+    "vars",
+)
+TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
+GPU_KEYS = ("count", "model", "compute_capability")
+CONNECTIONS = ("ssh", "local")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What the inventory says a node's GPUs are (overrides or checks facts)."""
+
+    count: int
+    model: str | None = None
+    compute_capability: str | None = None
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    port: int = 22
+    user: str = field(default_factory=getpass.getuser)
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    python: str = "python3"
+    workdir: str = "clusterctl"
+    connection: str = "ssh"
+    gpu: GpuSpec | None = None
+    connect_timeout: float = 5.0
+    command_timeout: float = 600.0
+    groups: tuple[str, ...] = ()
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return Path(self.known_hosts).expanduser()
+
+    @property
+    def key_path(self) -> Path | None:
+        return Path(self.identity_file).expanduser() if self.identity_file else None
+
+    @property
+    def host_key_name(self) -> str:
+        """The name known_hosts files use for this node (OpenSSH's `[addr]:port` form)."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("name",) + HOST_FIELDS}
+        d["gpu"] = None if self.gpu is None else vars(self.gpu).copy()
+        d["vars"] = dict(self.vars)
+        d["groups"] = list(self.groups)
+        return d
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    name: str
+    hosts: dict[str, Host]
+    groups: dict[str, tuple[str, ...]]
+    rank0: str
+    format: str = "clusterctl"
+
+    def select(self, limit: str | None) -> list[Host]:
+        """Hosts matching a comma-separated list of host names, group names or globs."""
+        if not limit:
+            return list(self.hosts.values())
+        chosen: set[str] = set()
+        for pattern in (p.strip() for p in limit.split(",") if p.strip()):
+            matched = set(self.groups.get(pattern, ()))
+            matched |= {h for h in self.hosts if fnmatch.fnmatchcase(h, pattern)}
+            if not matched:
+                known = ", ".join(list(self.hosts) + list(self.groups))
+                raise InventoryError(
+                    str(self.path), None, "--limit", f"'{pattern}' matches no host or group",
+                    f"use one of: {known}",
+                )
+            chosen |= matched
+        return [h for n, h in self.hosts.items() if n in chosen]
+
+    def ordered(self, hosts: Iterable[Host]) -> list[Host]:
+        """Rank 0 first, then inventory order: the order ranks are given out."""
+        hosts = list(hosts)
+        return sorted(hosts, key=lambda h: (h.name != self.rank0, list(self.hosts).index(h.name)))
