@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import __version__, datasets, errors, provision, render, runs
+from cluster import __version__, datasets, errors, render, runs, verify
 from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group, GroupResult
 from cluster.inventory import Host, Inventory
@@ -85,7 +85,7 @@ def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
     states = {n: r.value for n, r in results.items()}
     fps = {n: s.get("fingerprint") or {} for n, s in states.items()}
     gpu_nodes = {n for n, s in states.items() if (s.get("build") or {}).get("gpu")}
-    diff, _ = provision.fingerprint_diff(fps, gpu_nodes)
+    diff, _ = verify.fingerprint_diff(fps, gpu_nodes)
     if diff:
         raise LaunchRefused("the nodes' environments differ: " + "; ".join(diff),
                             "run `clusterctl provision` so every node gets the same builds")

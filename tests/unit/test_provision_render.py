@@ -1,16 +1,18 @@
 """What provision would do on a mixed 4-PC lab, rendered without contacting a node, against golden files:
-each node's steps (the `--dry-run` view) and the files its templates write (cluster.env above all, which
-every launch script sources). UPDATE_GOLDEN=1 rewrites them, as in test_render.py."""
+the printed request (text and JSON), each node's steps (the `--dry-run` view) and the files its templates
+write (cluster.env above all, which every launch script sources). UPDATE_GOLDEN=1 rewrites them, as in
+test_render.py."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster import compat, facts, inventory, playbook, provision
+from cluster import facts, inventory, playbook, provision
 from cluster.inventory import Host
 from tests import goldens
 from tests.conftest import ROOT
@@ -32,22 +34,26 @@ def node_facts(h: Host, base: dict[str, Any]) -> facts.NodeFacts:
     return facts.NodeFacts(h.name, values, address_nic="eth0")
 
 
-def rendered() -> dict[str, list[playbook.RenderedStep]]:
+def request() -> provision.ProvisionRequest:
+    """The request provision prepares for the mixed lab, from the recorded facts."""
     inv = inventory.load(MIXED, check_files=False)
     hosts = inv.ordered(inv.hosts.values())
     base = facts.parse_all(RECORDED.read_text())
-    nf = {h.name: node_facts(h, base) for h in hosts}
-    builds = compat.build_plan([compat.node_options(h.name, provision.node_gpus(h, nf[h.name])) for h in hosts])
-    pb = playbook.load("provision")
-    return {h.name: playbook.render_steps(pb, provision._context(h, nf[h.name], builds.builds[h.name], None, None))
-            for h in hosts}
+    return provision.request_for(inv, hosts, {h.name: node_facts(h, base) for h in hosts}, playbook.load("provision"))
+
+
+def rendered() -> dict[str, list[playbook.RenderedStep]]:
+    return request().steps()
 
 
 def golden_files() -> dict[str, str]:
-    """node/steps.txt: the steps as `provision --dry-run` would run them; node/cluster.env: that template's
-    output (other templates belong to the steps they serve and are tested there)."""
-    out = {}
-    for node, steps in rendered().items():
+    """request.txt / request.json: the printed request; node/steps.txt: the steps as `provision --dry-run`
+    would run them; node/cluster.env: that template's output (other templates belong to the steps they
+    serve and are tested there)."""
+    req = request()
+    out = {"request.txt": req.to_text(),
+           "request.json": json.dumps({**req.to_dict(), "inventory": MIXED.name}, indent=2, default=str) + "\n"}
+    for node, steps in req.steps().items():
         out[f"{node}/steps.txt"] = "\n".join(s.to_text() for s in steps) + "\n"
         env = next(s for s in steps if s.dest and s.dest.endswith("/cluster.env"))
         assert env.content is not None
