@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster import relay
+from cluster import relay, relay_progress, relay_run
+from cluster.fanout import Group
+from cluster.inventory import Host
+from cluster.transport import CommandResult
 from cluster.workloads import relaynode
 
 SCRIPT = Path(relaynode.__file__)
@@ -212,3 +215,85 @@ def test_batches_group_small_files_and_keep_order() -> None:
     b = relay.batches(files)
     assert [len(x) for x in b] == [1, relay.BATCH_FILES, 40 - relay.BATCH_FILES]
     assert [i.name for x in b for i in x] == [i.name for i in files]
+
+
+def test_the_shipped_parts_run_on_their_own(tmp_path: Path) -> None:
+    """The node gets only what the head uploads (relay_run.NODE_FILES), without clusterctl installed: the
+    entry point must find every part it imports beside itself."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    for name, data in relay_run.node_sources().items():
+        (node_dir / name).write_bytes(data)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "x.whl").write_bytes(b"x" * 10)
+    r = subprocess.run([sys.executable, "-E", "-s", str(node_dir / "relaynode.py"), "adopt"], cwd=tmp_path,
+                       input=json.dumps({"dir": str(d), "files": {"x.whl": hashlib.sha256(b"x" * 10).hexdigest()}}),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1])["verified"] == ["x.whl"], r.stderr
+
+
+class FakeTransport:
+    """A node whose `stat` answer the test sets: what the progress poll reads."""
+
+    def __init__(self) -> None:
+        self.stat = ""
+        self.commands: list[str] = []
+
+    def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        self.commands.append(command)
+        return CommandResult(0, self.stat, "", 0.0)
+
+
+def test_progress_is_per_byte_monotonic_and_ends_at_the_total() -> None:
+    a, b = relay.Item("a.whl", Path("a.whl"), 100, "0"), relay.Item("b.whl", Path("b.whl"), 200, "0")
+    t = FakeTransport()
+    got: list[tuple[str, int]] = []
+    states: list[relay.NodeProgress] = []
+    tracker = relay_progress.Tracker({"n2": t}, {"n2": "/srv/w"}, {"n2": (300, 2)},
+                                     progress=lambda n, k: got.append((n, k)), status=states.append)
+    tracker.begin("n2", [a, b], "n1")
+    t.stat = "100 a.whl\n50 .b.whl.part\n"  # a whole, b's verified prefix growing
+    tracker.poll_once()
+    assert got == [("n2", 150)] and states[-1].have == 150 and states[-1].source == "n1"
+    assert "n1" in states[-1].line() and "150" not in states[-1].line()  # MiB in the line, not bytes
+    t.stat = "100 a.whl\n20 .b.whl.part\n"  # a resume cut the .part back: the count never goes back
+    tracker.poll_once()
+    assert got == [("n2", 150)]
+    tracker.done("n2", [a, b])
+    tracker.finish("n2", ok=True)
+    assert sum(k for _, k in got) == 300 and states[-1].state == "done" and states[-1].files_done == 2
+    assert ".b.whl.part" in t.commands[0]
+    tracker.poll_once()  # nothing is polled once a node is done
+    assert len(t.commands) == 2
+
+
+def test_distribute_on_loopback_relays_along_the_chain(tmp_path: Path) -> None:
+    """Three local nodes: the head sends each file once, the others relay; progress adds up to every node's
+    total, and no relay is left running."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {}
+    for name, size in (("big-1.0-py3-none-any.whl", relay.PIECE + 12345), ("small-1.0-py3-none-any.whl", 777)):
+        data = os.urandom(size)
+        (src / name).write_bytes(data)
+        files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size}
+    hosts = [Host(name=f"n{i}", address="127.0.0.1", connection="local", workdir=str(tmp_path / f"w{i}"))
+             for i in (1, 2, 3)]
+    got: dict[str, int] = {}
+    states: list[relay.NodeProgress] = []
+    with Group(hosts) as g:
+        plan, res = relay.distribute(g, hosts, relay.items(src, files), {h.name: h.workdir + "/wheels" for h in hosts},
+                                     progress=lambda n, k: got.__setitem__(n, got.get(n, 0) + k),
+                                     status=states.append)
+    total = sum(int(m["size"]) for m in files.values())
+    assert all(r.ok for r in res.values()), {n: r.error for n, r in res.items()}
+    assert [e[:2] for e in plan.edges()] == [("head", "n1"), ("n1", "n2"), ("n2", "n3")]
+    d = {n: r.value for n, r in res.items()}
+    assert d["n1"].from_head == total and d["n2"].from_peers == {"n1": total} and d["n3"].from_peers == {"n2": total}
+    assert got == {"n1": total, "n2": total, "n3": total}
+    assert {s.node for s in states if s.state == "done"} == {"n1", "n2", "n3"}
+    for h in hosts:
+        assert not Path(relay.pidfile(h)).exists()
+        for name, meta in files.items():
+            assert hashlib.sha256((Path(h.workdir) / "wheels" / name).read_bytes()).hexdigest() == meta["sha256"]
