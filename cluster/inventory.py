@@ -15,7 +15,6 @@ import yaml
 
 from cluster import inventory_ansible
 from cluster.errors import InventoryError
-from cluster.inventory_ansible import CONSUMED as _CONSUMED  # noqa: F401 - tests compare the corpus with it
 from cluster.inventory_check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
 from cluster.inventory_check import check_files as _check_files
 from cluster.inventory_model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import ansible_inventory, inventory
+from cluster import ansible_inventory, inventory, inventory_ansible
 from cluster.errors import InventoryError
 from tests.conftest import FIXTURES
 
 CORPUS = FIXTURES / "ansible"
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.yaml"))
-CONSUMED = inventory._CONSUMED
+CONSUMED = inventory_ansible.CONSUMED
 needs_ansible = pytest.mark.skipif(not ansible_inventory.available(),
                                    reason="ansible-core is not installed (pip install clusterctl[ansible])")
 
