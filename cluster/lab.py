@@ -11,25 +11,27 @@ lab owns carries its name, so `up` can reclaim what a crashed run left behind an
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
-from cluster import paths
 from cluster.errors import LabError, UsageError
+from cluster.lab_net import kill_netns as _kill_netns
+from cluster.lab_net import links, netns_list, sh, start_links, subnet_in_use
+from cluster.lab_shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
+from cluster.lab_state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
+
+__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
+           "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
-RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
 SSHD = "/usr/sbin/sshd"
 MOUNT_POINT = Path("/srv/cluster")
 SSHD_CONFIG = """\
@@ -51,45 +53,6 @@ Subsystem sftp internal-sftp
 """
 
 
-@dataclass
-class NodeState:
-    name: str
-    netns: str
-    veth: str
-    address: str
-    hostname: str
-    dir: str
-    pid: int | None = None
-    cpu: str | None = None  # "0" (the core it is pinned to)
-    cpu_quota: float | None = None  # cores' worth of CPU time it may use (cgroup CPU bandwidth)
-
-
-@dataclass
-class LabState:
-    name: str
-    subnet: str
-    bridge: str
-    gateway: str
-    bandwidth: str | None
-    dir: str
-    inventory: str
-    nodes: list[NodeState]
-    uplink: str | None = None  # the head's NIC: one limit shared by all head<->node traffic
-    ifb: str | None = None  # the device that shapes node->head traffic (the bridge's ingress, redirected)
-
-
-def default_dir(name: str) -> Path:
-    return paths.home() / "labs" / name
-
-
-def _sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a host command (argv, never a shell string)."""
-    proc = subprocess.run(args, capture_output=True, text=True, input=input, timeout=120)
-    if check and proc.returncode != 0:
-        raise LabError(f"`{shlex.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc
-
-
 def preflight() -> None:
     """Refuse early, with the reason, where the lab cannot run."""
     if os.geteuid() != 0:
@@ -100,10 +63,10 @@ def preflight() -> None:
             pkg = {"ip": "iproute2", "unshare": "util-linux", "ssh-keygen": "openssh-client"}.get(tool, "openssh-server")
             raise LabError(f"`{tool}` is not installed", f"apt-get install {pkg}")
     probe = f"clusterctl-probe-{os.getpid()}"
-    if _sh("ip", "netns", "add", probe, check=False).returncode != 0:
+    if sh("ip", "netns", "add", probe, check=False).returncode != 0:
         raise LabError("cannot create network namespaces here (no CAP_SYS_ADMIN or no netns support)",
                        "run on a Linux machine as root, or use inventory/local.yaml")
-    _sh("ip", "netns", "del", probe, check=False)
+    sh("ip", "netns", "del", probe, check=False)
 
 
 def _validate(name: str, nodes: int, subnet: str) -> ipaddress.IPv4Network:
@@ -119,32 +82,34 @@ def _validate(name: str, nodes: int, subnet: str) -> ipaddress.IPv4Network:
     return net
 
 
-def _state_path(name: str, directory: Path | None) -> Path:
-    return (directory or default_dir(name)) / "lab.json"
-
-
-def load_state(name: str, directory: Path | None = None) -> LabState | None:
-    p = _state_path(name, directory)
-    if not p.exists():
-        return None
-    raw = json.loads(p.read_text())
-    raw["nodes"] = [NodeState(**n) for n in raw["nodes"]]
-    return LabState(**raw)
-
-
 def _keygen(path: Path, comment: str) -> None:
     if not path.exists():
-        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path))
 
 
-def _subnet_in_use(net: ipaddress.IPv4Network, own_bridge: str) -> str | None:
-    out = _sh("ip", "-o", "-4", "addr", "show").stdout
-    for line in out.splitlines():
-        parts = line.split()
-        dev, cidr = parts[1], parts[3]
-        if dev != own_bridge and ipaddress.IPv4Interface(cidr).network.overlaps(net):
-            return dev
-    return None
+def _check_up(nodes: int, name: str, subnet: str, bandwidth: str | None, cpu_quotas: list[float] | None,
+              uplink: str | None) -> ipaddress.IPv4Network:
+    """Refuse bad arguments before anything is created."""
+    net = _validate(name, nodes, subnet)
+    for flag, rate in (("--bandwidth", bandwidth), ("--uplink", uplink)):
+        if rate is not None and not RATE_RE.match(rate):
+            raise UsageError(f"{flag} {rate!r} is not a rate tc understands",
+                             f"a number and a unit, e.g. {flag} 1gbit, 100mbit or 12.5mbps")
+    if cpu_quotas is not None and (len(cpu_quotas) != nodes or not all(0.05 <= q <= 1.0 for q in cpu_quotas)):
+        raise UsageError(f"--cpu-quota: expected {nodes} fractions of a core between 0.05 and 1, got {cpu_quotas}",
+                         "e.g. --cpu-quota 1,0.35 for two nodes")
+    return net
+
+
+def _prepare_dir(d: Path, name: str) -> None:
+    """The lab's directory: its login key (authorized on every node) and the nodes' sshd_config."""
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    _keygen(d / "id_ed25519", f"clusterctl-lab-{name}")
+    shutil.copyfile(d / "id_ed25519.pub", d / "authorized_keys")
+    (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
+    MOUNT_POINT.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
 
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
@@ -154,49 +119,31 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
     may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds.
     `uplink` models the head's one NIC: every byte between the head and any node shares that rate."""
-    net = _validate(name, nodes, subnet)
-    for flag, rate in (("--bandwidth", bandwidth), ("--uplink", uplink)):
-        if rate is not None and not RATE_RE.match(rate):
-            raise UsageError(f"{flag} {rate!r} is not a rate tc understands",
-                             f"a number and a unit, e.g. {flag} 1gbit, 100mbit or 12.5mbps")
-    if cpu_quotas is not None and (len(cpu_quotas) != nodes or not all(0.05 <= q <= 1.0 for q in cpu_quotas)):
-        raise UsageError(f"--cpu-quota: expected {nodes} fractions of a core between 0.05 and 1, got {cpu_quotas}",
-                         "e.g. --cpu-quota 1,0.35 for two nodes")
+    net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink)
     preflight()
     d = (directory or default_dir(name)).resolve()
     down(name, d)
     bridge = f"{name}-br"
-    used_by = _subnet_in_use(net, bridge)
+    used_by = subnet_in_use(net, bridge)
     if used_by:
         raise LabError(f"subnet {net} is already used by interface {used_by}",
                        f"pick another with --subnet, or `clusterctl lab down` the lab that owns {used_by}")
-    d.mkdir(parents=True, exist_ok=True)
-    d.chmod(0o700)
-    _keygen(d / "id_ed25519", f"clusterctl-lab-{name}")
-    shutil.copyfile(d / "id_ed25519.pub", d / "authorized_keys")
-    (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
-    MOUNT_POINT.mkdir(parents=True, exist_ok=True)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-
+    _prepare_dir(d, name)
     hosts = list(net.hosts())
     gateway = hosts[0]
-    _sh("ip", "link", "add", bridge, "type", "bridge")
-    _sh("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", bridge)
-    _sh("ip", "link", "set", bridge, "up")
+    sh("ip", "link", "add", bridge, "type", "bridge")
+    sh("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", bridge)
+    sh("ip", "link", "set", bridge, "up")
     state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(gateway), bandwidth=bandwidth,
                      dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink)
     try:
         if uplink:
-            state.ifb = _shape_uplink(name, bridge, uplink)
+            state.ifb = shape_uplink(name, bridge, uplink)
         for i in range(1, nodes + 1):
             node = NodeState(name=f"node{i}", netns=f"{name}-n{i}", veth=f"{name}-v{i}",
                              address=str(hosts[9 + i]), hostname=f"node{i}", dir=str(d / f"node{i}"))
             state.nodes.append(node)
-            _start_links(node, bridge, net.prefixlen, bandwidth)
-            _start_sshd(node, d)
-            if cpu_quotas is not None:
-                _limit_cpu(name, node, sorted(os.sched_getaffinity(0))[(i - 1) % len(os.sched_getaffinity(0))],
-                           cpu_quotas[i - 1])
+            _start_node(state, node, net.prefixlen, None if cpu_quotas is None else cpu_quotas[i - 1], i - 1)
         for node in state.nodes:
             _wait_listening(node)
     except BaseException:
@@ -204,45 +151,25 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
         raise
     _write_known_hosts(state)
     _write_inventory(state)
-    (d / "lab.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+    save_state(state)
     return state
 
 
-def _start_links(node: NodeState, bridge: str, prefix: int, bandwidth: str | None) -> None:
-    ns = node.netns
-    _sh("ip", "netns", "add", ns)
-    _sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-    _sh("ip", "link", "set", node.veth, "master", bridge, "up")
-    _sh("ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", "eth0")
-    _sh("ip", "-n", ns, "link", "set", "lo", "up")
-    _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-    if bandwidth:
-        # Both directions, like a 1 GbE port: towards the node on the host side, from it inside.
-        tbf = ("root", "tbf", "rate", bandwidth, "burst", "128kb", "latency", "50ms")
-        _sh("tc", "qdisc", "add", "dev", node.veth, *tbf)
-        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
+def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | None, index: int) -> None:
+    """One node: its links (shaped if the lab has a bandwidth), its sshd, and its CPU limit if it has one."""
+    start_links(node, state.bridge, prefix)
+    if state.bandwidth:
+        shape_link(node.netns, node.veth, state.bandwidth)
+    pid = _start_sshd(node, Path(state.dir))
+    if quota is not None:
+        cores = sorted(os.sched_getaffinity(0))
+        core = cores[index % len(cores)]
+        limit_cpu(state.name, node.name, pid, core, quota)
+        node.cpu, node.cpu_quota = str(core), quota
 
 
-def _shape_uplink(name: str, bridge: str, rate: str) -> str:
-    """One limit for the head's side of the bridge, in each direction: what the head sends to any node
-    leaves through the bridge device's root qdisc; what any node sends to the head arrives on the bridge's
-    ingress, which is redirected to an ifb device shaped the same way. Frames from node to node are
-    forwarded between the ports without passing either, like a switch. Only the lab's own devices are
-    touched (never the host's routes, firewall or other interfaces). Returns the ifb's name."""
-    ifb = f"{name}-ifb"
-    tbf = ("root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms")
-    _sh("tc", "qdisc", "add", "dev", bridge, *tbf)
-    _sh("ip", "link", "add", ifb, "type", "ifb")
-    _sh("ip", "link", "set", ifb, "up")
-    _sh("tc", "qdisc", "add", "dev", ifb, *tbf)
-    _sh("tc", "qdisc", "add", "dev", bridge, "handle", "ffff:", "ingress")
-    # u32 matching everything (cls_matchall is not in every kernel)
-    _sh("tc", "filter", "add", "dev", bridge, "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
-        "action", "mirred", "egress", "redirect", "dev", ifb)
-    return ifb
-
-
-def _start_sshd(node: NodeState, d: Path) -> None:
+def _start_sshd(node: NodeState, d: Path) -> int:
+    """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts); returns its pid."""
     nd = Path(node.dir)
     (nd / "srv").mkdir(parents=True, exist_ok=True)
     _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
@@ -262,55 +189,14 @@ def _start_sshd(node: NodeState, d: Path) -> None:
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
     )
-    _sh("ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
+    sh("ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
         "sh", "-c", script)
     for _ in range(100):
         if pidfile.exists() and pidfile.read_text().strip():
             node.pid = int(pidfile.read_text())
-            return
+            return node.pid
         time.sleep(0.05)
     raise LabError(f"sshd of {node.name} did not start; see {nd / 'sshd.log'}")
-
-
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
-
-
-def _cgroup_dir(lab: str, node: str) -> Path:
-    if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-        return CGROUP_V1 / f"clusterctl-{lab}-{node}"
-    v2 = CGROUP_V2 / "cgroup.controllers"
-    if v2.exists() and "cpu" in v2.read_text().split():
-        return CGROUP_V2 / f"clusterctl-{lab}-{node}"
-    raise LabError("per-node CPU limits need the cgroup cpu controller (v1 or v2)",
-                   "start the lab without --cpu-quota, or on a machine with cgroups")
-
-
-def _limit_cpu(lab: str, node: NodeState, core: int, quota: float) -> None:
-    """Pin the node's sshd (and so everything started through it) to one core, and cap its CPU time."""
-    cg = _cgroup_dir(lab, node.name)
-    cg.mkdir(exist_ok=True)
-    period = 100_000
-    if (cg / "cpu.cfs_quota_us").exists():
-        (cg / "cpu.cfs_period_us").write_text(str(period))
-        (cg / "cpu.cfs_quota_us").write_text(str(int(quota * period)))
-    else:
-        (cg / "cpu.max").write_text(f"{int(quota * period)} {period}")
-    (cg / "cgroup.procs").write_text(str(node.pid))
-    os.sched_setaffinity(node.pid, {core})
-    node.cpu, node.cpu_quota = str(core), quota
-
-
-def _remove_cgroups(lab: str) -> list[str]:
-    removed = []
-    for base in (CGROUP_V1, CGROUP_V2):
-        for cg in base.glob(f"clusterctl-{lab}-node*") if base.exists() else []:
-            try:
-                cg.rmdir()  # only empty groups can go: down() has ended their processes
-                removed.append(f"cgroup {cg.name}")
-            except OSError:
-                pass
-    return removed
 
 
 def _wait_listening(node: NodeState, timeout: float = 10.0) -> None:
@@ -357,35 +243,6 @@ def _write_inventory(state: LabState) -> None:
     Path(state.inventory).write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
 
-def _netns_list(name: str) -> list[str]:
-    out = _sh("ip", "netns", "list", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-n\d+$")
-    return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
-
-
-def _links(name: str) -> list[str]:
-    out = _sh("ip", "-o", "link", "show", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+)$")
-    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-    return [n for n in names if pat.match(n)]
-
-
-def _kill_netns(ns: str) -> None:
-    """End every process whose network namespace is `ns` (sshd, sessions, training jobs)."""
-    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        pids = [int(p) for p in _sh("ip", "netns", "pids", ns, check=False).stdout.split()]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _sh("ip", "netns", "pids", ns, check=False).stdout.strip():
-            time.sleep(0.05)
-
-
 def down(name: str = "lab", directory: Path | None = None, purge: bool = False) -> list[str]:
     """Remove every namespace, link and process of lab `name`. Idempotent.
 
@@ -394,15 +251,15 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
     if not NAME_RE.match(name):
         raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
     removed: list[str] = []
-    for ns in _netns_list(name):
+    for ns in netns_list(name):
         _kill_netns(ns)
-        _sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "netns", "del", ns, check=False)
         removed.append(f"netns {ns}")
-    for link in _links(name):
-        _sh("ip", "link", "del", link, check=False)
+    for link in links(name):
+        sh("ip", "link", "del", link, check=False)
         removed.append(f"link {link}")
-    removed += _remove_cgroups(name)
-    state = _state_path(name, directory)
+    removed += remove_cgroups(name)
+    state = state_path(name, directory)
     if state.exists():
         state.unlink()
     if purge and state.parent.exists():
@@ -411,20 +268,11 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
     return removed
 
 
-@dataclass
-class NodeStatus:
-    name: str
-    address: str
-    netns: bool
-    sshd: bool
-    port_open: bool
-
-
 def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState | None, list[NodeStatus]]:
     state = load_state(name, directory)
     if state is None:
         return None, []
-    present = set(_netns_list(name))
+    present = set(netns_list(name))
     rows = []
     for n in state.nodes:
         alive = n.pid is not None and _pid_alive(n.pid)
@@ -468,7 +316,7 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
             (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
     _start_sshd(n, Path(state.dir))
     _wait_listening(n)
-    (Path(state.dir) / "lab.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+    save_state(state)
 
 
 def _node(state: LabState, node: str) -> NodeState:

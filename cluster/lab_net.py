@@ -1,0 +1,75 @@
+"""The lab's network: one namespace per node, a veth into the lab's bridge, found and removed by name.
+
+Everything a lab owns carries its name (`<name>-nN`, `<name>-vN`, `<name>-br`, `<name>-ifb`), so a crashed
+run's leftovers are found again; the host's own routes, firewall and interfaces are never touched.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+
+from cluster.errors import LabError
+from cluster.lab_state import NodeState
+
+
+def sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a host command (argv, never a shell string)."""
+    proc = subprocess.run(args, capture_output=True, text=True, input=input, timeout=120)
+    if check and proc.returncode != 0:
+        raise LabError(f"`{shlex.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def subnet_in_use(net: ipaddress.IPv4Network, own_bridge: str) -> str | None:
+    out = sh("ip", "-o", "-4", "addr", "show").stdout
+    for line in out.splitlines():
+        parts = line.split()
+        dev, cidr = parts[1], parts[3]
+        if dev != own_bridge and ipaddress.IPv4Interface(cidr).network.overlaps(net):
+            return dev
+    return None
+
+
+def start_links(node: NodeState, bridge: str, prefix: int) -> None:
+    """The node's namespace, its eth0 (a veth whose other end is on the bridge) and its address."""
+    ns = node.netns
+    sh("ip", "netns", "add", ns)
+    sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    sh("ip", "link", "set", node.veth, "master", bridge, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", "eth0")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    sh("ip", "-n", ns, "link", "set", "eth0", "up")
+
+
+def netns_list(name: str) -> list[str]:
+    out = sh("ip", "netns", "list", check=False).stdout
+    pat = re.compile(rf"^{re.escape(name)}-n\d+$")
+    return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
+
+
+def links(name: str) -> list[str]:
+    out = sh("ip", "-o", "link", "show", check=False).stdout
+    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+)$")
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return [n for n in names if pat.match(n)]
+
+
+def kill_netns(ns: str) -> None:
+    """End every process whose network namespace is `ns` (sshd, sessions, training jobs)."""
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and sh("ip", "netns", "pids", ns, check=False).stdout.strip():
+            time.sleep(0.05)
