@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, NoReturn
 
 import yaml
 
@@ -223,125 +223,148 @@ def _head_path_exists(path: Any) -> bool:
         return False
 
 
-def _validate_communication(s: dict[str, Any], fail: Callable[[str, str, str], None],
-                            number: Callable[..., None]) -> None:
-    """The communication settings (docs/jobs.md "Communication")."""
-    if s["grad_compression"] not in ("none", "fp16", "powersgd"):
-        fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
-             "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation")
-    if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
-        fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
-             "use grad_compression: fp16 with tensorflow, or framework: pytorch")
-    number("powersgd_rank", s["powersgd_rank"], 1, True)
-    number("powersgd_start_step", s["powersgd_start_step"], 0, True)
-    if s["powersgd_start_step"] == 1:
-        fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
-             "powersgd_start_step: 0 (after the warm-up) or >= 2")
-    number("accumulate", s["accumulate"], 1, True)
-    number("bucket_mb", s["bucket_mb"], 0, False)
-    if s["tf_implementation"] not in ("auto", "ring", "nccl"):
-        fail("tf_implementation", f"expected auto, ring or nccl, got {s['tf_implementation']!r}",
-             "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
-    number("tf_bytes_per_pack", s["tf_bytes_per_pack"], 0, True)
-    number("collective_timeout_s", s["collective_timeout_s"], 0, False)
-    if 0 < s["collective_timeout_s"] < 10:
-        fail("collective_timeout_s", f"{s['collective_timeout_s']} s is shorter than a slow step's all-reduce",
-             "collective_timeout_s: 120 (longer than the slowest all-reduce bench measured; 0: framework default)")
+class _Checks:
+    """The checks of a resolved spec, by group; each failure names the file and line (or --set) and the field."""
 
+    def __init__(self, file: str, lines: dict[str, int | None]) -> None:
+        self.file, self.lines = file, lines
 
-def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
-    def fail(field: str, message: str, fix: str) -> None:
-        line = lines.get(field)
-        raise JobError("command line (--set)" if line == -1 else file, None if line == -1 else line,
+    def fail(self, field: str, message: str, fix: str) -> NoReturn:
+        line = self.lines.get(field)
+        raise JobError("command line (--set)" if line == -1 else self.file, None if line == -1 else line,
                        field, message, fix)
 
-    def number(field: str, value: Any, minimum: float, integer: bool, strict: bool = False) -> None:
+    def number(self, field: str, value: Any, minimum: float, integer: bool, strict: bool = False) -> None:
         ok = isinstance(value, int) if integer else isinstance(value, (int, float))
         if not ok or isinstance(value, bool) or value < minimum or (strict and value <= minimum):
             kind = "a whole number" if integer else "a number"
             bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            fail(field, f"expected {kind} {bound}, got {value!r}", f"e.g. --set {field}="
-                 + (str(max(int(minimum), 2)) if integer else "0.01"))
+            self.fail(field, f"expected {kind} {bound}, got {value!r}", f"e.g. --set {field}="
+                      + (str(max(int(minimum), 2)) if integer else "0.01"))
 
-    if not isinstance(s["name"], str) or not s["name"] or not all(c.isalnum() or c in "-_." for c in s["name"]):
-        fail("name", f"expected a name of letters, digits, '-', '_' or '.', got {s['name']!r}",
-             "e.g. name: resnet50-ddp")
-    if not isinstance(s["framework"], str) or s["framework"] not in FRAMEWORKS:
-        fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
-             "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy)")
-    entry = s["entry"]
-    if not isinstance(entry, str) or "/" in entry or not (WORKLOADS_DIR / entry).is_file():
-        fail("entry", f"no program {entry!r} in cluster/workloads/",
-             f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
-    ds = s["dataset"]
-    if ds["path"] is not None and not isinstance(ds["path"], str):
-        fail("dataset.path", f"expected the path of a file or folder on the head, got {ds['path']!r}",
-             "--set dataset.path=/data/cifar-10-python.tar.gz")
-    if ds["name"] not in DATASETS:
-        fail("dataset.name", f"expected one of {', '.join(DATASETS)}, got {ds['name']!r}",
-             "dataset: {name: digits} needs no download")
-    if (ds["name"] in ("cifar10", "imagefolder") or ds["path"]) and not _head_path_exists(ds["path"]):
-        # any path given must exist: the dataset's file name hashes what it points to, even for digits
-        fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}"
-             if ds["name"] in ("cifar10", "imagefolder") else f"no such file or folder on the head: {ds['path']!r}",
-             "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
-    if not isinstance(s["model"], str) or not s["model"].isidentifier():
-        fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
-    if s["model"] != "resnet50" and s["framework"] != "pytorch":
-        fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")
-    number("dataset.size", ds["size"], 8, True)
-    number("epochs", s["epochs"], 1, True)
-    number("batch", s["batch"], 1, True)
-    o = s["optimizer"]
-    number("optimizer.lr", o["lr"], 0, False, strict=True)
-    number("optimizer.momentum", o["momentum"], 0, False)
-    number("optimizer.weight_decay", o["weight_decay"], 0, False)
-    number("optimizer.warmup_epochs", o["warmup_epochs"], 0, False)
-    if o["schedule"] not in ("cosine", "constant"):
-        fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
-    for field in ("seed", "threads", "max_restarts", "max_steps", "port"):
-        number(field, s[field], 0, True)
-    number("log_every", s["log_every"], 1, True)
-    number("loader_workers", s["loader_workers"], -1, True)
-    _validate_communication(s, fail, number)
-    if s["port"] > 65535:
-        fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
-    ppn = s["procs_per_node"]
-    if ppn != "auto" and (not isinstance(ppn, int) or isinstance(ppn, bool) or ppn < 1):
-        fail("procs_per_node", f"expected auto or a whole number >= 1, got {ppn!r}",
-             "auto: one process per GPU, one on a CPU-only node")
-    if s["amp"] not in ("auto", "on", "off"):
-        fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
-    nodes = s["nodes"]
-    if not (isinstance(nodes, str) and nodes) and not (
-            isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
-        fail("nodes", f"expected all, a group name or a list of host names, got {nodes!r}",
-             "nodes: all | nodes: gpu | nodes: [pc1, pc2]")
-    if not isinstance(s["shares"], dict):
-        fail("shares", f"expected a mapping NODE: batch, got {s['shares']!r}", "shares: {pc1: 48, pc2: 16}")
-    for k, v in s["shares"].items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or "," in str(k) or "=" in str(k):
-            fail(f"shares.{k}", f"expected a whole number >= 1 for a node name without ',' or '=', got {v!r}",
-                 "shares: {pc1: 48, pc2: 16} (`clusterctl plan` computes them)")
-    if not isinstance(s["env"], dict):
-        fail("env", f"expected a mapping NAME: value, got {s['env']!r}", "env: {OMP_PROC_BIND: close}")
-    for k, v in s["env"].items():
-        if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
-            fail(f"env.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
-                 "with a digit")
-        if isinstance(v, (dict, list)) or v is None:
-            fail(f"env.{k}", f"expected a plain value, got {v!r}", f"env: {{{k}: '1'}}")
-    if not isinstance(s["env_from"], dict):
-        fail("env_from", f"expected a mapping NAME: {{file: PATH}} or NAME: {{env: VARIABLE}}, got {s['env_from']!r}",
-             "env_from: {HF_TOKEN: {file: ~/.secrets/hf_token}}")
-    for k, v in s["env_from"].items():
-        if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
-            fail(f"env_from.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
-                 "with a digit")
-        if k in s["env"]:
-            fail(f"env_from.{k}", "also given in env", f"keep {k} in one of env (plain) or env_from (secret)")
-        if not (isinstance(v, dict) and len(v) == 1 and isinstance(next(iter(v.values())), str)
-                and next(iter(v)) in ("file", "env") and next(iter(v.values()))):
-            fail(f"env_from.{k}", f"expected {{file: PATH}} or {{env: VARIABLE}}, got {v!r}",
-                 f"env_from: {{{k}: {{file: ~/.secrets/{k.lower()}}}}} (a file on the head) or "
-                 f"{{{k}: {{env: {k}}}}} (the head's environment when you launch)")
+    def program(self, s: dict[str, Any]) -> None:
+        """Name, framework and the program that trains."""
+        if not isinstance(s["name"], str) or not s["name"] or not all(c.isalnum() or c in "-_." for c in s["name"]):
+            self.fail("name", f"expected a name of letters, digits, '-', '_' or '.', got {s['name']!r}",
+                      "e.g. name: resnet50-ddp")
+        if not isinstance(s["framework"], str) or s["framework"] not in FRAMEWORKS:
+            self.fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
+                      "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy)")
+        entry = s["entry"]
+        if not isinstance(entry, str) or "/" in entry or not (WORKLOADS_DIR / entry).is_file():
+            self.fail("entry", f"no program {entry!r} in cluster/workloads/",
+                      f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
+
+    def data_and_model(self, s: dict[str, Any]) -> None:
+        """The dataset (its path must exist on the head) and the model."""
+        ds = s["dataset"]
+        if ds["path"] is not None and not isinstance(ds["path"], str):
+            self.fail("dataset.path", f"expected the path of a file or folder on the head, got {ds['path']!r}",
+                      "--set dataset.path=/data/cifar-10-python.tar.gz")
+        if ds["name"] not in DATASETS:
+            self.fail("dataset.name", f"expected one of {', '.join(DATASETS)}, got {ds['name']!r}",
+                      "dataset: {name: digits} needs no download")
+        if (ds["name"] in ("cifar10", "imagefolder") or ds["path"]) and not _head_path_exists(ds["path"]):
+            # any path given must exist: the dataset's file name hashes what it points to, even for digits
+            self.fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}"
+                      if ds["name"] in ("cifar10", "imagefolder") else f"no such file or folder on the head: {ds['path']!r}",
+                      "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
+        if not isinstance(s["model"], str) or not s["model"].isidentifier():
+            self.fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
+        if s["model"] != "resnet50" and s["framework"] != "pytorch":
+            self.fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")
+        self.number("dataset.size", ds["size"], 8, True)
+
+    def training(self, s: dict[str, Any]) -> None:
+        """Epochs, batch, optimizer and the run's counters."""
+        self.number("epochs", s["epochs"], 1, True)
+        self.number("batch", s["batch"], 1, True)
+        o = s["optimizer"]
+        self.number("optimizer.lr", o["lr"], 0, False, strict=True)
+        self.number("optimizer.momentum", o["momentum"], 0, False)
+        self.number("optimizer.weight_decay", o["weight_decay"], 0, False)
+        self.number("optimizer.warmup_epochs", o["warmup_epochs"], 0, False)
+        if o["schedule"] not in ("cosine", "constant"):
+            self.fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
+        for field in ("seed", "threads", "max_restarts", "max_steps", "port"):
+            self.number(field, s[field], 0, True)
+        self.number("log_every", s["log_every"], 1, True)
+        self.number("loader_workers", s["loader_workers"], -1, True)
+
+    def communication(self, s: dict[str, Any]) -> None:
+        """The communication settings (docs/jobs.md "Communication")."""
+        if s["grad_compression"] not in ("none", "fp16", "powersgd"):
+            self.fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
+                      "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation")
+        if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
+            self.fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
+                      "use grad_compression: fp16 with tensorflow, or framework: pytorch")
+        self.number("powersgd_rank", s["powersgd_rank"], 1, True)
+        self.number("powersgd_start_step", s["powersgd_start_step"], 0, True)
+        if s["powersgd_start_step"] == 1:
+            self.fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
+                      "powersgd_start_step: 0 (after the warm-up) or >= 2")
+        self.number("accumulate", s["accumulate"], 1, True)
+        self.number("bucket_mb", s["bucket_mb"], 0, False)
+        if s["tf_implementation"] not in ("auto", "ring", "nccl"):
+            self.fail("tf_implementation", f"expected auto, ring or nccl, got {s['tf_implementation']!r}",
+                      "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
+        self.number("tf_bytes_per_pack", s["tf_bytes_per_pack"], 0, True)
+        self.number("collective_timeout_s", s["collective_timeout_s"], 0, False)
+        if 0 < s["collective_timeout_s"] < 10:
+            self.fail("collective_timeout_s", f"{s['collective_timeout_s']} s is shorter than a slow step's all-reduce",
+                      "collective_timeout_s: 120 (longer than the slowest all-reduce bench measured; 0: framework default)")
+
+    def placement(self, s: dict[str, Any]) -> None:
+        """Port, processes per node, mixed precision, the nodes and their batch shares."""
+        if s["port"] > 65535:
+            self.fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
+        ppn = s["procs_per_node"]
+        if ppn != "auto" and (not isinstance(ppn, int) or isinstance(ppn, bool) or ppn < 1):
+            self.fail("procs_per_node", f"expected auto or a whole number >= 1, got {ppn!r}",
+                      "auto: one process per GPU, one on a CPU-only node")
+        if s["amp"] not in ("auto", "on", "off"):
+            self.fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
+        nodes = s["nodes"]
+        if not (isinstance(nodes, str) and nodes) and not (
+                isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
+            self.fail("nodes", f"expected all, a group name or a list of host names, got {nodes!r}",
+                      "nodes: all | nodes: gpu | nodes: [pc1, pc2]")
+        if not isinstance(s["shares"], dict):
+            self.fail("shares", f"expected a mapping NODE: batch, got {s['shares']!r}", "shares: {pc1: 48, pc2: 16}")
+        for k, v in s["shares"].items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1 or "," in str(k) or "=" in str(k):
+                self.fail(f"shares.{k}", f"expected a whole number >= 1 for a node name without ',' or '=', got {v!r}",
+                          "shares: {pc1: 48, pc2: 16} (`clusterctl plan` computes them)")
+
+    def environment(self, s: dict[str, Any]) -> None:
+        """env (plain values) and env_from (secrets read on the head at launch)."""
+        if not isinstance(s["env"], dict):
+            self.fail("env", f"expected a mapping NAME: value, got {s['env']!r}", "env: {OMP_PROC_BIND: close}")
+        for k, v in s["env"].items():
+            if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
+                self.fail(f"env.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
+                          "with a digit")
+            if isinstance(v, (dict, list)) or v is None:
+                self.fail(f"env.{k}", f"expected a plain value, got {v!r}", f"env: {{{k}: '1'}}")
+        if not isinstance(s["env_from"], dict):
+            self.fail("env_from", f"expected a mapping NAME: {{file: PATH}} or NAME: {{env: VARIABLE}}, got {s['env_from']!r}",
+                      "env_from: {HF_TOKEN: {file: ~/.secrets/hf_token}}")
+        for k, v in s["env_from"].items():
+            if not isinstance(k, str) or not k or k[0].isdigit() or set(k) - ENV_NAME_CHARS:
+                self.fail(f"env_from.{k}", "not a valid environment variable name", "letters, digits and _, not starting "
+                          "with a digit")
+            if k in s["env"]:
+                self.fail(f"env_from.{k}", "also given in env", f"keep {k} in one of env (plain) or env_from (secret)")
+            if not (isinstance(v, dict) and len(v) == 1 and isinstance(next(iter(v.values())), str)
+                    and next(iter(v)) in ("file", "env") and next(iter(v.values()))):
+                self.fail(f"env_from.{k}", f"expected {{file: PATH}} or {{env: VARIABLE}}, got {v!r}",
+                          f"env_from: {{{k}: {{file: ~/.secrets/{k.lower()}}}}} (a file on the head) or "
+                          f"{{{k}: {{env: {k}}}}} (the head's environment when you launch)")
+
+
+def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
+    checks = _Checks(file, lines)
+    for group in (checks.program, checks.data_and_model, checks.training, checks.communication, checks.placement,
+                  checks.environment):
+        group(s)
