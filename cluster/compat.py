@@ -9,7 +9,7 @@ rank must use: the cluster's BuildPlan, which provision installs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from cluster.errors import ClusterError
 
@@ -124,7 +124,8 @@ def node_options(host: str, gpus: list[dict[str, Any]]) -> NodeOptions:
         return NodeOptions(host, None, None, None, torch_options=list(TORCH_CPU.values()),
                            notes=["no GPU: CPU builds, gloo"])
     g = gpus[0]
-    name, cc, driver = g["name"], g.get("compute_capability"), g.get("driver")
+    name, cc = g["name"], g.get("compute_capability")
+    driver = cast(str, g.get("driver"))  # facts give every GPU its driver version (nvidia-smi's driver_version)
     opts = NodeOptions(host, name, cc, driver)
     if cc is None:
         opts.refusal = f"compute capability of {name} is unknown (nvidia-smi gave none and the name is not in the table)"

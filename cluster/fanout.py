@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from cluster.errors import CommandTimeout, TransportError
 from cluster.inventory import Host
-from cluster.transport import Transport, transport_for
+from cluster.transport import CommandResult, Transport, transport_for
 
 OK, FAILED, UNREACHABLE = "ok", "failed", "unreachable"
 DEFAULT_FORKS = 32
@@ -90,7 +90,7 @@ class Group:
             on_done: Callable[[HostResult], None] | None = None) -> GroupResult:
         """A shell command on every node (a callable builds a per-node command)."""
 
-        def fn(t: Transport):
+        def fn(t: Transport) -> CommandResult:
             cmd = command(t.host) if callable(command) else command
             return t.run(cmd, timeout=timeout)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
+from paramiko.pkey import UnknownKeyType
 
 from cluster.errors import HostKeyError, TransportError
 from cluster.inventory import Host
@@ -50,7 +51,7 @@ def _parse_key(key_type: str, b64: str) -> paramiko.PKey:
         raise ValueError("the key is not valid base64") from None
     try:
         return paramiko.PKey.from_type_string(key_type, raw)
-    except paramiko.UnknownKeyType:
+    except UnknownKeyType:
         raise ValueError(f"unknown key type {key_type!r}") from None
     except Exception as e:  # noqa: BLE001 - any malformed key blob: paramiko raises several kinds
         raise ValueError(f"not a valid {key_type} key ({type(e).__name__})") from None

@@ -129,7 +129,7 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
                            "check the head's access to the package index, or fill the wheelhouse by hand: "
                            f"pip download -d {d / 'files'} ...")
     wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}
-    files = {}
+    files: dict[str, dict[str, int | str]] = {}
     for f in sorted((d / "files").glob("*.whl")):
         files[f.name] = {"sha256": sha256_file(f), "size": f.stat().st_size}
     if not wanted:
