@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import collect, jobs, launch, paths, report
+from cluster import collect, jobs, launch, paths, report, runs
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory import Inventory
 
@@ -39,7 +39,8 @@ def study_dir(sid: str) -> Path:
 
 def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str] | None = None,
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
-        on_run: Callable[[dict[str, Any], Any], None] | None = None) -> tuple[str, list[Cell], Path | None]:
+        on_run: Callable[[runs.RunRecord, Any], None] | None = None,
+        target_acc: float = report.DEFAULT_TARGET_ACC) -> tuple[str, list[Cell], Path | None]:
     overrides = list(overrides or [])
     specs = {name: jobs.load(name, overrides) for name in job_names}  # every spec valid before anything runs
     if not sizes or any(n < 1 for n in sizes):
@@ -69,7 +70,7 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
             try:
                 record, _ = launch.launch(inv, spec, limit=subset, log=log)
                 cell.run_id = record.run_id
-                record = launch.follow(record, on_update=(lambda r, s: on_run(r, s)) if on_run else None)
+                record = launch.follow(record, on_update=on_run)
                 cell.state = record.state
                 collect.collect(record)
             except ClusterError as e:
@@ -81,11 +82,9 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     finished = [c.run_id for c in cells if c.state == "succeeded" and c.run_id]
     page = None
     if finished:
-        figs = report.build(finished, price_kwh)
-        images = report.plots(figs)
         page = d / "report.html"
-        page.write_text(report.html_page(figs, images, price_kwh))
-        (d / "report.md").write_text(report.markdown_page(figs, d / "report-plots", images))
+        figs, _ = report.write_pages(finished, html=page, markdown=d / "report.md", price_kwh=price_kwh,
+                                     target_acc=target_acc)
         (d / "report.json").write_text(json.dumps([f.to_dict() for f in figs], indent=1, default=str))
     return sid, cells, page
 

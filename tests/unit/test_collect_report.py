@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -12,6 +15,9 @@ from tests import goldens
 from tests.conftest import ROOT
 
 GOLDEN_PAGE = ROOT / "tests" / "golden" / "report" / "structure.txt"
+GOLDEN_RECORDED = ROOT / "tests" / "golden" / "report" / "recorded.md"
+RECORDED = ROOT / "tests" / "fixtures" / "report" / "runs"  # real runs: 3-node DDP and TF, 1-process DDP
+DDP3, TF3, DDP1 = "resnet50-ddp-20261130-140038-7bbd", "resnet50-tf-20261130-140322-bcf8", "resnet50-ddp-20261130-145756-1prc"
 
 
 @pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "out/../../x", "a//b", "", "./../x", "out/\0x"])
@@ -68,6 +74,10 @@ def test_report_figures_come_from_the_metrics(tmp_path: Path, monkeypatch: pytes
     assert (two.final_val_acc, two.best_val_acc) == (0.75, 0.8)
     assert two.scaling["baseline"] == "one" and two.scaling["efficiency"] == pytest.approx(95.0 / (2 * 61.0))
     assert [p.step_s_median for p in two.per_node] == [0.51, 1.01] and two.straggler == "b"
+    # no all-reduce timing recorded: the share is derived from the one-node run's step time (same batch)
+    assert two.comm_share == pytest.approx(1 - (32 / 61.0) / (64 / 95.0)) and "one" in two.comm_share_source
+    assert figs["one"].comm_share == 0.0 and two.time_to_target_s is None  # 0.9 not reached
+    assert report.build(["two"], target_acc=0.8)[0].time_to_target_s == 20.0  # epoch 1 ends 20 s after start
     assert two.step_spread == pytest.approx(1.01 / 0.51)
     # measured GPU power: idle + half-loaded CPU + 100 W GPU, per node, over the 40 s wall time
     assert two.per_node[0].watts == 40 + 32.5 + 100 and two.energy_source == "measured GPU power"
@@ -84,7 +94,11 @@ def test_scaling_needs_the_same_job_and_settings(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _write_run(tmp_path, "one", ["a"], [50.0, 60.0], [0.2, 0.6], settings={"epochs": 2, "batch": 64})
     _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0], [0.3, 0.8], settings={"epochs": 2, "batch": 32})
-    assert report.build(["two"])[0].scaling is None
+    two = report.build(["two"])[0]
+    assert two.scaling is None and two.comm_share is None and two.comm_share_source is None
+    assert "communication share unknown" in report.run_line(two)
+    head, rows = report.summary_rows([two])
+    assert rows[0][head.index("comm. share")] == "-"
 
 
 def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,3 +177,76 @@ def test_write_pages_picks_the_default_path_and_writes_markdown_plots(tmp_path: 
     page = tmp_path / "p.html"
     _, written = report.write_pages(["two"], html=page, markdown=md, price_kwh=None)
     assert written == [page.resolve(), md.resolve()]
+
+
+def _recorded(home: Path) -> None:
+    shutil.copytree(RECORDED, home / "runs")
+
+
+def _rank_records(run_id: str, node: str, rank: int) -> list[dict]:
+    return [json.loads(x) for x in (RECORDED / run_id / node / "out" / f"metrics-rank{rank}.jsonl").read_text()
+            .splitlines()]
+
+
+def test_recorded_runs_show_bytes_compression_cpu_and_time_to_target(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _recorded(tmp_path)
+    figs = {f.run_id: f for f in report.build([DDP3, TF3, DDP1], target_acc=0.9)}
+    ddp, tf, one = figs[DDP3], figs[TF3], figs[DDP1]
+    start = _rank_records(DDP3, "node1", 0)[0]
+    assert (ddp.bytes_sent_per_step, ddp.allreduce_payload_bytes) == (start["bytes_sent_per_step_ring"],
+                                                                      start["allreduce_payload_bytes"])
+    assert ddp.bytes_sent_per_step == round(start["allreduce_payload_bytes"] * 2 * 2 / 3)  # ring, 3 ranks
+    assert (ddp.grad_compression, ddp.accumulate, ddp.powersgd_rank) == ("none", 1, None)
+    assert one.bytes_sent_per_step == 0 and one.comm_share == 0.0
+    # CPU: the median over every rank's epochs after the first
+    cores = [r["cpu_cores_process"] for n, k in (("node1", 0), ("node2", 1), ("node3", 2))
+             for r in [x for x in _rank_records(DDP3, n, k) if x["type"] == "epoch"][1:]]
+    assert ddp.cpu_cores_process == statistics.median(cores)
+    # time to 0.9: start record to the end of the first epoch at or above it
+    ep = [x for x in _rank_records(DDP3, "node1", 0) if x["type"] == "epoch"]
+    first = next(x for x in ep if x["val_acc"] >= 0.9)
+    assert ddp.time_to_target_s == pytest.approx(first["time"] - start["time"])
+    # communication share: derived from the one-process run (same job, settings and batch); TF has none
+    assert ddp.scaling and ddp.scaling["baseline"] == DDP1
+    assert ddp.comm_share == pytest.approx(1 - (32 / one.images_per_s) / (96 / ddp.images_per_s))
+    assert 0 < ddp.comm_share < 1 and DDP1 in ddp.comm_share_source
+    assert tf.comm_share is None and tf.scaling is None
+    head, rows = report.summary_rows([ddp, tf, one])
+    row = dict(zip(head, rows[0]))
+    assert row["MB sent/step"] == "125.5" and row["compression"] == "none" and row["accumulate"] == "1"
+    assert row["comm. share"] == f"{ddp.comm_share:.0%}" and row["CPU cores/proc"] == f"{ddp.cpu_cores_process:.2f}"
+    assert row["s to val acc 0.9"] == f"{ddp.time_to_target_s:.0f}"
+    assert dict(zip(head, rows[1]))["comm. share"] == "-"
+    d = json.loads(json.dumps(ddp.to_dict()))
+    assert d["bytes_sent_per_step"] == start["bytes_sent_per_step_ring"] and d["target_acc"] == 0.9
+    assert d["comm_share_source"].startswith("derived") and d["time_to_target_s"] == ddp.time_to_target_s
+
+
+def test_a_target_not_reached_and_compression_in_the_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _recorded(tmp_path)
+    md = tmp_path / "r.md"
+    figs, _ = report.write_pages([DDP3, TF3], html=tmp_path / "r.html", markdown=md, price_kwh=None,
+                                 target_acc=0.99)
+    assert all(f.time_to_target_s is None and f.target_acc == 0.99 for f in figs)
+    head, rows = report.summary_rows(figs)
+    assert [dict(zip(head, r))["s to val acc 0.99"] for r in rows] == ["not reached", "not reached"]
+    text = md.read_text()
+    assert "Validation accuracy 0.99 not reached" in text and "125.5 MB sent per step and rank" in text
+    assert "s to val acc 0.99" in (tmp_path / "r.html").read_text()
+    psgd = replace(figs[0], grad_compression="powersgd", powersgd_rank=2, accumulate=4)
+    head, rows = report.summary_rows([psgd])
+    row = dict(zip(head, rows[0]))
+    assert (row["compression"], row["accumulate"]) == ("powersgd r2", "4")
+    assert "compression powersgd r2, 4 micro-batch(es) per all-reduce" in report.run_line(psgd)
+
+
+def test_recorded_runs_markdown_page_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure and sentence of the Markdown page for the recorded runs (UPDATE_GOLDEN=1 rewrites)."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _recorded(tmp_path)
+    md = tmp_path / "recorded.md"
+    report.write_pages([DDP3, TF3, DDP1], html=None, markdown=md, price_kwh=0.25)
+    goldens.check(GOLDEN_RECORDED, md.read_text(), "the recorded runs' Markdown report")

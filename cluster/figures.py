@@ -1,0 +1,307 @@
+"""The figures of collected runs, computed from their metrics files on the head (docs/report.md).
+
+Everything `report` shows is computed here, in one place, from what `collect`
+brought (runs/<run-id>/<node>/out/metrics-rank*.jsonl and facts.json); report.py
+only renders these figures. A figure the metrics cannot give is None ("-" on
+the page), never a guess.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster import runs
+from cluster.errors import UsageError
+
+# Energy estimate where no power was measured (docs/report.md): an old desktop draws about
+# IDLE_W doing nothing, and up to CPU_LOAD_W more with its CPU busy; a GPU without a power
+# reading counts at its board power from GPU_BOARD_W (NVIDIA's specifications).
+IDLE_W = 40.0
+CPU_LOAD_W = 65.0
+GPU_BOARD_W = {"GTX 750 Ti": 60, "GTX 950": 90, "GTX 960": 120, "GTX 970": 145, "GTX 980": 165,
+               "GTX 1050 Ti": 75, "GTX 1050": 75, "GTX 1060": 120, "GTX 1070": 150, "GTX 1080 Ti": 250,
+               "GTX 1080": 180, "RTX 2060": 160, "RTX 2070": 175, "RTX 2080": 215, "RTX 3060": 170,
+               "RTX 3070": 220, "RTX 3080": 320, "RTX 3090": 350}
+DEFAULT_GPU_W = 150.0
+DEFAULT_TARGET_ACC = 0.9
+
+Record = dict[str, Any]  # one metrics line, as the training programs wrote it (docs/metrics.md)
+
+
+@dataclass
+class NodeFigures:
+    node: str
+    ranks: list[int]
+    step_s_median: float | None
+    step_s_p90: float | None
+    data_s_median: float | None
+    images_per_s: float | None  # this node's own samples / its median step time
+    cpu_percent: float | None
+    gpu_power_w: float | None  # measured (NVML / nvidia-smi) mean over the run, all GPUs of the node
+    watts: float
+    watts_source: str  # measured | estimated
+    hardware: str
+
+
+@dataclass
+class RunFigures:
+    run_id: str
+    job: str
+    framework: str
+    state: str
+    nodes: list[str]
+    world: int
+    batch: int
+    global_batch: int
+    dataset: str
+    synthetic: bool
+    epochs: list[Record]  # rank 0's epoch records: global loss / accuracy / throughput
+    images_per_s: float | None  # median over the epochs after the first (warm-up), else the one epoch
+    epoch_s: float | None  # the same way
+    final_val_acc: float | None
+    best_val_acc: float | None
+    wall_s: float | None
+    per_node: list[NodeFigures] = field(default_factory=list)
+    step_spread: float | None = None  # slowest / fastest node's median step time
+    straggler: str | None = None
+    energy_kwh: float | None = None
+    energy_source: str = "estimated"
+    cost: float | None = None
+    scaling: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    started: float | None = None
+    predicted_images_per_s: float | None = None  # `clusterctl plan`'s figure, for runs launched with --plan
+    cpu_cores_process: float | None = None  # cores a training process kept busy (median, epochs after the first)
+    bytes_sent_per_step: int | None = None  # per rank and optimizer step, ring all-reduce (epochs after the first)
+    allreduce_payload_bytes: int | None = None  # handed to the all-reduce per step, after compression
+    grad_compression: str | None = None  # the one in effect (start record); None: not recorded
+    powersgd_rank: int | None = None
+    accumulate: int | None = None  # micro-batches per optimizer step (one all-reduce per step)
+    comm_share: float | None = None  # of the step time: all-reduce and waiting for other nodes
+    comm_share_source: str | None = None  # how comm_share was obtained; None: it could not be
+    target_acc: float = DEFAULT_TARGET_ACC
+    time_to_target_s: float | None = None  # run start -> end of the first epoch with val_acc >= target
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["per_node"] = [dict(n.__dict__) for n in self.per_node]
+        return d
+
+    @property
+    def step_s(self) -> float | None:
+        """Steady wall time of one optimizer step, all nodes together (from the epoch records)."""
+        return self.global_batch / self.images_per_s if self.images_per_s and self.global_batch else None
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _p90(xs: list[float]) -> float | None:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))] if xs else None
+
+
+def _steady(values: list[float]) -> float | None:
+    """Median over the epochs after the first (graph tracing, caches, warm-up), or the only one."""
+    return _median(values[1:] if len(values) > 1 else values)
+
+
+def read_metrics(node_dir: Path) -> dict[int, list[Record]]:
+    out: dict[int, list[Record]] = {}
+    for f in sorted((node_dir / "out").glob("metrics-rank*.jsonl")):
+        recs = []
+        for line in f.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a stop: everything before it counts
+        out[int(f.stem.removeprefix("metrics-rank"))] = recs
+    return out
+
+
+def _hardware(node_dir: Path) -> tuple[str, list[str], int]:
+    """'4 cores, 8 GiB, GTX 1050 Ti', GPU names, cores — from the facts collect saved."""
+    try:
+        f = json.loads((node_dir / "facts.json").read_text())  # NodeFacts.to_dict(), as collect saved it
+    except (OSError, ValueError):
+        return "unknown", [], 0
+    cores = (f.get("cpu") or {}).get("usable") or 0
+    ram = ((f.get("memory") or {}).get("total_mib") or 0) / 1024
+    gpus = [g["name"].replace("NVIDIA ", "").replace("GeForce ", "") for g in (f.get("gpus") or {}).get("gpus", [])]
+    model = ((f.get("cpu") or {}).get("model") or "").replace("(R)", "").replace("(TM)", "").strip()
+    return f"{model + ', ' if model else ''}{cores} cores, {ram:.0f} GiB, {', '.join(gpus) or 'no GPU'}", gpus, cores
+
+
+def _board_watts(gpu: str) -> float:
+    for model, w in sorted(GPU_BOARD_W.items(), key=lambda kv: -len(kv[0])):
+        if model in gpu:
+            return float(w)
+    return DEFAULT_GPU_W
+
+
+def _rank0(r0: list[Record]) -> tuple[Record, list[Record], float | None, float | None]:
+    """Rank 0's start record, its epoch records (the last of a repeated epoch wins), the wall time and
+    the time of its first start."""
+    start = next((x for x in r0 if x["type"] == "start"), {})
+    epochs_by_n: dict[int, Record] = {}
+    for x in r0:
+        if x["type"] == "epoch":
+            epochs_by_n[x["epoch"]] = x  # a resumed run may repeat an epoch: the last record wins
+    starts = [x["time"] for x in r0 if x["type"] == "start"]
+    ends = [x["time"] for x in r0 if x["type"] in ("end", "epoch")]
+    wall = (max(ends) - min(starts)) if starts and ends else None
+    return start, [epochs_by_n[k] for k in sorted(epochs_by_n)], wall, min(starts) if starts else None
+
+
+def _node_figures(node: str, by_rank: dict[int, list[Record]], node_dir: Path,
+                  batch: int) -> tuple[NodeFigures, float]:
+    """One node's step times, CPU use and power (measured, else estimated from its hardware); the watts
+    unrounded, for the energy."""
+    recs = [x for r in sorted(by_rank) for x in by_rank[r]]
+    steps = [x for x in recs if x["type"] == "step"]
+    step_s = [x["data_s"] + x["compute_s"] for x in steps]
+    ep = [x for x in recs if x["type"] == "epoch"]
+    cpu = [x["cpu_percent_node"] for x in ep if x.get("cpu_percent_node") is not None]
+    power = [sum(g["power_w"] for g in x["gpus"] if g.get("power_w") is not None)
+             for x in ep if x.get("gpus") and any(g.get("power_w") is not None for g in x["gpus"])]
+    hw, gpus, _ = _hardware(node_dir)
+    med = _median(step_s)
+    rest = IDLE_W + CPU_LOAD_W * min(1.0, (_median(cpu) or 100.0) / 100.0)
+    watts = rest + (statistics.mean(power) if power else sum(_board_watts(g) for g in gpus))
+    return NodeFigures(
+        node=node, ranks=sorted(by_rank), step_s_median=med, step_s_p90=_p90(step_s),
+        data_s_median=_median([x["data_s"] for x in steps]),
+        images_per_s=(batch * len(by_rank) / med) if med else None, cpu_percent=_median(cpu),
+        gpu_power_w=statistics.mean(power) if power else None, watts=round(watts, 1),
+        watts_source="measured" if power else "estimated", hardware=hw), watts
+
+
+def _spread_and_energy(fig: RunFigures, watts: list[float], price_kwh: float | None) -> None:
+    """The straggler and the step-time spread across nodes; energy (and cost) over the wall time."""
+    meds = [(p.step_s_median, p.node) for p in fig.per_node if p.step_s_median]
+    if len(meds) > 1:
+        fig.step_spread = max(meds)[0] / min(meds)[0]
+        fig.straggler = max(meds)[1]
+    if fig.wall_s:
+        fig.energy_kwh = sum(w * fig.wall_s for w in watts) / 3.6e6
+        measured_all = all(p.watts_source == "measured" for p in fig.per_node)
+        fig.energy_source = "measured GPU power" if measured_all else "estimated"
+        fig.cost = fig.energy_kwh * price_kwh if price_kwh is not None else None
+
+
+def _communication(fig: RunFigures, start: Record, epochs: list[Record]) -> None:
+    """What went on the wire per step and the scheme in effect, as the training program recorded it."""
+    sent = _steady([float(e["bytes_sent_per_step_ring"]) for e in epochs if "bytes_sent_per_step_ring" in e])
+    if sent is None and "bytes_sent_per_step_ring" in start:
+        sent = float(start["bytes_sent_per_step_ring"])
+    fig.bytes_sent_per_step = round(sent) if sent is not None else None
+    payload = start.get("allreduce_payload_bytes")
+    fig.allreduce_payload_bytes = int(payload) if payload is not None else None
+    fig.grad_compression = start.get("grad_compression")
+    fig.powersgd_rank = start.get("powersgd_rank") if fig.grad_compression == "powersgd" else None
+    fig.accumulate = int(start["accumulate"]) if start.get("accumulate") is not None else None
+    if fig.world == 1:  # one process: nothing is all-reduced, the step is all computation
+        fig.comm_share, fig.comm_share_source = 0.0, "one process: no all-reduce"
+
+
+def time_to_target(epochs: list[Record], t0: float | None, target: float) -> float | None:
+    """Seconds from the run's start to the end of the first epoch whose val_acc >= target; None if none."""
+    hit = next((e for e in epochs if e["val_acc"] >= target), None)
+    return hit["time"] - t0 if hit is not None and t0 is not None else None
+
+
+def _cpu_cores(ranks: dict[int, list[Record]]) -> float | None:
+    """Cores a training process kept busy: the median over every rank's epochs after its first."""
+    per_rank = [[float(x["cpu_cores_process"]) for x in recs if x["type"] == "epoch" and "cpu_cores_process" in x]
+                for recs in ranks.values()]
+    return _median([v for vals in per_rank for v in (vals[1:] if len(vals) > 1 else vals)])
+
+
+def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
+                target_acc: float = DEFAULT_TARGET_ACC) -> RunFigures:
+    """Every figure of one collected run, from its metrics files on the head."""
+    base = runs.run_path(record.run_id)
+    nodes = [n.node for n in record.nodes]
+    by_node = {n: read_metrics(base / n) for n in nodes}
+    ranks = {r: recs for m in by_node.values() for r, recs in m.items()}
+    if not ranks:
+        raise UsageError(f"run {record.run_id}: no metrics on the head",
+                         f"collect them first: clusterctl collect {record.run_id}")
+    start, epochs, wall, t0 = _rank0(ranks[min(ranks)])
+    vals = [e["val_acc"] for e in epochs]
+    fig = RunFigures(
+        run_id=record.run_id, job=record.job, framework=record.framework, state=record.state,
+        nodes=nodes, world=int(start.get("world") or record.world_size or 0),
+        batch=int(start.get("batch") or 0), global_batch=int(start.get("global_batch") or 0),
+        dataset=str(start.get("dataset")), synthetic=bool(start.get("synthetic")), epochs=epochs,
+        images_per_s=_steady([e["images_per_s"] for e in epochs]), epoch_s=_steady([e["epoch_s"] for e in epochs]),
+        final_val_acc=vals[-1] if vals else None, best_val_acc=max(vals) if vals else None, wall_s=wall,
+        settings=record.settings or {}, started=record.started,
+        predicted_images_per_s=(record.prediction or {}).get("planned_images_per_s"),
+        cpu_cores_process=_cpu_cores(ranks), target_acc=target_acc,
+        time_to_target_s=time_to_target(epochs, t0, target_acc))
+    _communication(fig, start, epochs)
+    per_node = [_node_figures(n, by_node[n], base / n, fig.batch) for n in nodes]
+    fig.per_node = [p for p, _ in per_node]
+    _spread_and_energy(fig, [w for _, w in per_node], price_kwh)
+    return fig
+
+
+def _comparable(a: runs.RunRecord, b: runs.RunRecord) -> bool:
+    """Same job and the same settings except which nodes ran it."""
+    skip = {"nodes"}
+    return a.job == b.job and {k: v for k, v in (a.settings or {}).items() if k not in skip} \
+        == {k: v for k, v in (b.settings or {}).items() if k not in skip}
+
+
+def _collected_singles(records: dict[str, runs.RunRecord]) -> dict[str, runs.RunRecord]:
+    """The runs reported plus every collected, succeeded one-node run: where baselines come from."""
+    pool = dict(records)
+    for r in runs.scan()[0]:  # a damaged record elsewhere does not stop a report
+        if r.run_id not in pool and r.state == "succeeded" and len(r.nodes) == 1 \
+                and runs.run_path(r.run_id).joinpath(r.nodes[0].node, "out").exists():
+            pool[r.run_id] = r
+    return pool
+
+
+def _comm_share(f: RunFigures, one: RunFigures) -> None:
+    """Derived where the programs do not time the all-reduce apart (they don't): a one-process run of the
+    same job and per-worker batch computes the same step with nothing to all-reduce, so the rest of this
+    run's step time is communication and waiting for the other nodes."""
+    if one.world != 1 or one.batch != f.batch or not one.step_s or not f.step_s:
+        return
+    f.comm_share = max(0.0, 1.0 - one.step_s / f.step_s)
+    f.comm_share_source = (f"derived: step {f.step_s:.3f} s here vs {one.step_s:.3f} s in one-process run "
+                           f"{one.run_id}")
+
+
+def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], price_kwh: float | None) -> None:
+    """Against a one-node run of the same job and settings (among these runs, else any collected one):
+    scaling efficiency, images/s on N nodes / (N x images/s on one), and the communication share."""
+    pool = _collected_singles(records)
+    singles: dict[str, RunFigures] = {f.run_id: f for f in figs if len(f.nodes) == 1}
+    for f in figs:
+        if len(f.nodes) < 2 or not f.images_per_s:
+            continue
+        cands = [rid for rid, r in pool.items() if len(r.nodes) == 1 and _comparable(r, records[f.run_id])
+                 and r.state == "succeeded"]
+        if not cands:
+            continue
+        rid = max(cands, key=lambda x: pool[x].started or 0)
+        one = singles.get(rid) or run_figures(pool[rid], price_kwh, f.target_acc)
+        if one.images_per_s:
+            f.scaling = {"baseline": rid, "baseline_images_per_s": one.images_per_s,
+                         "speedup": f.images_per_s / one.images_per_s,
+                         "efficiency": f.images_per_s / (len(f.nodes) * one.images_per_s)}
+        _comm_share(f, one)
+
+
+def build(run_ids: list[str], price_kwh: float | None = None,
+          target_acc: float = DEFAULT_TARGET_ACC) -> list[RunFigures]:
+    records = {r.run_id: r for r in (runs.load(x) for x in run_ids)}
+    figs = [run_figures(r, price_kwh, target_acc) for r in records.values()]
+    add_scaling(figs, records, price_kwh)
+    return figs
