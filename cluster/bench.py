@@ -10,7 +10,9 @@ Results are data for `clusterctl plan`: $CLUSTERCTL_HOME/bench/<inventory>.json.
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import shlex
 import statistics
 import time
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import datasets, jobs, launch, paths, provision
+from cluster import commmodel, datasets, jobs, launch, paths, provision
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.fanout import Group, GroupResult
 from cluster.inventory import Host, Inventory
@@ -95,22 +97,36 @@ class FrameworkBench:
 
 @dataclass
 class NetworkBench:
-    """A real all-reduce across `nodes` nodes: of the model's size (bandwidth) and of 4 bytes (latency)."""
+    """A real all-reduce across `nodes` nodes: of the model's size (bandwidth) and of 4 bytes (latency).
+    `payload_bytes` is what the bandwidth test all-reduced (files from before it: ResNet50's 94 MB)."""
 
     nodes: int
     busbw_MBps: float
     model_allreduce_s: float
     per_node_busbw_MBps: dict[str, float]
     latency_s: float
+    payload_bytes: int = MODEL_BYTES
+
+    @property
+    def per_byte_s(self) -> float:
+        """Seconds per byte a rank sends: the bandwidth test's time less one latency, over the ring's
+        2(W-1)/W of its payload (what each rank sends, and receives, in a ring all-reduce)."""
+        sent = self.payload_bytes * 2 * (self.nodes - 1) / self.nodes
+        return max(0.0, self.model_allreduce_s - self.latency_s) / sent
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "busbw_MBps": self.busbw_MBps, "model_allreduce_s": self.model_allreduce_s,
-                "per_node_busbw_MBps": dict(self.per_node_busbw_MBps), "latency_s": self.latency_s}
+        d: dict[str, Any] = {"nodes": self.nodes, "busbw_MBps": self.busbw_MBps,
+                             "model_allreduce_s": self.model_allreduce_s,
+                             "per_node_busbw_MBps": dict(self.per_node_busbw_MBps), "latency_s": self.latency_s}
+        if self.payload_bytes != MODEL_BYTES:
+            d["payload_bytes"] = self.payload_bytes
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NetworkBench:
         return cls(int(d["nodes"]), float(d["busbw_MBps"]), float(d["model_allreduce_s"]),
-                   {str(n): float(v) for n, v in d["per_node_busbw_MBps"].items()}, float(d["latency_s"]))
+                   {str(n): float(v) for n, v in d["per_node_busbw_MBps"].items()}, float(d["latency_s"]),
+                   int(d.get("payload_bytes") or MODEL_BYTES))
 
 
 @dataclass
@@ -189,6 +205,10 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
             f"[ $rc -eq 0 ] || tail -5 -- {q(out)}.err >&2; exit $rc")
 
 
+def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int) -> str:
+    return _compute_cmd(h, spec, data_file, steps, batch, f"{h.workdir}/clusterctl/bench/out-{spec.framework}")
+
+
 def step_rate(metrics_text: str, batch: int) -> StepRate:
     """images/s from a single-process run's step records, after the warm-up steps."""
     recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
@@ -233,8 +253,7 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
         log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
         rates: dict[str, list[StepRate]] = {}
         for b in (spec["batch"], max(1, spec["batch"] // 2)):  # two sizes: fixed + per-sample cost
-            res = group.run(lambda h, b=b: _compute_cmd(h, spec, data_file, steps, b,
-                                                        f"{h.workdir}/clusterctl/bench/out-{spec.framework}"),
+            res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=steps, batch=b),
                             timeout=1800, hosts=batch_hosts)
             for name, r in res.items():
                 if r.ok:
@@ -260,7 +279,7 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
             _stage(group, spec, prepared)
             result.compute[spec.framework] = _compute(group, hosts, spec, prepared.file_name, steps, parallel,
                                                       result, log)
-        result.network = network(group, hosts, targets[hosts[0].name].backend)
+        result.network = network(group, hosts, targets[hosts[0].name].backend, _payload(specs))
     p = bench_path(inv)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(result.to_dict(), indent=1))
@@ -294,13 +313,23 @@ def _allreduce(group: Group, hosts: list[Host], backend: str, what: str, mb: flo
     return docs
 
 
-def network(group: Group, hosts: list[Host], backend: str) -> NetworkBench | None:
-    """All-reduce over every node: bandwidth with the model's size, latency with 4 bytes."""
+def _payload(specs: list[jobs.JobSpec]) -> int:
+    """The largest of the jobs' gradients in float32 (what plain DDP all-reduces per step)."""
+    sizes = [MODEL_BYTES]
+    for spec in specs:
+        shapes, _ = commmodel.job_model(spec)
+        sizes.append(4 * sum(math.prod(s) for s in shapes) if shapes else MODEL_BYTES)
+    return max(sizes[1:] or sizes)
+
+
+def network(group: Group, hosts: list[Host], backend: str, payload: int = MODEL_BYTES) -> NetworkBench | None:
+    """All-reduce over every node: bandwidth with the model's gradients (`payload` bytes), latency with 4."""
     if len(hosts) < 2:
         return None
-    bw = _allreduce(group, hosts, backend, "bandwidth", MODEL_BYTES / 2**20)
+    bw = _allreduce(group, hosts, backend, "bandwidth", payload / 2**20)
     lat = _allreduce(group, hosts, backend, "latency", 4 / 2**20)
     return NetworkBench(nodes=len(hosts), busbw_MBps=min(d["busbw_MBps"] for d in bw.values()),
                         model_allreduce_s=max(d["median_s"] for d in bw.values()),
                         per_node_busbw_MBps={n: d["busbw_MBps"] for n, d in bw.items()},
-                        latency_s=max(d["median_s"] for d in lat.values()))
+                        latency_s=max(d["median_s"] for d in lat.values()),
+                        payload_bytes=int(next(iter(bw.values())).get("bytes", payload)))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import bench, jobs, launch, paths
+from cluster import bench, commmodel, jobs, launch, paths
 from cluster.bench import NetworkBench, NodeBench
+from cluster.commmodel import Scheme
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory import Inventory
 
@@ -44,7 +45,10 @@ class NodeSpeed:
 
 @dataclass
 class Placement:
-    """One candidate: a node set, its batch shares and what the model predicts for it."""
+    """One candidate: a node set, its batch shares, a communication scheme and what the model predicts.
+    `global_batch` is the samples per optimizer step (accumulate x the shares); `comm_s` the all-reduce
+    time the step waits for (not hidden under backward); documents from before the schemes load as
+    uncompressed, accumulate 1."""
 
     nodes: list[str]
     global_batch: int
@@ -54,18 +58,52 @@ class Placement:
     step_s: float
     comm_s: float
     epoch_s: float | None
+    grad_compression: str = "none"
+    powersgd_rank: int = 2
+    accumulate: int = 1
+    bytes_per_step: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def scheme(self) -> Scheme:
+        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate)
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "global_batch": self.global_batch, "shares": dict(self.shares),
                 "even_images_per_s": self.even_images_per_s, "planned_images_per_s": self.planned_images_per_s,
-                "step_s": self.step_s, "comm_s": self.comm_s, "epoch_s": self.epoch_s}
+                "step_s": self.step_s, "comm_s": self.comm_s, "epoch_s": self.epoch_s,
+                "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
+                "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
+                "warnings": list(self.warnings)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
         return cls([str(n) for n in d["nodes"]], int(d["global_batch"]),
                    {str(n): int(b) for n, b in d["shares"].items()}, float(d["even_images_per_s"]),
                    float(d["planned_images_per_s"]), float(d["step_s"]), float(d["comm_s"]),
-                   None if d.get("epoch_s") is None else float(d["epoch_s"]))
+                   None if d.get("epoch_s") is None else float(d["epoch_s"]),
+                   str(d.get("grad_compression", "none")), int(d.get("powersgd_rank", 2)),
+                   int(d.get("accumulate", 1)), None if d.get("bytes_per_step") is None else int(d["bytes_per_step"]),
+                   [str(w) for w in d.get("warnings") or []])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the model needs to price a job's communication: its gradients' shapes, how its framework
+    overlaps them with backward (DDP's buckets; TensorFlow's loop all-reduces after backward), the
+    schemes to weigh and the training set's size (epoch time, accuracy warnings)."""
+
+    shapes: list[commmodel.Shape]
+    framework: str = "pytorch"
+    bucket_mb: float = 0.0
+    schemes: tuple[Scheme, ...] = (Scheme(),)
+    train_samples: int | None = None
+
+    @classmethod
+    def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
+        """Gradients of unknown shapes: one vector of the bench's payload, sent uncompressed."""
+        n = (network.payload_bytes if network else bench.MODEL_BYTES) // 4
+        return cls([(n,)], train_samples=train_samples)
 
 
 @dataclass
@@ -124,51 +162,83 @@ def balance(total: int, speeds: dict[str, NodeSpeed]) -> dict[str, int]:
     return _round(total, {n: x * scale for n, x in raw.items()})
 
 
-def comm_time(network: NetworkBench | None, world: int) -> float:
-    """The model's all-reduce as measured across the bench's nodes, scaled to `world` ranks by the
-    ring's 2(W-1)/W volume; latency added once."""
-    if world < 2 or not network:
-        return 0.0
-    w0 = network.nodes
-    volume = (2 * (world - 1) / world) / (2 * (w0 - 1) / w0)
-    return network.latency_s + max(0.0, network.model_allreduce_s - network.latency_s) * volume
+def link(network: NetworkBench | None) -> commmodel.Link:
+    """The bench's network as latency per all-reduce and seconds per byte a rank sends."""
+    if not network:
+        return commmodel.Link(0.0, 0.0)
+    return commmodel.Link(network.latency_s, network.per_byte_s)
 
 
-def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed],
-              network: NetworkBench | None) -> tuple[float, float]:
-    """(step time, of which communication) for these shares: the slowest node plus the all-reduce."""
-    comm = comm_time(network, len(shares))
-    return max(speeds[n].step(b) for n, b in shares.items()) + comm, comm
+def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None,
+              work: Workload | None = None, scheme: Scheme = Scheme()) -> tuple[float, float]:
+    """(step time, of which waiting for communication) for one optimizer step with these micro-batch
+    shares: the slowest node's compute (the fixed part once, `accumulate` micro-batches) plus the
+    all-reduce time that its last backward does not hide."""
+    w = work or Workload.flat(network)
+    k = scheme.accumulate
+    slow = max(shares, key=lambda n: speeds[n].step(k * shares[n]))
+    c = commmodel.comm(w.shapes, scheme, len(shares), link(network), w.bucket_mb)
+    backward = commmodel.BACKWARD_SHARE * shares[slow] * speeds[slow].per_sample_s
+    wait = commmodel.exposed(c, backward, overlap=w.framework == "pytorch")
+    return speeds[slow].step(k * shares[slow]) + wait, wait
+
+
+def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], speeds: dict[str, NodeSpeed],
+            network: NetworkBench | None, work: Workload, scheme: Scheme, base: int) -> Placement:
+    """One node set with one scheme, as the model prices it."""
+    total = scheme.accumulate * sum(shares.values())
+    t_even, _ = step_time(even, speeds, network, work, scheme)
+    t_plan, wait = step_time(shares, speeds, network, work, scheme)
+    epoch = (work.train_samples // total) * t_plan if work.train_samples else None
+    sent = commmodel.wire_bytes(work.shapes, scheme, len(nodes)) if len(nodes) > 1 else 0
+    return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
+                     scheme.grad_compression, scheme.powersgd_rank, scheme.accumulate, sent,
+                     commmodel.warnings(scheme, total, work.train_samples, base))
 
 
 def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench | None,
-               train_samples: int | None = None) -> list[Placement]:
-    """The k fastest nodes for k = 1..N, each with the job's global batch for k nodes (batch x k)."""
+               train_samples: int | None = None, work: Workload | None = None) -> list[Placement]:
+    """The k fastest nodes for k = 1..N, each with the job's global batch for k nodes (batch x k),
+    priced with every scheme of `work` (one node: the first scheme only, nothing crosses a network)."""
+    work = work or Workload.flat(network, train_samples)
     ranked = sorted(speeds, key=lambda n: speeds[n].step(batch))
     out = []
     for k in range(1, len(ranked) + 1):
         chosen = ranked[:k]
         sp = {n: speeds[n] for n in chosen}
-        total = batch * k
-        even = {n: batch for n in chosen}
-        planned = balance(total, sp)
-        t_even, _ = step_time(even, sp, network)
-        t_plan, comm = step_time(planned, sp, network)
-        out.append(Placement(chosen, total, planned, total / t_even, total / t_plan, t_plan, comm,
-                             (train_samples // total) * t_plan if train_samples else None))
+        planned, even = balance(batch * k, sp), {n: batch for n in chosen}
+        for scheme in work.schemes[:1] if k == 1 else work.schemes:
+            out.append(_priced(chosen, planned, even, sp, network, work, scheme, batch * k))
     return out
 
 
+def recommend(cands: list[Placement]) -> Placement:
+    """The fastest candidate among those without an accuracy warning (the fastest of all if every one
+    has a warning)."""
+    safe = [c for c in cands if not c.warnings] or cands
+    return max(safe, key=lambda c: c.planned_images_per_s)
+
+
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
-    """`clusterctl plan`'s table (header, rows of strings): one row per candidate; the recommended one's
-    nodes cell ends with " (recommended)"."""
-    header = ["nodes", "global batch", "even split img/s", "planned split img/s", "step s", "all-reduce s",
-              "epoch s", "shares"]
-    rows = []
+    """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
+    fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
+    with " (recommended)", a scheme with an accuracy warning is marked "!"."""
+    header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "step s",
+              "all-reduce s", "MB/step", "epoch s", "shares"]
+    rec = choice.recommended
+    best: dict[int, Placement] = {}
     for c in choice.candidates:
-        mark = " (recommended)" if c.nodes == choice.recommended.nodes else ""
-        rows.append([",".join(c.nodes) + mark, str(c.global_batch), f"{c.even_images_per_s:.1f}",
-                     f"{c.planned_images_per_s:.1f}", f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+        if len(c.nodes) not in best or c.planned_images_per_s > best[len(c.nodes)].planned_images_per_s:
+            best[len(c.nodes)] = c
+    shown = [c for c in choice.candidates if c.nodes == rec.nodes or best[len(c.nodes)] is c
+             or (c.grad_compression == "none" and c.accumulate == 1)]
+    rows = []
+    for c in shown:
+        mark = " (recommended)" if c.nodes == rec.nodes and c.scheme == rec.scheme else ""
+        rows.append([",".join(c.nodes) + mark, c.scheme.label() + (" !" if c.warnings else ""),
+                     str(c.global_batch), f"{c.even_images_per_s:.1f}", f"{c.planned_images_per_s:.1f}",
+                     f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+                     "-" if c.bytes_per_step is None else f"{c.bytes_per_step / 1e6:.2f}",
                      f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
     return header, rows
 
@@ -191,31 +261,31 @@ def _job_bench(inv: Inventory, spec: jobs.JobSpec, job: str) -> tuple[bench.Benc
 
 
 def choose(inv: Inventory, job: str, overrides: list[str] | None = None) -> PlacementChoice:
-    """Every candidate node set for the job, the best one recommended; saved for `launch --plan`."""
+    """Every candidate node set x communication scheme for the job, the best one recommended; saved for
+    `launch --plan`."""
     spec = jobs.load(job, overrides or [])
     b, comp = _job_bench(inv, spec, job)
     allowed = {h.name for h in launch.select_hosts(inv, spec, None)}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in comp.nodes.items() if n in allowed}
-    cands = candidates(speeds, spec["batch"], b.network, _train_samples(spec))
-    best = max(cands, key=lambda c: c.planned_images_per_s)
+    cands = candidates(speeds, spec["batch"], b.network, work=workload(spec, b.network))
     choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
-                             spec["batch"], cands, best)
+                             spec["batch"], cands, recommend(cands))
     p = choice_path(inv, spec.name)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(choice.to_dict(), indent=1))
     return choice
 
 
-def _train_samples(spec: jobs.JobSpec) -> int | None:
-    from cluster import datasets
-
-    try:
-        from cluster.workloads import wldata
-
-        prepared = datasets.prepare(spec)
-        return len(wldata.open_prepared(prepared.path).y_train)
-    except (ClusterError, OSError, ValueError):
-        return None
+def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
+    """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
+    no compression, fp16 and (PyTorch) PowerSGD at the job's rank, each with accumulate 1, 2, 4 and the
+    job's own."""
+    shapes, samples = commmodel.job_model(spec)
+    if shapes is None:
+        return Workload.flat(network, samples)
+    accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
+    return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
+                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates)), samples)
 
 
 def choice_path(inv: Inventory, job: str) -> Path:
@@ -235,6 +305,9 @@ def load_recommended(inv: Inventory, job: str) -> Placement:
 
 
 def overrides_for(inv: Inventory, job: str) -> list[str]:
-    """`launch --plan`: the recommended nodes and their shares, as job settings."""
+    """`launch --plan`: the recommended nodes, their shares and communication scheme, as job settings
+    (settings given after them, `--set`, still win)."""
     rec = load_recommended(inv, job)
-    return [f"nodes=[{', '.join(rec.nodes)}]"] + [f"shares.{n}={b}" for n, b in rec.shares.items()]
+    return ([f"nodes=[{', '.join(rec.nodes)}]"] + [f"shares.{n}={b}" for n, b in rec.shares.items()]
+            + [f"grad_compression={rec.grad_compression}", f"powersgd_rank={rec.powersgd_rank}",
+               f"accumulate={rec.accumulate}"])

@@ -24,10 +24,13 @@ def test_balance_equalises_finish_times_in_whole_samples() -> None:
     assert s["slow"] == 1 and sum(s.values()) == 8  # every chosen node gets at least one sample
 
 
-def test_comm_time_scales_the_measured_all_reduce_by_the_ring_volume() -> None:
-    assert placement.comm_time(NET, 1) == 0.0
-    assert placement.comm_time(NET, 2) == pytest.approx(0.2)
-    assert placement.comm_time(NET, 4) == pytest.approx(0.001 + 0.199 * 1.5)
+def test_an_unknown_model_is_one_uncompressed_vector_priced_like_the_measured_all_reduce() -> None:
+    # gradients of unknown shapes: the bench's payload as one tensor, one bucket, nothing hidden under backward
+    assert NET.per_byte_s == pytest.approx(0.199 / bench.MODEL_BYTES)  # 2 ranks: each sends the payload once
+    speeds = {n: NodeSpeed(0.0, 0.01) for n in "abcd"}
+    assert placement.step_time({"a": 8}, speeds, NET) == (pytest.approx(0.08), 0.0)
+    assert placement.step_time({"a": 8, "b": 8}, speeds, NET)[1] == pytest.approx(0.2)
+    assert placement.step_time(dict.fromkeys("abcd", 8), speeds, NET)[1] == pytest.approx(0.001 + 0.199 * 1.5)
 
 
 def test_candidates_prefer_the_split_that_keeps_the_slow_node_busy_not_late() -> None:
@@ -91,13 +94,15 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
     doc = json.loads(json.dumps(choice.to_dict()))
     assert placement.PlacementChoice.from_dict(doc) == choice
     assert list(doc["recommended"]) == ["nodes", "global_batch", "shares", "even_images_per_s",
-                                        "planned_images_per_s", "step_s", "comm_s", "epoch_s"]
+                                        "planned_images_per_s", "step_s", "comm_s", "epoch_s", "grad_compression",
+                                        "powersgd_rank", "accumulate", "bytes_per_step", "warnings"]
     p = placement.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
     assert placement.overrides_for(inv, "resnet50-ddp") == (
         [f"nodes=[{', '.join(choice.recommended.nodes)}]"]
-        + [f"shares.{n}={s}" for n, s in choice.recommended.shares.items()])
+        + [f"shares.{n}={s}" for n, s in choice.recommended.shares.items()]
+        + ["grad_compression=none", "powersgd_rank=2", "accumulate=1"])
     p.write_text('{"recommended": {"nodes": "a"}}')
     with pytest.raises(UsageError, match=str(p)):
         placement.load_recommended(inv, "resnet50-ddp")
@@ -120,6 +125,7 @@ def test_summary_rows_are_the_tables_bench_and_plan_print() -> None:
     choice = placement.PlacementChoice("resnet50-ddp", "pytorch", "/labs/mixed.yaml", 2.0, b.time, speeds,
                                        b.network, 16, cands, cands[0])
     header, rows = placement.summary_rows(choice)
-    assert header[:2] == ["nodes", "global batch"] and len(rows) == 2 and all(len(r) == len(header) for r in rows)
-    assert rows[0][0] == "a (recommended)" and rows[1][0] == "a,b" and rows[0][1] == "16"
-    assert rows[0][2] == f"{16 / 1.0:.1f}" and rows[0][7] == "a=16"
+    assert header[:3] == ["nodes", "scheme", "global batch"] and len(rows) == 2
+    assert all(len(r) == len(header) for r in rows)
+    assert rows[0][0] == "a (recommended)" and rows[1][0] == "a,b" and rows[0][1] == "none" and rows[0][2] == "16"
+    assert rows[0][3] == f"{16 / 1.0:.1f}" and rows[0][-1] == "a=16" and rows[0][7] == "0.00"

@@ -1,0 +1,118 @@
+"""The communication model of `clusterctl plan` (docs/planning.md): bytes per scheme from real shapes,
+DDP's buckets and overlap, and the recommendation, on numbers worked out by hand and on a recorded bench."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cluster import bench, commmodel, inventory, placement
+from cluster.commmodel import Comm, Link, Scheme
+from cluster.placement import NodeSpeed, Workload
+
+R18 = commmodel.param_shapes("resnet18", 10)
+R18_ELEMENTS = 11_181_642
+
+# Recorded by `clusterctl bench --jobs resnet18-ddp --set batch=32 --set threads=1` on a 4-node lab, every node
+# at half a core, links shaped to 30 Mbit/s (the all-reduce of the model's 44.7 MB: 23 s; of 4 bytes: 3 ms).
+SLOW = bench.NetworkBench.from_dict({
+    "nodes": 4, "busbw_MBps": 2.9, "model_allreduce_s": 23.0, "latency_s": 0.003,
+    "per_node_busbw_MBps": {"node1": 2.9, "node2": 2.9, "node3": 2.9, "node4": 2.9},
+    "payload_bytes": R18_ELEMENTS * 4})
+SPEEDS = {f"node{i}": NodeSpeed(0.05, 0.009) for i in range(1, 5)}  # 0.338 s per step of 32
+
+
+def test_resnet_shapes_are_torchvisions_without_torch() -> None:
+    assert sum(math.prod(s) for s in R18) == R18_ELEMENTS
+    assert sum(math.prod(s) for s in commmodel.param_shapes("resnet50", 10)) == bench.MODEL_BYTES // 4
+    torchvision = pytest.importorskip("torchvision")
+    for name in ("resnet18", "resnet50"):
+        m = torchvision.models.get_model(name, weights=None, num_classes=7)
+        assert commmodel.param_shapes(name, 7) == [tuple(p.shape) for p in m.parameters()]
+
+
+def test_bytes_on_the_wire_per_scheme() -> None:
+    ring = 2 * 3 / 4
+    assert commmodel.wire_bytes(R18, Scheme("none"), 4) == round(R18_ELEMENTS * 4 * ring)
+    assert commmodel.wire_bytes(R18, Scheme("fp16"), 4) == round(R18_ELEMENTS * 2 * ring)
+    # PowerSGD: an n x m matrix (a conv weight: out x in*kh*kw) at rank r sends (n + m) r values, vectors go whole
+    psgd = commmodel.wire_bytes(R18, Scheme("powersgd", 2), 4)
+    assert psgd == round(4 * ring * (sum((s[0] + math.prod(s[1:])) * 2 for s in R18 if len(s) > 1)
+                                     + sum(math.prod(s) for s in R18 if len(s) == 1)))
+    assert R18_ELEMENTS * 4 * ring / psgd > 100
+    assert commmodel.wire_bytes(R18, Scheme("fp16", accumulate=4), 4) == commmodel.wire_bytes(R18, Scheme("fp16"), 4)
+
+
+def test_ddp_buckets_and_the_overlap_with_backward() -> None:
+    bs = commmodel.buckets(R18)
+    sizes = [sum(math.prod(s) for s in b) * 4 for b in bs]
+    assert len(bs) == 3 and sum(sizes) == R18_ELEMENTS * 4 and bs[0][0] == (10,)  # fc.bias is ready first
+    assert sizes[1] >= 25 << 20 > sizes[1] - 4 * 512 * 512 * 9  # closes once it reaches 25 MiB
+    c = commmodel.comm(R18, Scheme("none"), 4, Link(0.01, 1e-8))
+    assert c.total_s == pytest.approx(3 * 0.01 + R18_ELEMENTS * 4 * 1.5 * 1e-8)
+    assert c.tail_s == pytest.approx(0.01 + sizes[2] * 1.5 * 1e-8)
+    psgd = commmodel.comm(R18, Scheme("powersgd", 2), 4, Link(0.01, 1e-8))
+    assert psgd.total_s == pytest.approx(9 * 0.01 + psgd.bytes_sent * 1e-8)  # 3 all-reduces per bucket
+    assert commmodel.exposed(Comm(1.0, 0.2, 0), 0.5) == pytest.approx(0.5)  # half hides under backward
+    assert commmodel.exposed(Comm(1.0, 0.2, 0), 5.0) == pytest.approx(0.2)  # never less than the last bucket
+    assert commmodel.exposed(Comm(1.0, 0.2, 0), 5.0, overlap=False) == 1.0  # TensorFlow's loop
+
+
+def test_the_recorded_slow_lab_recommends_powersgd_on_four_nodes() -> None:
+    assert SLOW.per_byte_s == pytest.approx((23.0 - 0.003) / (R18_ELEMENTS * 4 * 1.5))
+    work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
+    cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+    assert len(cands) == 1 + 3 * 9  # one node: no network; 2..4 nodes x 3 compressions x accumulate 1, 2, 4
+    by = {(len(c.nodes), c.grad_compression, c.accumulate): c for c in cands}
+    plain, fp16 = by[4, "none", 1], by[4, "fp16", 1]
+    compute = 0.05 + 32 * 0.009
+    assert plain.step_s == pytest.approx(compute + 23.0 + 2 * 0.003 - 2 / 3 * 32 * 0.009, rel=1e-3)
+    assert fp16.bytes_per_step * 2 == plain.bytes_per_step and fp16.step_s < 0.51 * plain.step_s + compute
+    acc4 = by[4, "none", 4]  # one all-reduce per 4 micro-batches: 4x the samples per all-reduce
+    assert acc4.global_batch == 512 and acc4.step_s == pytest.approx(plain.step_s + 3 * 32 * 0.009, rel=1e-3)
+    assert acc4.warnings and "optimizer steps per epoch" in acc4.warnings[0]
+    rec = placement.recommend(cands)
+    assert (len(rec.nodes), rec.grad_compression, rec.accumulate) == (4, "powersgd", 1) and not rec.warnings
+    assert rec.planned_images_per_s > 20 * plain.planned_images_per_s
+    assert by[1, "none", 1].planned_images_per_s == pytest.approx(32 / compute)
+
+
+def test_a_fast_network_keeps_plain_all_reduce_and_tensorflow_never_gets_powersgd() -> None:
+    fast = bench.NetworkBench(4, 1000.0, 0.02, {}, 0.0001, R18_ELEMENTS * 4)
+    work = Workload(R18, "pytorch", 0.0, (Scheme("none"), Scheme("fp16")), train_samples=100_000)
+    rec = placement.recommend(placement.candidates(SPEEDS, 32, fast, work=work))
+    assert len(rec.nodes) == 4 and rec.step_s == pytest.approx(0.338, abs=0.02)  # comm hides under backward
+    assert {s.grad_compression for s in commmodel.schemes("tensorflow", 2)} == {"none", "fp16"}
+    tf = Workload(R18, "tensorflow", 0.0, (Scheme("none"),))
+    _, wait = placement.step_time(dict.fromkeys(SPEEDS, 32), SPEEDS, fast, tf)
+    assert wait == pytest.approx(commmodel.comm(R18, Scheme("none"), 4, placement.link(fast)).total_s)
+
+
+def test_accuracy_warnings() -> None:
+    assert commmodel.warnings(Scheme("powersgd", 1), 128, 50_000, 128)
+    assert not commmodel.warnings(Scheme("powersgd", 2), 128, 50_000, 128)
+    assert "large batches" in commmodel.warnings(Scheme("none", accumulate=4), 2048, 10**6, 512)[0]
+    assert not commmodel.warnings(Scheme("none", accumulate=2), 256, 50_000, 128)
+
+
+def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    f = tmp_path / "lab.yaml"
+    f.write_text("name: lab\nhosts:\n" + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in SPEEDS))
+    inv = inventory.load(f, check_files=False)
+    work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
+    cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+    choice = placement.PlacementChoice("resnet18-ddp", "pytorch", str(inv.path), 1.0, 0.0, SPEEDS, SLOW, 32, cands,
+                                       placement.recommend(cands))
+    p = placement.choice_path(inv, "resnet18-ddp")
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(choice.to_dict()))
+    assert placement.overrides_for(inv, "resnet18-ddp") == [
+        "nodes=[node1, node2, node3, node4]", "shares.node1=32", "shares.node2=32", "shares.node3=32",
+        "shares.node4=32", "grad_compression=powersgd", "powersgd_rank=2", "accumulate=1"]
+    header, rows = placement.summary_rows(choice)
+    marked = [r for r in rows if r[0].endswith(" (recommended)")]
+    assert len(marked) == 1 and marked[0][1] == "powersgd r2"
+    assert any(r[1] == "none x4 !" for r in rows)  # every scheme of the recommended node set, warnings marked
