@@ -143,13 +143,14 @@ def run_line(f: RunFigures) -> str:
     """The run's setting and its communication and convergence in words, with where each figure came from."""
     comm = (f"communication {f.comm_share:.0%} of the step time ({f.comm_share_source})" if f.comm_share is not None
             else "communication share unknown (the programs do not time the all-reduce apart, and no one-process "
-                 "run of the same job, settings and batch was collected to compare with)")
-    sent = ("one process: nothing all-reduced" if f.world == 1 else
-            "bytes per step not recorded" if f.bytes_sent_per_step is None else
+                 "run of the same job, settings and batch per worker was found to compare with)")
+    sent = ("One process: nothing all-reduced" if f.world == 1 else
+            "Bytes per step not recorded" if f.bytes_sent_per_step is None else
             f"{_mb(f.bytes_sent_per_step)} MB sent per step and rank (ring all-reduce of "
             f"{_mb(f.allreduce_payload_bytes)} MB, compression {_scheme(f)}, {f.accumulate or 1} micro-batch(es) "
             "per all-reduce)")
     reached = ("not reached" if f.time_to_target_s is None else f"reached after {f.time_to_target_s:.0f} s")
+    reached += "" if f.epochs else " (no epoch finished)"
     return (f"{f.job} ({f.framework}), {len(f.nodes)} node(s), world size {f.world}, batch {f.batch}/worker, "
             f"dataset {f.dataset}" + (" (synthetic: accuracy is meaningless)" if f.synthetic else "")
             + f", state {f.state}"
