@@ -1,6 +1,8 @@
 """The build plan for the GPUs a recycled lab holds, against drivers 470/535/580/590."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cluster import compat
@@ -28,7 +30,7 @@ EXPECTED = {
 }
 
 
-def gpu(name: str, driver: str) -> list[dict]:
+def gpu(name: str, driver: str) -> list[dict[str, Any]]:
     return [{"name": f"NVIDIA GeForce {name}", "compute_capability": GPUS[name], "driver": DRIVERS[driver]}]
 
 
@@ -38,8 +40,8 @@ def test_node_plan_matrix(case: tuple[str, str]) -> None:
     opts = compat.node_options("n", gpu(name, drv))
     want = EXPECTED[case]
     if isinstance(want, str):
-        assert not opts.ok and want in opts.refusal
-        assert "R580" in opts.fix and compat.RECOMMENDED_DRIVER in opts.fix
+        assert not opts.ok and want in (opts.refusal or "")
+        assert "R580" in (opts.fix or "") and compat.RECOMMENDED_DRIVER in (opts.fix or "")
         return
     torch, tf, amp = want
     best = opts.torch_options[0]
@@ -64,11 +66,11 @@ def test_cpu_only_node_any_driver(drv: str) -> None:
 
 def test_unknown_and_too_old_gpus_are_refused_with_a_fix() -> None:
     p = compat.node_options("k", [{"name": "GeForce GTX 780", "compute_capability": "3.5", "driver": "470.256.02"}])
-    assert not p.ok and "no supported PyTorch build" in p.refusal and "gpu: none" in p.fix
+    assert not p.ok and "no supported PyTorch build" in (p.refusal or "") and "gpu: none" in (p.fix or "")
     p = compat.node_options("x", [{"name": "Mystery GPU", "compute_capability": None, "driver": "580.95.05"}])
-    assert not p.ok and "compute_capability" in p.fix
+    assert not p.ok and "compute_capability" in (p.fix or "")
     p = compat.node_options("o", [{"name": "GeForce GTX 1050 Ti", "compute_capability": "6.1", "driver": "440.100"}])
-    assert not p.ok and "too old" in p.refusal and ">= 450.80.02" in p.refusal
+    assert not p.ok and "too old" in (p.refusal or "") and ">= 450.80.02" in (p.refusal or "")
 
 
 def test_mixed_lab_agrees_on_versions_and_backend() -> None:

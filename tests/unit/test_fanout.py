@@ -5,11 +5,13 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from cluster.fanout import Group
 from cluster.inventory import Host
+from cluster.transport import Transport
 
 
 def local(name: str, tmp_path: Path) -> Host:
@@ -18,7 +20,7 @@ def local(name: str, tmp_path: Path) -> Host:
 
 
 @pytest.fixture
-def silent_port():
+def silent_port() -> Iterator[int]:
     """A TCP port on loopback that accepts connections and never says a word (a hung sshd)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -47,7 +49,7 @@ def silent_port():
 def closed_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+    port: int = s.getsockname()[1]
     s.close()
     return port
 
@@ -71,7 +73,7 @@ def test_results_for_every_node_whatever_each_does(tmp_path: Path, silent_port: 
     assert (r["slow"].status, r["slow"].problem) == ("failed", "command-timeout")
     assert (r["refused"].status, r["refused"].problem) == ("unreachable", "refused")
     assert (r["hung"].status, r["hung"].problem) == ("unreachable", "timeout")
-    assert "sshd" in r["refused"].fix
+    assert "sshd" in (r["refused"].fix or "")
     assert set(r.succeeded) == {"ok"} and set(r.failed) == {"fails", "slow"}
     assert set(r.unreachable) == {"refused", "hung"} and not r.ok
     # everything ran at once: the slowest node bounds the wall time, not the sum
@@ -97,7 +99,7 @@ def test_bounded_concurrency(tmp_path: Path) -> None:
 
 
 def test_call_returns_values_and_catches_surprises(tmp_path: Path) -> None:
-    def fn(t):
+    def fn(t: Transport) -> str:
         if t.host.name == "n1":
             raise ValueError("boom")
         return t.host.workdir

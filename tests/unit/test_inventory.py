@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_select_limit(tmp_path: Path) -> None:
         inv.select("nope")
 
 
-def _error(tmp_path: Path, text: str, **kw) -> InventoryError:
+def _error(tmp_path: Path, text: str, **kw: Any) -> InventoryError:
     with pytest.raises(InventoryError) as exc:
         inventory.load(write(tmp_path, text), **kw)
     return exc.value
@@ -198,8 +199,8 @@ def test_example_lab_inventory_parses() -> None:
     """The example of a real lab is parsed, never connected to."""
     inv = inventory.load(ROOT / "inventory" / "lab.yaml", check_files=False)
     assert len(inv.hosts) == 4 and inv.rank0 == "pc1"
-    assert [h.gpu.count for h in inv.hosts.values()] == [1, 1, 1, 0]
-    assert all(h.gpu.compute_capability == "6.1" for h in inv.select("gpu"))
+    assert [h.gpu.count if h.gpu else None for h in inv.hosts.values()] == [1, 1, 1, 0]
+    assert all(h.gpu and h.gpu.compute_capability == "6.1" for h in inv.select("gpu"))
     assert inv.hosts["pc4"].port == 2222 and inv.hosts["pc4"].host_key_name == "[192.168.1.14]:2222"
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ steps:
 """
 
 
-def ctx(host: Host, **extra) -> dict:
+def ctx(host: Host, **extra: Any) -> dict[str, Any]:
     return {"host": host.to_dict(), "vars": {"colour": "blue"}, "env_python": "/usr/bin/python3",
             "net": {"iface": "eth0", "gpus": 0, "hostname_on_loopback": True},
             "build": {"backend": "gloo", "amp": False}, **extra}
@@ -75,7 +76,7 @@ def test_a_failed_step_stops_that_node(tmp_path: Path) -> None:
                                        "  - name: after\n    command: 'true'\n", "pb.yaml"))
     t = node(tmp_path)
     r = playbook.run(t, pb, ctx(t.host))
-    assert [s.status for s in r.steps] == [FAILED] and "exit 4: no" in r.failed.detail
+    assert [s.status for s in r.steps] == [FAILED] and r.failed is not None and "exit 4: no" in r.failed.detail
 
 
 def test_values_are_shell_quoted_in_commands(tmp_path: Path) -> None:

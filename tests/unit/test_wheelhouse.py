@@ -26,7 +26,7 @@ def small_wh(tmp_path_factory: pytest.TempPathFactory) -> wheelhouse.Wheelhouse:
 
 def test_lock_pins_every_wheel(small_wh: wheelhouse.Wheelhouse) -> None:
     assert small_wh.lock_text == "idna==3.10\nsix==1.16.0\n"
-    assert all(len(m["sha256"]) == 64 for m in small_wh.files.values())
+    assert all(len(str(m["sha256"])) == 64 for m in small_wh.files.values())
 
 
 def test_push_is_incremental_verified_and_resumes(tmp_path: Path, small_wh: wheelhouse.Wheelhouse) -> None:
@@ -52,7 +52,7 @@ def test_corrupted_transfer_is_refused_and_removed(tmp_path: Path, small_wh: whe
     t = LocalTransport(Host(name="n", address="127.0.0.1", connection="local", workdir=str(tmp_path)))
     real_put = LocalTransport.put_file
 
-    def flipping_put(self, local, remote, mode=0o644):  # a bit flipped on the wire
+    def flipping_put(self: LocalTransport, local: Path, remote: str, mode: int = 0o644) -> None:  # a bit flipped on the wire
         real_put(self, local, remote, mode)
         p = Path(remote)
         data = bytearray(p.read_bytes())
