@@ -1,6 +1,7 @@
 """Fan-out benchmark: one command on a 16-node simulated lab, clusterctl vs ssh loop vs pdsh.
 
     .venv/bin/python benchmarks/fanout.py [--nodes 16] [--repeats 7]
+    .venv/bin/python benchmarks/fanout.py --cold-start [--before REV] [--repeats 15]
 
 Prints a table (median wall time of several runs, ratios against pdsh measured in
 the same run) and the numbers for docs/performance.md. Contacts only the lab it
@@ -12,14 +13,21 @@ Rows:
   pdsh -R ssh              pdsh (Debian package), fan-out 32, same key and known_hosts
   library: 1 command       cluster.fanout.Group in one process: connect all + `true` once
   library: 8 commands      the same, then 7 more `true` on the reused connections (provision's path)
+
+--cold-start (no lab, no root): `python -m cluster --help` and `python -m cluster exec --help` as new
+processes, this tree against the package as it was at REV (default: the commit before cluster/cli.py
+became the cluster/cli/ package, issue 14), run in turns so that the machine's load falls on both alike.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -37,11 +45,70 @@ def check(proc: subprocess.CompletedProcess[str], what: str) -> None:
         raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
+COLD_COMMANDS = (("clusterctl --help", ["--help"]), ("clusterctl exec --help", ["exec", "--help"]))
+
+
+def _before_rev() -> str:
+    """The parent of the commit that removed cluster/cli.py; HEAD while it is not removed in a commit."""
+    gone = subprocess.run(["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "cluster/cli.py"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return f"{gone}^" if gone else "HEAD"
+
+
+def _export(rev: str, dest: Path) -> None:
+    """The package as it was at `rev`, in dest/cluster (what `python -m cluster` imports from cwd=dest)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, "cluster"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def cold_start(repeats: int, before: str) -> int:
+    """Median and fastest wall time of a fresh `python -m cluster ...`, before and after, as a table."""
+    old = Path(tempfile.mkdtemp(prefix="clusterctl-before-"))
+    try:
+        _export(before, old)
+        trees = {"before": old, "after": ROOT}
+        times: dict[tuple[str, str], list[float]] = {(t, c): [] for t in trees for c, _ in COLD_COMMANDS}
+        for i in range(repeats + 1):  # the first round warms the page cache and is not counted
+            for tree, where in trees.items():
+                for label, argv in COLD_COMMANDS:
+                    t = time.perf_counter()
+                    check(subprocess.run([sys.executable, "-m", "cluster", *argv], cwd=where, capture_output=True,
+                                         text=True), f"{label} ({tree})")
+                    if i:
+                        times[(tree, label)].append(time.perf_counter() - t)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+    print(f"\ncold start of a fresh process, {repeats} runs each in turns ({os.cpu_count()} cores; "
+          f"before = {before})\n")
+    print(f"| {'command':<24} | {'before median s':>15} | {'after median s':>14} | {'after/before':>12} | "
+          f"{'before min s':>12} | {'after min s':>11} |")
+    print(f"|{'-' * 26}|{'-' * 17}|{'-' * 16}|{'-' * 14}|{'-' * 14}|{'-' * 13}|")
+    for label, _ in COLD_COMMANDS:
+        b, a = times[("before", label)], times[("after", label)]
+        print(f"| {label:<24} | {statistics.median(b):>15.3f} | {statistics.median(a):>14.3f} | "
+              f"{statistics.median(a) / statistics.median(b):>12.2f} | {min(b):>12.3f} | {min(a):>11.3f} |")
+    return 0
+
+
 def main() -> int:
-    args = lab_parser(__doc__, "fbench", "10.76.0.0/24", repeats=7).parse_args()
+    ap = lab_parser(__doc__, "fbench", "10.76.0.0/24", repeats=7)
+    ap.add_argument("--cold-start", action="store_true", help="only the CLI's start-up time, before and after")
+    ap.add_argument("--before", help="the revision to compare with (default: before cluster/cli/ was split)")
+    args = ap.parse_args()
+    if args.cold_start:
+        return cold_start(args.repeats if args.repeats != 7 else 15, args.before or _before_rev())
     if not shutil.which("pdsh"):
         raise SystemExit("pdsh is not installed: apt-get install pdsh (scripts/setup.sh does)")
+    _print_fanout(args.nodes, args.repeats, fanout(args))
+    return 0
 
+
+Timings = dict[str, tuple[float, list[float]]]
+
+
+def fanout(args: argparse.Namespace) -> Timings:
+    """Each method's median and times on a lab of its own, removed afterwards."""
     home = Path(tempfile.mkdtemp(prefix="clusterctl-bench-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
     state = lab.up(args.nodes, name=args.name, subnet=args.subnet, directory=home / "lab")
@@ -83,14 +150,16 @@ def main() -> int:
             ("library: connect + 1 command", library(1)),
             ("library: connect + 8 commands", library(8)),
         ]
-        results = {name: median_time(fn, args.repeats) for name, fn in rows}
+        return {name: median_time(fn, args.repeats) for name, fn in rows}
     finally:
         lab.down(args.name, home / "lab")
         shutil.rmtree(home, ignore_errors=True)
 
+
+def _print_fanout(nodes: int, repeats: int, results: Timings) -> None:
     base = results["pdsh -R ssh (baseline)"][0]
     one = results["library: connect + 1 command"][0]
-    print(f"\nfan-out of `true` on {args.nodes} simulated nodes, median of {args.repeats} runs "
+    print(f"\nfan-out of `true` on {nodes} simulated nodes, median of {repeats} runs "
           f"({os.cpu_count()} cores on the head)\n")
     print(f"| {'method':<32} | {'median s':>9} | {'vs pdsh':>8} | {'min s':>7} | {'max s':>7} |")
     print(f"|{'-' * 34}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|")
@@ -101,7 +170,6 @@ def main() -> int:
     print(f"\ntarget 1: cold clusterctl exec / pdsh = {cold / base:.2f} (target <= 1.10)")
     print(f"target 2: 8 commands in one invocation / one cold clusterctl exec = {eight / cold:.2f} (target < 1.50)")
     print(f"          (stricter: / the library's own connect + 1 command = {eight / one:.2f})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from cluster import facts, render, runs
 from cluster.wheelhouse import sha256_file
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group
 from cluster.inventory import Host
 from cluster.replies import agent_reply, error_tail
@@ -164,10 +164,14 @@ def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
     hosts: list[Host] = [(inventory_hosts or {}).get(h.name, h) for h in runs.hosts(record) if h.name in dirs]
     base = runs.run_path(record.run_id)
     out: dict[str, NodeCollect] = {}
+
+    def one(t: Transport) -> NodeCollect:
+        name = t.host.name
+        return collect_node(t, dirs[name], safe_dest(base, name), checkpoints,
+                            (lambda n: on_bytes(name, n)) if on_bytes else (lambda n: None))
+
     with Group(hosts, forks=forks) as group:
-        results = group.call(lambda t: collect_node(
-            t, dirs[t.host.name], safe_dest(base, t.host.name), checkpoints,
-            (lambda n, name=t.host.name: on_bytes(name, n)) if on_bytes else (lambda n: None)))
+        results = group.call(one)
         gathered = facts.gather(group, [h for h in hosts if results[h.name].ok])
     for h in hosts:
         r = results[h.name]
@@ -183,3 +187,66 @@ def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
     # only this field, on the newest record: a run that ended while we copied keeps its final state
     runs.update(record.run_id, lambda newest: setattr(newest, "collected", collected))
     return out
+
+
+# --------------------------------------------------------------------------- several runs: `clusterctl collect`
+
+VERDICTS = ("ok", "failed", "unreachable")  # each worse than the one before: several runs get the worst
+
+
+@dataclass
+class RunCollect:
+    """One run's collect: the head folder its files went to and each node's outcome."""
+
+    run_id: str
+    folder: Path
+    nodes: dict[str, NodeCollect]
+
+    @property
+    def verdict(self) -> str:
+        """unreachable: a node could not be reached; failed: a node failed or a file was refused; else ok."""
+        if any(c.status == "unreachable" for c in self.nodes.values()):
+            return "unreachable"
+        if any(c.status != "ok" or c.refused for c in self.nodes.values()):
+            return "failed"
+        return "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "folder": str(self.folder), "nodes": [c.to_dict() for c in self.nodes.values()]}
+
+
+@dataclass
+class CollectSummary:
+    runs: list[RunCollect]
+
+    @property
+    def verdict(self) -> str:
+        """The worst of the runs' verdicts (VERDICTS order)."""
+        return max((r.verdict for r in self.runs), key=VERDICTS.index, default="ok")
+
+
+def chosen_runs(run: str | None, every: bool) -> list[runs.RunRecord]:
+    """The run named (or the latest), or with `every` each recorded run that was not a dry run."""
+    if every and run:
+        raise UsageError("give a RUN or --all, not both", "clusterctl collect --all")
+    return [r for r in runs.list_runs() if r.state != "dry-run"] if every else [runs.load(run)]
+
+
+def collect_runs(records: list[runs.RunRecord], checkpoints: bool = False, forks: int = 32,
+                 on_bytes: Callable[[str, str, int], None] | None = None,
+                 inventory_hosts: dict[str, Host] | None = None) -> CollectSummary:
+    """collect() each run in turn; `on_bytes(run_id, node, n)` as bytes arrive. One run's failed or
+    unreachable node does not stop the next run's collect: the summary's verdict says it."""
+    done = []
+    for record in records:
+        nodes = collect(record, checkpoints=checkpoints, forks=forks, on_bytes=_for_run(on_bytes, record.run_id),
+                        inventory_hosts=inventory_hosts)
+        done.append(RunCollect(record.run_id, runs.run_path(record.run_id), nodes))
+    return CollectSummary(done)
+
+
+def _for_run(on_bytes: Callable[[str, str, int], None] | None, run_id: str) -> Callable[[str, int], None] | None:
+    if on_bytes is None:
+        return None
+    report = on_bytes
+    return lambda node, n: report(run_id, node, n)

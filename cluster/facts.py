@@ -59,7 +59,10 @@ def parse_cpu(out: str, rc: int) -> dict[str, Any]:
 
 def parse_memory(out: str, rc: int) -> dict[str, int | None]:
     kb = {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB$", out, re.M)}
-    mib = lambda k: kb[k] // 1024 if k in kb else None  # noqa: E731
+
+    def mib(k: str) -> int | None:
+        return kb[k] // 1024 if k in kb else None
+
     return {"total_mib": mib("MemTotal"), "available_mib": mib("MemAvailable")}
 
 
@@ -193,6 +196,31 @@ class NodeFacts:
                 "clock_offset_s": self.clock_offset_s, "clock_uncertainty_s": self.clock_uncertainty_s}
 
 
+SUMMARY_COLUMNS = ("os", "python", "cpus", "ram", "disk", "gpus", "nic", "clock s")
+
+
+def summary(f: dict[str, Any]) -> list[str | None]:
+    """A node's facts (NodeFacts.to_dict()) as the short cells of `check`'s table, in SUMMARY_COLUMNS order.
+    None is a fact the node must have and lacks (no usable Python): the reader says how to show it."""
+    os_ = f.get("os") or {}
+    py = f.get("python")
+    mem = f.get("memory") or {}
+    disk = f.get("disk")
+    gpus = (f.get("gpus") or {}).get("gpus") or []
+    gpu_txt = ", ".join(f"{g['name'].replace('NVIDIA ', '').replace('GeForce ', '')} "
+                        f"(cc {g['compute_capability']}, {g['driver']})" for g in gpus) or "none"
+    return [
+        f"{os_.get('id') or '?'} {os_.get('version') or ''}".strip(),
+        py["version"] if py else None,
+        str((f.get("cpu") or {}).get("usable") or "?"),
+        f"{(mem.get('total_mib') or 0) / 1024:.0f}G",
+        f"{disk['free_gib']:.0f}G" if disk else "?",
+        gpu_txt,
+        f.get("address_nic") or "-",
+        f"{f['clock_offset_s']:+.3f}" if f.get("clock_offset_s") is not None else "?",
+    ]
+
+
 def clock_offset(t: Transport) -> tuple[float, float]:
     """Node clock minus head clock (NTP-style midpoint), and half the round trip as uncertainty."""
     best: tuple[float, float] | None = None
@@ -208,7 +236,7 @@ def clock_offset(t: Transport) -> tuple[float, float]:
 def nic_for(nics: list[dict[str, Any]], address: str | None) -> str | None:
     for nic in nics:
         if address and address in nic["addresses"]:
-            return nic["name"]
+            return str(nic["name"])
     return None
 
 

@@ -12,7 +12,9 @@ import pytest
 
 from tests.conftest import ROOT, write
 
-COMMANDS = [["lab"], ["lab", "up"], ["lab", "down"], ["lab", "status"], ["trust"], ["check"], ["exec"], ["context"]]
+COMMANDS = [["lab"], ["lab", "up"], ["lab", "down"], ["lab", "status"], ["trust"], ["check"], ["exec"], ["provision"],
+            ["launch"], ["runs"], ["status"], ["logs"], ["stop"], ["collect"], ["report"], ["study"], ["bench"],
+            ["plan"], ["context"]]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -200,11 +202,12 @@ def test_internal_error_is_one_line_exit_70_traceback_with_debug(monkeypatch: py
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """A bug (an exception that is not a ClusterError) reaches the user as one line and exit 70."""
     from cluster import cli
+    from cluster.cli import context as context_command
 
     def broken(args: object) -> int:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(cli, "cmd_context", broken)
+    monkeypatch.setattr(context_command, "cmd_context", broken)
     assert cli.main(["context"]) == 70
     e = capsys.readouterr().err
     assert "internal error: KeyError: 'surprise'" in e and "CLUSTERCTL_DEBUG=1" in e and "Traceback" not in e
@@ -215,11 +218,12 @@ def test_internal_error_is_one_line_exit_70_traceback_with_debug(monkeypatch: py
 
 def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from cluster import cli
+    from cluster.cli import context as context_command
 
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_context", interrupted)
+    monkeypatch.setattr(context_command, "cmd_context", interrupted)
     assert cli.main(["context"]) == 130 and "interrupted" in capsys.readouterr().err
 
 
@@ -260,3 +264,64 @@ def test_study_exit_1_when_a_cell_did_not_succeed(tmp_path: Path) -> None:
 def test_lab_status_of_a_lab_that_is_not_up_exits_1() -> None:
     r = run("lab", "status", "--name", "nolab", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["up"] is False
+
+
+# --------------------------------------------------------------------------- the package: help and lazy imports
+
+
+def test_top_level_help_says_what_the_tool_is_and_the_order_of_work() -> None:
+    r = run("--help")
+    assert r.returncode == 0 and "distributed" in r.stdout and "deep learning" in r.stdout
+    order = r.stdout[r.stdout.index("the order of work"):]
+    steps = ["lab up", "trust", "check", "provision", "launch", "collect", "report"]
+    at = [order.index(f"clusterctl {s}") for s in steps]
+    assert at == sorted(at)
+    assert "clusterctl bench" in order and "clusterctl plan" in order and "--plan" in order
+
+
+def test_every_command_is_in_the_top_level_help_and_has_a_module() -> None:
+    from cluster import cli
+
+    r = run("--help")
+    for name in cli.COMMANDS:
+        assert f"\n    {name}" in r.stdout
+    for name in cli.COMMANDS:  # each group module declares its commands' arguments and handlers
+        parser = cli.build_parser(name)
+        args = parser.parse_args([name, "up", "1"] if name == "lab" else
+                                 [name, "x"] if name in ("launch", "plan", "study") else [name])
+        assert callable(args.fn)
+
+
+IMPORTED = ("import sys, json; from cluster.cli import main; main({argv!r}); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('cluster', 'rich')))))")
+GROUPS = {"cluster.cli.lab", "cluster.cli.nodes", "cluster.cli.provision", "cluster.cli.runs", "cluster.cli.results",
+          "cluster.cli.bench", "cluster.cli.context"}
+HEAVY = {"rich.live", "rich.progress", "cluster.launch", "cluster.report", "cluster.provision", "cluster.bench",
+         "cluster.placement", "cluster.study", "cluster.lab"}
+
+
+@pytest.mark.parametrize("argv, own", [(["--help"], None), (["exec", "--help"], "cluster.cli.nodes"),
+                                       (["exec", "--json", "--", "true"], "cluster.cli.nodes")],
+                         ids=["help", "exec help", "exec"])
+def test_a_command_imports_its_own_group_only(argv: list[str], own: str | None) -> None:
+    """pip's lazy commands: `--help` needs no command module (nor rich), `exec` only its own group."""
+    r = subprocess.run([sys.executable, "-c", IMPORTED.format(argv=argv)], capture_output=True, text=True, cwd=ROOT,
+                       env=os.environ.copy(), timeout=120)
+    modules = set(json.loads(r.stdout.splitlines()[-1]))
+    assert modules & GROUPS == ({own} if own else set())
+    assert not modules & HEAVY, modules & HEAVY
+    if own is None:
+        assert not any(m.startswith("rich") for m in modules) and "cluster.cli.output" not in modules
+
+
+def test_report_writes_the_pages_asked_for_with_the_target_accuracy(tmp_path: Path) -> None:
+    from tests.unit.test_collect_report import _write_run
+
+    _write_run(Path(os.environ["CLUSTERCTL_HOME"]), "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
+    md = tmp_path / "pages" / "r.md"
+    r = run("report", "one", "--json", "--target-acc", "0.5", "--markdown", str(md))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["runs"][0]["target_acc"] == 0.5 and doc["written"] == [str(md.resolve())] and md.exists()
+    r = run("report", "one", "--target-acc", "90")  # a percentage where a fraction is meant
+    assert r.returncode == 2 and "expected a number > 0 and <= 1, got '90'" in r.stderr

@@ -111,3 +111,16 @@ def test_health_gpu_driver_failure_blocks_only_where_a_gpu_is_expected() -> None
     assert [(p.code, p.blocking) for p in health.from_facts(_host(), nf)] == [("gpu-driver", False)]
     codes = {(p.code, p.blocking) for p in health.from_facts(_host(gpu=GpuSpec(1)), nf)}
     assert codes == {("gpu-driver", True), ("gpu-missing", True)}
+
+
+def test_summary_cells_of_check_table() -> None:
+    """`check`'s table cells: short texts from the facts dict, None where a fact the node needs is missing."""
+    d = {"os": {"id": "debian", "version": "12"}, "python": {"version": "3.11.2"}, "cpu": {"usable": 4},
+         "memory": {"total_mib": 16000}, "disk": {"free_gib": 120.4},
+         "gpus": {"gpus": [{"name": "NVIDIA GeForce GTX 1050 Ti", "compute_capability": "6.1", "driver": "535"}]},
+         "address_nic": "eth0", "clock_offset_s": -0.0123}
+    assert facts.summary(d) == ["debian 12", "3.11.2", "4", "16G", "120G", "GTX 1050 Ti (cc 6.1, 535)", "eth0",
+                                "-0.012"]
+    assert len(facts.SUMMARY_COLUMNS) == len(facts.summary(d))
+    # nothing known: placeholders, and None where the node must have Python
+    assert facts.summary({"python": None}) == ["?", None, "?", "0G", "?", "none", "-", "?"]

@@ -1,0 +1,74 @@
+"""Argument declarations several commands share, and argparse types for numbers.
+
+Imports nothing but argparse: every command module declares its arguments with these, and a
+`clusterctl CMD --help` should not pay for rich or the library.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, TypeVar
+
+N = TypeVar("N", int, float)
+
+DEFAULT_INVENTORY_HELP = "inventory YAML (default: the current context)"
+
+
+def _number(kind: Callable[[str], N], minimum: float, strict: bool,
+            maximum: float | None = None) -> Callable[[str], N]:
+    """An argparse type: a number of `kind` >= minimum (> with `strict`), and <= maximum when given;
+    anything else is exit 2, said so."""
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}") \
+                from None
+        if value != value or value in (float("inf"), float("-inf")) or value < minimum \
+                or (strict and value == minimum) or (maximum is not None and value > maximum):
+            bound = f" and <= {maximum:g}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {minimum:g}{bound}, "
+                                             f"got {text!r}")
+        return value
+    parse.__name__ = getattr(kind, "__name__", "number")  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT, POSITIVE_FLOAT = _number(int, 0, strict=True), _number(float, 0, strict=True)
+NON_NEGATIVE_INT, NON_NEGATIVE_FLOAT = _number(int, 0, strict=False), _number(float, 0, strict=False)
+FRACTION = _number(float, 0, strict=True, maximum=1)  # a share such as an accuracy: 0.9, not 90
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def add_inventory_option(p: argparse.ArgumentParser, help: str = DEFAULT_INVENTORY_HELP) -> None:
+    p.add_argument("-i", "--inventory", metavar="INVENTORY", help=help)
+
+
+def add_forks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--forks", type=POSITIVE_INT, default=32, help="nodes contacted at once (default 32)")
+
+
+def add_job_settings(p: argparse.ArgumentParser, help: str = "job setting, e.g. --set batch=16") -> None:
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=help)
+
+
+def add_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", nargs="?", metavar="RUN", help="run id or a unique prefix (default: the latest)")
+
+
+def add_price(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--price-kwh", type=NON_NEGATIVE_FLOAT, metavar="PRICE",
+                   help="electricity price per kWh, for the cost column")
+
+
+def add_inventory_args(p: argparse.ArgumentParser) -> None:
+    """The node commands' way to name an inventory and the nodes in it."""
+    p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
+                   help="inventory YAML (default: the current context, see `clusterctl context`)")
+    add_inventory_option(p, "inventory YAML (same as the positional)")
+    p.add_argument("--limit", metavar="HOSTS", help="comma-separated host names, group names or globs")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a host field on every host (e.g. --set user=student); repeatable")
+    add_forks(p)

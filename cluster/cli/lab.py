@@ -1,0 +1,106 @@
+"""`clusterctl lab up|down|status`: the simulated lab (cluster.lab)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.markup import escape
+
+from cluster import context, errors, lab
+from cluster.cli.args import POSITIVE_INT, add_json
+from cluster.cli.output import emit_json, err, out, table
+
+ACTIONS = (("up", "start a lab and make it the current context"),
+           ("down", "remove the lab's namespaces, links and processes"),
+           ("status", "show the lab's nodes and whether sshd answers"))
+
+
+def configure(name: str, p: argparse.ArgumentParser) -> None:
+    """`lab` takes an action; each declares its own arguments."""
+    sub = p.add_subparsers(dest="lab_cmd", required=True, metavar="ACTION")
+    handlers = {"up": cmd_lab_up, "down": cmd_lab_down, "status": cmd_lab_status}
+    for action, help in ACTIONS:
+        sp = sub.add_parser(action, help=help, description=help)
+        sp.set_defaults(fn=handlers[action])
+        if action == "down":
+            sp.add_argument("--purge", action="store_true",
+                            help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
+        if action == "up":
+            _declare_up(sp)
+        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lab)")
+        sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
+        add_json(sp)
+
+
+def _declare_up(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("nodes", type=POSITIVE_INT, metavar="N", help="number of nodes")
+    sp.add_argument("--subnet", default="10.77.0.0/24", help="IPv4 subnet of the lab (default 10.77.0.0/24)")
+    sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
+    sp.add_argument("--uplink", metavar="RATE",
+                    help="the head's NIC: one limit shared by all head<->node traffic, e.g. 1gbit")
+    sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
+                    help="heterogeneous nodes: pin node i to one core and let it use Qi of it "
+                         "(cgroup CPU bandwidth), e.g. 1,0.35")
+
+
+def _directory(args: argparse.Namespace) -> Path | None:
+    return Path(args.dir) if args.dir else None
+
+
+def _quotas(text: str | None) -> list[float] | None:
+    try:
+        return [float(x) for x in text.split(",")] if text else None
+    except ValueError:
+        raise errors.UsageError(f"--cpu-quota {text!r}: expected numbers", "e.g. --cpu-quota 1,0.35") from None
+
+
+def cmd_lab_up(args: argparse.Namespace) -> int:
+    with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
+        state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
+                       cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink)
+    context.set_current(Path(state.inventory))
+    if args.json:
+        emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
+                   "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
+        return errors.EXIT_OK
+    t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "netns", "sshd pid", "cpu"))
+    for n in state.nodes:
+        t.add_row(n.name, n.address, n.netns, str(n.pid),
+                  f"core {n.cpu}, {n.cpu_quota:g} of it" if n.cpu_quota is not None else "shared")
+    out.print(t)
+    if state.bandwidth:
+        out.print(f"links shaped to {state.bandwidth} in both directions")
+    if state.uplink:
+        out.print(f"the head's uplink: {state.uplink} in each direction, shared by all nodes")
+    out.print(f"inventory: {escape(state.inventory)} (now the current context)")
+    return errors.EXIT_OK
+
+
+def cmd_lab_down(args: argparse.Namespace) -> int:
+    state = lab.load_state(args.name, _directory(args))
+    removed = lab.down(args.name, _directory(args), purge=args.purge)
+    if state is not None and context.current() == Path(state.inventory):
+        context.clear()  # don't leave the current context pointing at nodes that are gone
+    if args.json:
+        emit_json({"name": args.name, "removed": removed})
+    else:
+        out.print(f"lab {args.name}: removed {len(removed)} pieces" + (f" ({', '.join(removed)})" if removed else
+                                                                       " (nothing was running)"))
+    return errors.EXIT_OK
+
+
+def cmd_lab_status(args: argparse.Namespace) -> int:
+    state, rows = lab.status(args.name, _directory(args))
+    if args.json:
+        emit_json({"name": args.name, "up": state is not None,
+                   "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows]})
+    elif state is None:
+        out.print(f"lab {args.name} is not up (start it with `clusterctl lab up 3 --name {args.name}`)")
+    else:
+        t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "netns", "sshd", "port 22"))
+        for r in rows:
+            t.add_row(r.name, r.address, *(("[green]yes[/]" if x else "[red]no[/]") for x in (r.netns, r.sshd, r.port_open)))
+        out.print(t)
+        out.print(f"inventory: {escape(state.inventory)}")
+    healthy = state is not None and all(r.netns and r.sshd and r.port_open for r in rows)
+    return errors.EXIT_OK if healthy else errors.EXIT_FAILED

@@ -1,0 +1,145 @@
+"""`clusterctl trust|check|exec`: first contact, the nodes' facts and problems, a command everywhere."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rich.markup import escape
+
+from cluster import errors
+from cluster.cli.args import POSITIVE_FLOAT, add_inventory_args
+from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
+
+
+def configure(name: str, p: argparse.ArgumentParser) -> None:
+    add_inventory_args(p)
+    if name == "trust":
+        p.add_argument("--yes", action="store_true", help="record new keys without asking (after checking them)")
+        p.set_defaults(fn=cmd_trust)
+    elif name == "check":
+        p.set_defaults(fn=cmd_check)
+    else:
+        p.add_argument("--timeout", type=POSITIVE_FLOAT, help="per-node command timeout in seconds")
+        p.set_defaults(fn=cmd_exec)
+
+
+# --------------------------------------------------------------------------- trust
+
+_KEY_STYLE = {"new": "yellow", "known": "green", "changed": "bold red", "unreachable": "red", "local": "dim"}
+
+
+def _confirmed(args: argparse.Namespace, count: int) -> bool:
+    """--yes, or a yes typed at the terminal; without a terminal, say how to check and record."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        err.print("[yellow]not recording: compare the fingerprints above with `ssh-keygen -lf "
+                  "/etc/ssh/ssh_host_ed25519_key.pub` on each node, then re-run with --yes[/yellow]")
+        return False
+    answer = err.input(f"Record {count} new host key(s)? Compare the fingerprints on the nodes first. [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from cluster import hostkeys
+
+    hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
+    with err.status(f"contacting {len(hosts)} nodes for their host keys"):
+        offers = hostkeys.survey(hosts, args.forks)
+    new = [o for o in offers if o.status == "new"]
+    if not args.json:
+        # Plain lines, not a table: a fingerprint must never be cut to fit the terminal.
+        for o in offers:
+            key = f"{o.key.get_name()} {o.fingerprint}" if o.key else "-"
+            out.print(f"{o.host.name:<12} {o.host.host_key_name:<22} [{_KEY_STYLE[o.status]}]{o.status:<11}[/] {key}")
+        for o in offers:
+            if o.message:
+                err.print(f"[red]{escape(o.message)}[/red]")
+    recorded: list[str] = []
+    if new and _confirmed(args, len(new)):
+        for o in new:
+            assert o.key is not None
+            hostkeys.record(o.host, o.key)
+            recorded.append(o.host.name)
+        if not args.json:
+            out.print(f"recorded {len(recorded)} key(s) in "
+                      f"{', '.join(sorted({str(o.host.known_hosts_path) for o in new}))}")
+    if args.json:
+        emit_json({"nodes": [{**o.to_dict(), "recorded": o.host.name in recorded} for o in offers]})
+    if any(o.status in ("changed", "unreachable") for o in offers) or (new and not recorded):
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- check
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from cluster import check, facts
+    from cluster.fanout import Group
+
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set)
+    hosts = inv.select(args.limit)
+    with Group(hosts, forks=args.forks) as group, bar("gathering facts") as prog:
+        task = prog.add_task("facts", total=len(hosts))
+        report = check.run(group, on_done=lambda r: prog.advance(task))
+    if args.json:
+        emit_json({"inventory": str(inv.path), **report.to_dict()})
+    else:
+        t = table(f"{inv.name}: {len(report.healthy)}/{len(hosts)} nodes healthy",
+                  ("node", "address", "state", *facts.SUMMARY_COLUMNS), overflow="fold")
+        blocked = {p.host for p in report.blocking}
+        for h in hosts:
+            r = report.results[h.name]
+            state = "[red]unreachable[/]" if r.status == "unreachable" else (
+                "[red]problem[/]" if h.name in blocked else "[green]ok[/]")
+            cells = facts.summary(r.value.to_dict()) if r.ok else ["-"] * len(facts.SUMMARY_COLUMNS)
+            t.add_row(h.name, h.address, state, *(escape(c) if c is not None else "[red]missing[/]" for c in cells))
+        out.print(t)
+        for p in report.problems:
+            tag = "[red]error[/]" if p.blocking else "[yellow]warning[/]"
+            out.print(f"{tag} {p.host}: {escape(p.message)}\n    fix: {escape(p.fix)}")
+        if not report.problems:
+            out.print("no problems found")
+    if report.results.unreachable:  # unreachable, or its host key unknown or changed
+        return errors.EXIT_UNREACHABLE
+    if any(p.blocking for p in report.problems):
+        return errors.EXIT_FAILED
+    return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- exec
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from cluster.fanout import Group
+
+    if not args.command:
+        raise errors.UsageError("no command given", "put it after --: clusterctl exec [INVENTORY] -- uptime")
+    command = " ".join(args.command)  # like ssh: the words are joined and read by the node's shell
+    hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
+    start = time.monotonic()
+    with Group(hosts, forks=args.forks) as group:
+        results = group.run(command, timeout=args.timeout)
+    wall = time.monotonic() - start
+    if args.json:
+        emit_json({"command": command, "wall_s": round(wall, 3),
+                   "nodes": [results[h.name].to_dict() for h in hosts]})
+    else:
+        for h in hosts:
+            r = results[h.name]
+            colour = {"ok": "green", "failed": "red", "unreachable": "red"}[r.status]
+            extra = f"exit {r.exit_code}" if r.exit_code is not None else (r.problem or "")
+            out.print(f"[bold]── {h.name}[/] ({h.address}) [{colour}]{r.status}[/] {extra} {r.duration:.2f}s")
+            if r.stdout:
+                out.out(r.stdout.rstrip("\n"), highlight=False)
+            if r.stderr:
+                out.print(f"[dim]{escape(r.stderr.rstrip())}[/dim]")
+            if r.error:
+                out.print(f"[red]{escape(r.error)}[/red]" + (f"\n  fix: {escape(r.fix)}" if r.fix else ""))
+        out.print(f"{len(results.succeeded)} ok, {len(results.failed)} failed, "
+                  f"{len(results.unreachable)} unreachable in {wall:.2f}s")
+    if results.unreachable:
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK if results.ok else errors.EXIT_FAILED

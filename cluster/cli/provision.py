@@ -1,0 +1,115 @@
+"""`clusterctl provision`: the same verified training environment on every node (cluster.provision)."""
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from cluster import context, errors
+from cluster.cli.args import add_inventory_args
+from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, table
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from cluster.compat import BuildPlan
+    from cluster.playbook import StepResult
+    from cluster.provision import ProvisionReport
+
+
+def configure(name: str, p: argparse.ArgumentParser) -> None:
+    add_inventory_args(p)
+    p.add_argument("--dry-run", action="store_true", help="show the plan and what would change; change nothing")
+    p.add_argument("--verify", action="store_true",
+                   help="repeat the imports and the all-reduce even when nothing changed since the last run")
+    p.set_defaults(fn=cmd_provision)
+
+
+class _Live:
+    """One spinner line per node: its current step, or the wheels it has received."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                                 transient=True, disable=not err.is_terminal or quiet)
+        self.tasks: dict[str, TaskID] = {}
+        self.sent: dict[str, int] = {}
+
+    def _show(self, host: str, text: str) -> None:
+        if host not in self.tasks:
+            self.tasks[host] = self.progress.add_task(host)
+        self.progress.update(self.tasks[host], description=f"{host}: {text}")
+
+    def on_step(self, host: str, r: StepResult) -> None:
+        self._show(host, f"{r.name} [{r.status}]")
+
+    def on_bytes(self, host: str, n: int) -> None:
+        self.sent[host] = self.sent.get(host, 0) + n
+        self._show(host, f"wheels {self.sent[host] / 2**20:.0f} MiB received and verified")
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    from cluster import provision
+
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set)
+    hosts = inv.select(args.limit)
+    live = _Live(args.json)
+    with live.progress:
+        report = provision.run(inv, hosts, dry_run=args.dry_run, verify=args.verify, forks=args.forks,
+                               log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes)
+    if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
+        context.set_current(inv.path)
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        _print_report(report)
+    statuses = {n.status for n in report.nodes.values()}
+    if "unreachable" in statuses:
+        return errors.EXIT_UNREACHABLE
+    return errors.EXIT_OK if report.ok else errors.EXIT_FAILED
+
+
+def _print_build_plan(plan: BuildPlan) -> None:
+    t = table(f"plan: torch {plan.torch}, TensorFlow {plan.tensorflow}, backend {plan.backend}",
+              ("node", "GPU", "cc", "driver", "torch", "TensorFlow", "AMP", "notes"), overflow="fold")
+    for name, b in plan.builds.items():
+        t.add_row(name, b.gpu or "none", b.compute_capability or "-", b.driver or "-",
+                  b.torch_label, f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
+                  "on" if b.amp else "off", "; ".join(b.notes + b.pins))
+    out.print(t)
+
+
+def _print_nodes(report: ProvisionReport) -> None:
+    t = table("dry run: what provision would do" if report.dry_run else "provision",
+              ("node", "status", "changed", "unchanged", "time", "torch", "TensorFlow", "all-reduce"), overflow="fold")
+    style = {"ok": "green", "failed": "red", "unreachable": "red", "refused": "red"}
+    for n in report.nodes.values():
+        fp = n.fingerprint or {}
+        ar = n.allreduce or {}
+        t.add_row(n.host, f"[{style.get(n.status, 'yellow')}]{n.status}[/]", str(n.changed), str(n.unchanged),
+                  f"{n.duration:.1f}s", fp.get("torch") or "-", fp.get("tensorflow") or "-",
+                  f"{ar['busbw_MBps']:.0f} MB/s" if ar.get("busbw_MBps") is not None else "-")
+    out.print(t)
+    if report.dry_run:
+        for n in report.nodes.values():
+            for s in n.steps:
+                out.print(f"  {n.host}: {s.name}: [{'yellow' if s.status == 'would change' else 'dim'}]{s.status}[/]"
+                          + (f" — {escape(s.detail)}" if s.detail else ""))
+
+
+def _print_report(report: ProvisionReport) -> None:
+    if report.plan is not None:
+        _print_build_plan(report.plan)
+    for line in (report.distribution or {}).get("lines", []):
+        out.print(f"wheels: {escape(line)}")
+    _print_nodes(report)
+    for line in report.fingerprint_diff:
+        out.print(f"[red]fingerprint differs[/red] {escape(line)}")
+    for n in report.nodes.values():
+        if n.error:
+            out.print(error_line("error", n.host, n.error, n.fix))
+    for note in report.notes:
+        out.print(f"note: {escape(note)}")
+    if not report.dry_run and report.nothing_to_do:
+        out.print("nothing to do: every step was already done and every environment is as verified")

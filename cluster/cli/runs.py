@@ -1,0 +1,276 @@
+"""`clusterctl launch|runs|status|logs|stop`: start a job on its nodes and follow, list, read and stop runs."""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+from rich.markup import escape
+from rich.table import Table
+
+from cluster import errors
+from cluster.cli.args import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_run
+from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
+
+if TYPE_CHECKING:
+    from cluster.runs import RunRecord
+
+
+def configure(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "launch":
+        _declare_launch(p)
+        p.set_defaults(fn=cmd_launch)
+        return
+    if name == "runs":
+        p.set_defaults(fn=cmd_runs)
+        return
+    add_run(p)
+    if name == "logs":
+        p.add_argument("--node", help="only this node")
+        p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+        p.add_argument("-n", "--lines", type=NON_NEGATIVE_INT, default=50, help="last lines per node (default 50)")
+    if name == "stop":
+        p.add_argument("--grace", type=NON_NEGATIVE_FLOAT, default=10.0,
+                       help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.set_defaults(fn={"status": cmd_status, "logs": cmd_logs, "stop": cmd_stop}[name])
+
+
+def _declare_launch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", metavar="JOB", help="a job name (playbooks/JOB.yaml) or a spec file; see docs/jobs.md")
+    add_inventory_option(p)
+    p.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a job setting, e.g. --set epochs=2 --set optimizer.lr=0.02; repeatable")
+    p.add_argument("--host-set", action="append", metavar="KEY=VALUE", help="override a host field on every host")
+    add_forks(p)
+    p.add_argument("--dry-run", action="store_true", help="print every node's files and commands; change nothing")
+    p.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
+    p.add_argument("--plan", action="store_true",
+                   help="use `clusterctl plan JOB`'s recommended nodes and per-node batch shares")
+
+
+# --------------------------------------------------------------------------- a run, shown
+
+
+class NodeView(Protocol):
+    """What the run table reads of a node's status (launch's NodeStatus)."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def epoch(self) -> int | None: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def loss(self) -> float | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _cell(value: Any, fmt: str = "") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]]) -> Table:
+    t = table(f"{record.run_id}: {styled(record.state)} ({record.job}, world size {record.world_size})",
+              ("node", "state", "procs", "world", "epoch", "step", "loss", "images/s"))
+    for n in record.nodes:
+        s = statuses.get(n.node)
+        if s is None:
+            t.add_row(n.node, "?", *["-"] * 6)
+            continue
+        d = s if isinstance(s, dict) else s.to_dict()
+        t.add_row(n.node, styled(d["state"]), str(d["processes"]), str(d["world"] or "-"), _cell(d["epoch"]),
+                  _cell(d["step"]), _cell(d["loss"], ".4f"), _cell(d["images_per_s"], ".1f"))
+    return t
+
+
+def _print_failure(record: RunRecord) -> None:
+    f = record.failure
+    if f is not None:
+        out.print(f"[red]run failed[/red] on {f.node}: {escape(f.reason)}"
+                  + (f" (also: {', '.join(f.also)})" if f.also else ""))
+        for line in f.log:
+            out.print(f"  [dim]{f.node}|[/dim] {escape(line)}")
+    if record.stop_pending:
+        out.print(f"[red]not confirmed stopped[/red] (unreachable): {', '.join(record.stop_pending)}; "
+                  f"run `clusterctl stop {record.run_id}` when they are back")
+    elif f is not None and record.stop_results:
+        out.print("the other nodes were stopped")
+    if f is not None:
+        out.print(f"logs and metrics stay on the nodes (`clusterctl logs {record.run_id}`)")
+
+
+def _run_exit(record: RunRecord) -> int:
+    if record.stop_pending:
+        return errors.EXIT_UNREACHABLE
+    return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
+            "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from cluster import jobs, launch
+
+    inv = load_inventory(args.inventory, args.host_set)
+    planned = None
+    if args.plan:
+        from cluster import placement
+
+        planned = placement.load_recommended(inv, args.job).to_dict()
+    spec = jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
+    if args.dry_run:
+        _, plan = launch.dry_run(inv, spec, limit=args.limit, forks=args.forks)
+        if args.json:
+            emit_json({**plan.to_dict(), "files": {n.node: n.files for n in plan.nodes}})
+            return errors.EXIT_OK
+        for n in plan.nodes:
+            for name, content in n.files.items():
+                out.rule(f"{n.node}: {n.run_dir}/{name}")
+                out.out(content.rstrip("\n"), highlight=False)
+            out.print(f"[bold]{n.node}[/] starts with: {escape(n.start_command)}")
+        out.print(f"dry run: {len(plan.nodes)} nodes, world size {plan.world_size}; nothing was changed "
+                  f"(the port is picked when the run starts unless the job sets `port:`)")
+        return errors.EXIT_OK
+    record, _ = launch.launch(inv, spec, limit=args.limit, forks=args.forks, log=notes(args.json),
+                              prediction=planned)
+    if not args.json:
+        err.print(f"run {record.run_id} started on {len(record.nodes)} nodes (world size {record.world_size})")
+    if args.detach:
+        if args.json:
+            emit_json(record.to_dict())
+        else:
+            out.print(f"detached (a watcher on this head judges it meanwhile): follow it with `clusterctl status "
+                      f"{record.run_id}` or `clusterctl logs {record.run_id} -f`; stop it with "
+                      f"`clusterctl stop {record.run_id}`")
+        return errors.EXIT_OK
+    try:
+        record = _follow(record, args.json)
+    except KeyboardInterrupt:
+        err.print(f"detached; the run goes on (its watcher judges it). Stop it with `clusterctl stop {record.run_id}`")
+        return errors.EXIT_INTERRUPTED
+    _print_run_end(args, record)
+    return _run_exit(record)
+
+
+def _follow(record: RunRecord, quiet: bool) -> RunRecord:
+    """launch.follow, shown: a live table on a terminal, else one line per change of a node's state or epoch."""
+    from rich.live import Live
+
+    from cluster import launch
+
+    live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal and not quiet else None
+    seen: dict[str, str] = {}
+
+    def update(rec: RunRecord, statuses: Mapping[str, NodeView]) -> None:
+        if live is not None:
+            live.update(run_table(rec, statuses), refresh=True)
+        elif not quiet:
+            for name, s in statuses.items():
+                key = f"{s.state} epoch {s.epoch}"
+                if seen.get(name) != key:
+                    seen[name] = key
+                    err.print(f"{name}: {s.state}" + (f", epoch {s.epoch} step {s.step} loss {s.loss:.4f}"
+                                                      if s.loss is not None else ""))
+
+    if live is None:
+        return launch.follow(record, on_update=update)
+    with live:
+        return launch.follow(record, on_update=update)
+
+
+def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
+    if args.json:
+        emit_json(record.to_dict())
+        return
+    if record.last_status:
+        out.print(run_table(record, record.last_status))
+    _print_failure(record)
+    if record.state == "succeeded":
+        took = (record.ended or 0) - (record.started or 0)
+        out.print(f"run {record.run_id} succeeded in {took:.0f} s; "
+                  f"results stay on the nodes under runs/{record.run_id}/")
+
+
+# --------------------------------------------------------------------------- runs, status, logs, stop
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from cluster import runs
+
+    records, damaged = runs.scan()
+    if args.json:
+        emit_json([{k: getattr(r, k) for k in ("run_id", "job", "state", "created", "started", "ended",
+                                              "world_size", "stop_pending")}
+                   | {"nodes": [n.node for n in r.nodes]} for r in records]
+                  + [{"error": e.message, "fix": e.fix} for e in damaged])
+        return errors.EXIT_USAGE if damaged else errors.EXIT_OK
+    t = table(f"runs in {escape(str(runs.runs_dir()))}", ("run", "job", "state", "nodes", "world", "started", "took"))
+    for r in records:
+        took = f"{(r.ended or time.time()) - r.started:.0f}s" if r.started else "-"
+        t.add_row(r.run_id, r.job, styled(r.state), ",".join(n.node for n in r.nodes), str(r.world_size),
+                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-", took)
+    out.print(t)
+    for e in damaged:  # never dropped silently: the busy check refuses while one is there
+        err.print(f"[red]{escape(e.message)}[/red]\n  fix: {escape(e.fix or '')}")
+    if not records and not damaged:
+        out.print("no runs yet: clusterctl launch resnet50-ddp")
+    return errors.EXIT_USAGE if damaged else errors.EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cluster import launch, runs
+
+    record = launch.refresh(runs.load(args.run))
+    if args.json:
+        emit_json(record.to_dict())
+    else:
+        out.print(run_table(record, record.last_status or {}))
+        _print_failure(record)
+    return _run_exit(record)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from cluster import launch, logstream, runs
+
+    record = runs.load(args.run)
+    if not args.follow:
+        got = launch.logs(record, args.node, lines=args.lines)
+        if args.json:
+            emit_json({n: text for n, (text, _) in got.items()})
+            return errors.EXIT_OK
+        for name, (text, _) in got.items():
+            out.rule(name)
+            out.out(text.rstrip("\n"), highlight=False)
+        return errors.EXIT_OK
+    try:
+        for name, line in logstream.follow(record, args.node):
+            out.out(f"{name}| {line}", highlight=False)
+    except KeyboardInterrupt:
+        return errors.EXIT_INTERRUPTED
+    return errors.EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from cluster import launch, runs
+
+    record = runs.load(args.run)
+    with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):
+        record = launch.stop(record, grace=args.grace)
+    results = record.stop_results or {}
+    if args.json:
+        emit_json(record.to_dict())
+    else:
+        for n, r in results.items():
+            out.print(f"{n}: " + ("[green]nothing left running[/]" if r.get("ok") else
+                                  f"[red]not confirmed stopped: {escape(str(r.get('error') or r.get('left')))}[/]")
+                      + (f" (terminated {len(r.get('terminated') or [])}, killed {len(r.get('killed') or [])})"
+                         if r.get("ok") else ""))
+        out.print(f"run {record.run_id}: {record.state}; logs and metrics stay on the nodes"
+                  + (f"; run `clusterctl stop {record.run_id}` again when {', '.join(record.stop_pending)} "
+                     "can be reached" if record.stop_pending else ""))
+    if record.stop_pending:  # exit 3 when a node could not be reached, 1 when a reachable one kept processes
+        unreachable = any(results.get(n, {}).get("status") == "unreachable" for n in record.stop_pending)
+        return errors.EXIT_UNREACHABLE if unreachable else errors.EXIT_FAILED
+    return errors.EXIT_OK
