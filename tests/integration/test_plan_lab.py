@@ -40,7 +40,9 @@ def test_bench_plan_and_a_planned_launch(qlab) -> None:
         metrics = Path(n.dir) / "srv" / "runs" / run["run_id"] / "out"
         start = json.loads(next(metrics.glob("metrics-rank*.jsonl")).read_text().splitlines()[0])
         assert start["batch"] == p["recommended"]["shares"][n.name]  # each node trains its planned share
-        assert start["global_batch"] == sum(p["recommended"]["shares"].values())
+        assert start["accumulate"] == p["recommended"]["accumulate"]  # and the scheme the plan picked
+        assert start["grad_compression"] == p["recommended"]["grad_compression"]
+        assert start["global_batch"] == p["recommended"]["accumulate"] * sum(p["recommended"]["shares"].values())
     rc, _ = clusterctl_json("collect", run["run_id"], env=env, timeout=600)
     assert rc == 0
     rc, rep = clusterctl_json("report", run["run_id"], env=env, timeout=300)

@@ -1,0 +1,221 @@
+"""A GTX 10xx lab on 1 GbE, emulated: plain DDP vs fp16 vs PowerSGD vs accumulation vs the plan's pick.
+
+    .venv/bin/python benchmarks/slow_network.py [--quick] [--bandwidth 30mbit] [--epochs 3]
+
+Issue 13's acceptance benchmark. A 4-node lab, every node at half a core (`lab up --cpu-quota 0.5,...`: what
+4 nodes get from 2 cores, the same when benched alone as when training together), links shaped to
+--bandwidth: the figure docs/planning.md derives so that the all-reduce / compute balance of this lab is that
+of GTX 1050 Ti PCs on 1 GbE. As a user would: provision, `bench` (resnet18-ddp), `plan`, then the job on
+digits with one seed and the same settings, changing only the communication: plain DDP, fp16, PowerSGD (the
+job's rank), accumulate 4, the plan's recommendation (`launch --plan`; not run again when it is one of
+those) on 4 nodes, plain on 1 node (scaling efficiency); and resnet50-tf plain vs fp16 (a few steps: ResNet50
+sends 2x ResNet18's bytes). Prints one table: images/s (median of the epochs after the first), bytes per
+step per node, time from the training start to validation accuracy 0.9, final accuracy, scaling efficiency
+and the plan's predicted images/s with its error. `--quick`: 2 epochs of 2 steps per run (a smoke run: the
+accuracy columns mean nothing). Contacts only the lab it starts; removes it at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cluster import lab  # noqa: E402
+
+PY = sys.executable
+JOB, TF_JOB, TARGET = "resnet18-ddp", "resnet50-tf", 0.9
+
+
+@dataclass
+class Run:
+    """One training run of the table: what it changed and what it measured."""
+
+    label: str
+    job: str
+    settings: list[str]
+    nodes: int = 4
+    plan: bool = False
+    key: tuple[int, str, int, int] | None = None  # (nodes, compression, rank, accumulate): its plan candidate
+    measured: dict[str, Any] = field(default_factory=dict)
+
+
+def ctl(env: dict[str, str], *args: str, timeout: float = 3600) -> Any:
+    """clusterctl as a user runs it, its JSON answer; a failure stops the benchmark with its output."""
+    r = subprocess.run([PY, "-m", "cluster", *args, "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"clusterctl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def metrics(state: lab.LabState, run_id: str) -> dict[str, Any]:
+    """Rank 0's records of a run (node1 hosts rank 0): images/s, bytes/step, time to the target, accuracy."""
+    out = Path(state.nodes[0].dir) / "srv" / "runs" / run_id / "out"
+    recs = [json.loads(x) for x in (out / "metrics-rank0.jsonl").read_text().splitlines() if x.startswith("{")]
+    start = next(r for r in recs if r["type"] == "start")
+    epochs = [r for r in recs if r["type"] == "epoch"]
+    later = [e["images_per_s"] for e in epochs[1:]] or [e["images_per_s"] for e in epochs]
+    hit = next((e for e in epochs if e["val_acc"] >= TARGET), None)
+    return {"images_per_s": statistics.median(later), "bytes_per_step": epochs[-1]["bytes_sent_per_step_ring"],
+            "to_target_s": hit["time"] - start["time"] if hit else None, "final_acc": epochs[-1]["val_acc"],
+            "trained_s": epochs[-1]["time"] - start["time"], "global_batch": start["global_batch"]}
+
+
+def runs(rank: int) -> list[Run]:
+    return [Run("DDP plain", JOB, [], key=(4, "none", rank, 1)),
+            Run("DDP fp16", JOB, ["grad_compression=fp16"], key=(4, "fp16", rank, 1)),
+            Run(f"DDP PowerSGD r{rank}", JOB, ["grad_compression=powersgd"], key=(4, "powersgd", rank, 1)),
+            Run("DDP accumulate 4", JOB, ["accumulate=4"], key=(4, "none", rank, 4)),
+            Run("plan's pick (launch --plan)", JOB, [], plan=True),
+            Run("DDP, 1 node", JOB, ["nodes=[node1]"], nodes=1, key=(1, "none", rank, 1)),
+            Run("TF plain", TF_JOB, []), Run("TF fp16", TF_JOB, ["grad_compression=fp16"])]
+
+
+def candidate(plan: dict[str, Any], key: tuple[int, str, int, int]) -> dict[str, Any] | None:
+    """The plan's candidate for a node count and scheme (PowerSGD's rank only counts for PowerSGD)."""
+    for c in plan["candidates"]:
+        rank = c.get("powersgd_rank", 2) if key[1] == "powersgd" else key[2]
+        if (len(c["nodes"]), c.get("grad_compression", "none"), rank, c.get("accumulate", 1)) == key:
+            return c
+    return None
+
+
+def same_as(rec: dict[str, Any], others: list[Run], batch: int) -> Run | None:
+    """The run the recommendation repeats (all nodes, even shares, same scheme), if any."""
+    if any(b != batch for b in rec["shares"].values()):
+        return None
+    key = (len(rec["nodes"]), rec["grad_compression"], rec["powersgd_rank"], rec["accumulate"])
+    return next((r for r in others if r.key == key and r.job == JOB), None)
+
+
+def train(env: dict[str, str], state: lab.LabState, r: Run, common: list[str]) -> None:
+    args = ["launch", r.job, *(["--plan"] if r.plan else [])]
+    for s in common + r.settings:
+        args += ["--set", s]
+    t = time.monotonic()
+    rec = ctl(env, *args)
+    if rec.get("state") != "succeeded":
+        raise SystemExit(f"{r.label}: run {rec.get('run_id')} ended {rec.get('state')}: {json.dumps(rec)[-2000:]}")
+    r.measured = {**metrics(state, rec["run_id"]), "wall_s": time.monotonic() - t, "run_id": rec["run_id"]}
+    m = r.measured
+    print(f"  {r.label}: {m['images_per_s']:.1f} images/s, val acc {m['final_acc']:.3f}, {m['wall_s']:.0f} s",
+          file=sys.stderr)
+
+
+def table(rs: list[Run], plan: dict[str, Any], rec_label: str) -> list[str]:
+    one = next(r for r in rs if r.nodes == 1 and r.job == JOB).measured["images_per_s"]
+    lines = ["| run | images/s | MB/step/node | time to val 0.9 | final val acc | scaling eff. | predicted "
+             "images/s | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        m = r.measured
+        c = candidate(plan, r.key) if r.key else (plan["recommended"] if r.plan else None)
+        pred = c["planned_images_per_s"] if c else None
+        err = f"{pred / m['images_per_s'] - 1:+.1%}" if pred else "-"
+        eff = f"{m['images_per_s'] / (r.nodes * one):.3f}" if r.job == JOB else "-"
+        hit = f"{m['to_target_s']:.0f} s" if m["to_target_s"] is not None else f"> {m['trained_s']:.0f} s"
+        label = r.label + (f": {rec_label}" if r.plan else "")
+        lines.append(f"| {label} | {m['images_per_s']:.1f} | {m['bytes_per_step'] / 1e6:.2f} | {hit} | "
+                     f"{m['final_acc']:.3f} | {eff} | {f'{pred:.1f}' if pred else '-'} | "
+                     f"{err} |")
+    return lines
+
+
+def verdict(rs: list[Run], pick: Run) -> list[str]:
+    plain, p = rs[0].measured, pick.measured
+    lines = []
+    if plain["to_target_s"] and p["to_target_s"]:
+        lines.append(f"time to {TARGET}: plain / plan's pick = {plain['to_target_s'] / p['to_target_s']:.1f}x "
+                     "(target >= 2x)")
+    elif p["to_target_s"]:
+        lines.append(f"plain never reached {TARGET} in {plain['trained_s']:.0f} s; the pick did in "
+                     f"{p['to_target_s']:.0f} s (>= {plain['trained_s'] / p['to_target_s']:.1f}x sooner)")
+    lines.append(f"final accuracy: pick {p['final_acc']:.3f} vs plain {plain['final_acc']:.3f} "
+                 f"({(p['final_acc'] - plain['final_acc']) * 100:+.1f} points; target within 1)")
+    lines.append(f"scaling efficiency: pick / plain = {p['images_per_s'] / plain['images_per_s']:.1f}x (target >= 2x)")
+    tf = [r.measured for r in rs if r.job == TF_JOB]
+    lines.append(f"TensorFlow fp16 / plain: {tf[1]['images_per_s'] / tf[0]['images_per_s']:.2f}x images/s")
+    return lines
+
+
+def settings(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(bench/plan settings, run settings): the same for every run; only the communication differs."""
+    job = [f"batch={args.batch}", "threads=1", f"dataset.size={args.size}", "seed=0"]
+    epochs, steps = (2, 2) if args.quick else (args.epochs, 0)
+    run = [*job, f"epochs={epochs}", f"max_steps={steps}", "log_every=1000", "powersgd_start_step=2",
+           "collective_timeout_s=600"]
+    return job, run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bandwidth", default="30mbit", help="per-node link rate (docs/planning.md derives 30mbit)")
+    ap.add_argument("--cpu-quota", type=float, default=0.5, help="each node's share of one core")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=32, help="per node")
+    ap.add_argument("--size", type=int, default=32, help="image side")
+    ap.add_argument("--tf-steps", type=int, default=3, help="steps per epoch of the TensorFlow runs (2 epochs)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 epochs of 2 steps per run (TF: 1)")
+    ap.add_argument("--name", default="slownet")
+    ap.add_argument("--subnet", default="10.200.0.0/24")
+    args = ap.parse_args()
+    job_set, run_set = settings(args)
+    tmp = Path(tempfile.mkdtemp(prefix="clusterctl-slownet-"))
+    env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home")}
+    t0 = time.monotonic()
+    state = lab.up(4, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=args.bandwidth,
+                   cpu_quotas=[args.cpu_quota] * 4)
+    try:
+        ctl(env, "provision", state.inventory, "--set", f"python={PY}", "--set", "vars.python_env=existing")
+        sets = [x for s in job_set for x in ("--set", s)]
+        b = ctl(env, "bench", "--jobs", JOB, "--steps", "6", "--parallel", *sets)
+        plan = ctl(env, "plan", JOB, *sets)
+        rec = plan["recommended"]
+        rs = runs(rec.get("powersgd_rank", 2))
+        pick = next(r for r in rs if r.plan)
+        again = same_as(rec, [r for r in rs if not r.plan], args.batch)
+        for r in rs:
+            if r is pick and again:
+                r.measured, r.key = again.measured, again.key
+                continue
+            tf_steps = [f"max_steps={1 if args.quick else args.tf_steps}", "epochs=2"] if r.job == TF_JOB else []
+            train(env, state, r, run_set + tf_steps)
+    finally:
+        lab.down(state.name, tmp / "lab", purge=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(args, b, plan, rs, pick, again, time.monotonic() - t0)
+    return 0
+
+
+def report(args: argparse.Namespace, b: dict[str, Any], plan: dict[str, Any], rs: list[Run], pick: Run,
+           again: Run | None, wall: float) -> None:
+    rec = plan["recommended"]
+    scheme = rec["grad_compression"] + (f" r{rec['powersgd_rank']}" if rec["grad_compression"] == "powersgd"
+                                        else "") + f", accumulate {rec['accumulate']}"
+    node = next(iter(b["compute"]["pytorch"]["nodes"].values()))
+    net = b["network"]
+    print(f"\n{JOB} on digits ({args.size} px, batch {args.batch}/node, seed 0, "
+          f"{'quick: 2 epochs of 2 steps' if args.quick else f'{args.epochs} epochs'}), 4 nodes at "
+          f"{args.cpu_quota} core each, links {args.bandwidth}; {wall / 60:.1f} min in all\n")
+    print(f"bench: node1 {node['step_s']:.3f} s/step ({node['images_per_s']:.1f} images/s alone); all-reduce of "
+          f"{net.get('payload_bytes', 0) / 1e6:.1f} MB on {net['nodes']} nodes {net['model_allreduce_s']:.2f} s, "
+          f"latency {net['latency_s'] * 1e3:.1f} ms")
+    print(f"plan's pick: {len(rec['nodes'])} nodes, {scheme}" + (f" (the same run as '{again.label}')" if again else "")
+          + (f"; warnings: {rec['warnings']}" if rec.get("warnings") else "") + "\n")
+    print("\n".join(table(rs, plan, scheme)))
+    print("\n" + "\n".join(verdict(rs, pick)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
