@@ -27,21 +27,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the node's system Python may be older than the head's: aliases for mypy only
+    Doc = dict[str, Any]  # one JSON object: a file of the run folder, or a reply
 
 LOG = "node.log"
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: Doc) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> Doc | None:
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _env_tags(run_dir: Path) -> tuple[bytes, bytes]:
@@ -51,7 +56,7 @@ def _env_tags(run_dir: Path) -> tuple[bytes, bytes]:
 
 def _procs() -> dict[int, tuple[int, int, int]]:
     """pid -> (ppid, pgid, start time in clock ticks since boot) for every live process we can see."""
-    out = {}
+    out: dict[int, tuple[int, int, int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -80,7 +85,7 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
-def _leader_is_ours(pid_doc: dict, procs: dict[int, tuple[int, int, int]]) -> bool:
+def _leader_is_ours(pid_doc: Doc, procs: dict[int, tuple[int, int, int]]) -> bool:
     """The recorded session leader is still the process we started: same boot, same start time."""
     leader = pid_doc.get("pgid")
     if not isinstance(leader, int) or leader not in procs:
@@ -118,7 +123,7 @@ def run_processes(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def start(run_dir: Path) -> dict:
+def start(run_dir: Path) -> Doc:
     """Fork a session leader that runs launch.sh and records its exit; return at once."""
     if (run_dir / "pid.json").exists():
         return {"ok": False, "error": f"{run_dir} was already started"}
@@ -162,9 +167,9 @@ def _tail_lines(path: Path, n: int, max_bytes: int = 65536) -> list[str]:
         return []
 
 
-def _last_records(path: Path) -> dict:
+def _last_records(path: Path) -> Doc:
     """The last step and epoch records of a metrics file (and its start record's world size)."""
-    out: dict = {}
+    out: Doc = {}
     for line in _tail_lines(path, 200, 262144):
         try:
             rec = json.loads(line)
@@ -177,15 +182,16 @@ def _last_records(path: Path) -> dict:
     return out
 
 
-def _first_record(path: Path) -> dict | None:
+def _first_record(path: Path) -> Doc | None:
     try:
         with open(path) as f:
-            return json.loads(f.readline())
+            rec = json.loads(f.readline())
     except (OSError, ValueError):
         return None
+    return rec if isinstance(rec, dict) else None
 
 
-def status(run_dir: Path, lines: int = 20) -> dict:
+def status(run_dir: Path, lines: int = 20) -> Doc:
     pid_doc = _read_json(run_dir / "pid.json")
     exit_doc = _read_json(run_dir / "exit.json")
     alive = run_processes(run_dir)
@@ -207,7 +213,7 @@ def status(run_dir: Path, lines: int = 20) -> dict:
             "log": _tail_lines(run_dir / LOG, lines), "time": time.time()}
 
 
-def stop(run_dir: Path, grace: float = 10.0) -> dict:
+def stop(run_dir: Path, grace: float = 10.0) -> Doc:
     if not (run_dir / "stop.json").exists() and not (run_dir / "exit.json").exists():
         _write_json(run_dir / "stop.json", {"time": time.time()})
     sent = run_processes(run_dir)
@@ -250,7 +256,7 @@ def _sha256_prefix(path: Path, length: int | None = None) -> str:
     return h.hexdigest()
 
 
-def manifest(run_dir: Path, checkpoints: bool = False) -> dict:
+def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     """Every regular file under the run folder (never following a link), with size and sha256;
     links and other special files are listed as skipped, not read."""
     import stat as stat_mod
@@ -284,11 +290,11 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> dict:
     return {"ok": True, "files": files, "skipped": skipped}
 
 
-def prefix_sha(path: Path, length: int) -> dict:
+def prefix_sha(path: Path, length: int) -> Doc:
     return {"ok": True, "sha256": _sha256_prefix(path, length)}
 
 
-def freeport() -> dict:
+def freeport() -> Doc:
     with socket.socket() as s:
         s.bind(("", 0))
         return {"port": s.getsockname()[1]}

@@ -16,6 +16,7 @@ import pickle
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,10 +46,13 @@ def _resize(images: np.ndarray, size: int) -> np.ndarray:
 
     if images.shape[1:3] == (size, size):
         return images
-    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR)) for im in images])
+    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.BILINEAR)) for im in images])
 
 
-def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_val, y_val
+
+
+def _split(x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int) -> Split:
     order = np.random.default_rng(seed).permutation(len(x))
     n_val = int(round(len(x) * val_fraction))
     val, train = order[:n_val], order[n_val:]
@@ -64,10 +68,10 @@ def digits(size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Dataset:
     return Dataset("digits", *_split(x, d.target.astype(np.int64), val_fraction, seed), classes=10)
 
 
-def _cifar_batches(path: Path) -> dict[str, dict]:
+def _cifar_batches(path: Path) -> dict[str, dict[bytes, Any]]:
     """name -> unpickled batch, from the .tar.gz archive or the extracted folder."""
     wanted = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    out: dict[str, dict] = {}
+    out: dict[str, dict[bytes, Any]] = {}
     if path.is_file():
         with tarfile.open(path) as tar:
             for member in tar.getmembers():
@@ -114,7 +118,7 @@ def imagefolder(path: str | Path, size: int = 32, val_fraction: float = 0.2, see
         for f in sorted((root / cls).iterdir()):
             if f.suffix.lower() in IMAGE_SUFFIXES:
                 with Image.open(f) as im:
-                    xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)))
+                    xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)))
                 ys.append(label)
     x, y = np.stack(xs).astype(np.uint8), np.asarray(ys, dtype=np.int64)
     return Dataset("imagefolder", *_split(x, y, val_fraction, seed), classes=len(classes))
