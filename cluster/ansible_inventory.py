@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cluster import ansible_yaml, paths
+from cluster.ansible_answer import Answer, AnsweredHost, Conn
 from cluster.errors import InventoryError
 
 FORMAT_VERSION = 1  # bump when the child's answer changes shape: old cache entries are then ignored
@@ -102,14 +103,14 @@ def _cache_dir() -> Path:
     return paths.home() / "cache" / "ansible"
 
 
-def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = True) -> dict[str, Any]:
+def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = True) -> Answer:
     """Ansible's resolved answer for `sources` (see the module doc), from the cache when still valid."""
     shown = ", ".join(str(s) for s in sources)
     key = cache_key(sources)
     cached = _cache_dir() / f"{key}.json"
     if use_cache:
         try:
-            doc: dict[str, Any] = json.loads(cached.read_text())
+            doc: Answer = json.loads(cached.read_text())
             if doc.get("format") == FORMAT_VERSION:
                 doc["cached"] = True
                 return doc
@@ -238,11 +239,11 @@ def _error_text(e: Exception) -> str:
 
 
 def _templated_vars(templar: Any, inventory_vars: dict[str, Any], internal: Any
-                    ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+                    ) -> tuple[dict[str, Any], dict[str, str], dict[str, list[Any] | None]]:
     """A host's inventory variables templated one by one: values, errors (per variable) and origins."""
     values: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    origins: dict[str, Any] = {}
+    origins: dict[str, list[Any] | None] = {}
     for k, raw in inventory_vars.items():
         if k in internal:
             continue
@@ -262,7 +263,7 @@ class _Connections:
         self.plugins: dict[str, Any] = {}  # set_options recomputes every option: one instance serves all hosts
 
     def fields(self, templar: Any, values: dict[str, Any], errors: dict[str, str],
-               runtime_vars: dict[str, Any]) -> dict[str, Any]:
+               runtime_vars: dict[str, Any]) -> Conn:
         from ansible import constants as C
         from ansible.playbook.play_context import PlayContext
         from ansible.plugins.loader import connection_loader
@@ -285,7 +286,7 @@ class _Connections:
                 except Exception as e:  # noqa: BLE001
                     errors.setdefault(var, _error_text(e))
         plugin.set_options(var_options=var_options)
-        conn: dict[str, Any] = {"connection": connection}
+        conn: Conn = {"connection": connection}
         for field, option in (("address", "remote_addr" if plugin_name == "paramiko" else "host"),
                               ("user", "remote_user"), ("port", "port"), ("key", "private_key_file")):
             try:
@@ -295,7 +296,7 @@ class _Connections:
         return conn
 
 
-def child_main(sources: list[str]) -> dict[str, Any]:
+def child_main(sources: list[str]) -> Answer:
     """Runs in the child: Ansible reads, layers and templates; the answer is plain JSON."""
     from ansible import constants as C
     from ansible import release
@@ -313,7 +314,7 @@ def child_main(sources: list[str]) -> dict[str, Any]:
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=sources)
     vm = VariableManager(loader=loader, inventory=inv)
-    hosts_out: list[dict[str, Any]] = []
+    hosts_out: list[AnsweredHost] = []
     templar = Templar(loader=loader)
     connections = _Connections()
     for name, host in inv.hosts.items():

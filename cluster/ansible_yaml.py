@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.ansible_answer import Answer, AnsweredHost, Conn
 from cluster.errors import InventoryError
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
@@ -263,17 +264,17 @@ class _Reader:
             memo[name] = 0 if not parents else 1 + max(self.depth(p, memo) for p in parents)
         return memo[name]
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> Answer:
         """The same shape as cluster.ansible_inventory's answer."""
         memo: dict[str, int] = {}
         order = list(self.hosts)
-        hosts_out = []
+        hosts_out: list[AnsweredHost] = []
         for h in self.hosts.values():
             mine = set(h.groups) | {a for g in h.groups for a in self._ancestors(g)}
             ranked = sorted((self.groups[g] for g in mine),
                             key=lambda g: (self.depth(g.name, memo), g.priority, g.name))
             values: dict[str, Any] = {}
-            origins: dict[str, Any] = {}
+            origins: dict[str, list[Any] | None] = {}
             nodes: list[_Node] = [*ranked, h]
             for node in nodes:
                 for k, v in node.vars.items():
@@ -293,13 +294,13 @@ class _Reader:
                 "warnings": [], "hosts": hosts_out, "groups": groups}
 
 
-def _connection(name: str, values: dict[str, Any]) -> dict[str, Any]:
+def _connection(name: str, values: dict[str, Any]) -> Conn:
     """The fields as the connection plugin resolves them from the host's variables."""
     connection = values.get("ansible_connection")
     connection = "ssh" if connection in (None, "smart") else connection
     table = PARAMIKO_OPTION_VARS if connection in ("paramiko", "paramiko_ssh") else SSH_OPTION_VARS
     scope = {**values, "inventory_hostname": name}
-    conn: dict[str, Any] = {"connection": connection}
+    conn: Conn = {"connection": connection}
     for fieldname, names in table.items():
         chosen = None
         for var in names:  # config manager's _loop_entries: every set entry overwrites the previous one
@@ -311,7 +312,7 @@ def _connection(name: str, values: dict[str, Any]) -> dict[str, Any]:
     return conn
 
 
-def _typed(path: Path, answer: dict[str, Any]) -> None:
+def _typed(path: Path, answer: Answer) -> None:
     """Option types as Ansible's config manager converts them (int port, string user/key/address)."""
     for h in answer["hosts"]:
         conn = h["conn"]
@@ -333,7 +334,7 @@ def _typed(path: Path, answer: dict[str, Any]) -> None:
                 conn[k] = str(v)
 
 
-def read(path: Path, data: Any) -> dict[str, Any]:
+def read(path: Path, data: Any) -> Answer:
     """Ansible's answer for the YAML inventory `path` (parsed as `data`), or InventoryError."""
     for env in ANSIBLE_ENV:
         if os.environ.get(env):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import ansible_inventory, ansible_yaml
+from cluster.ansible_answer import Answer, AnsweredHost
 from cluster.errors import InventoryError
 from cluster.inventory_check import Checker, Layers, build_host, check_files, check_name, default_name
 from cluster.inventory_model import HOST_FIELDS, Inventory
@@ -33,7 +34,7 @@ _INTERPRETER_DISCOVERY = ("auto", "auto_silent", "auto_legacy", "auto_legacy_sil
 _CLUSTERCTL_FIELDS = [f for f in HOST_FIELDS if f not in ("address", "connection")]
 
 
-def answer(chk: Checker, path: Path, data: Any, reader: str) -> dict[str, Any]:
+def answer(chk: Checker, path: Path, data: Any, reader: str) -> Answer:
     """The answer of the reader chosen (ansible-core, or the built-in YAML subset), or the refusal."""
     if reader == "ansible" or (reader == "auto" and ansible_inventory.available()):
         if not ansible_inventory.available():
@@ -56,12 +57,12 @@ def _is_true(value: Any) -> bool:
 class _AnsweredHost:
     """One host of the answer on its way to host fields; errors name the file and line that set a variable."""
 
-    def __init__(self, chk: Checker, h: dict[str, Any]) -> None:
+    def __init__(self, chk: Checker, h: AnsweredHost) -> None:
         self.chk, self.name = chk, h["name"]
-        self.origins: dict[str, Any] = h.get("origins", {})
-        self.values: dict[str, Any] = h["vars"]
-        self.errors: dict[str, Any] = h["errors"]
-        self.conn: dict[str, Any] = h["conn"]
+        self.origins = h.get("origins", {})
+        self.values = h["vars"]
+        self.errors = h["errors"]
+        self.conn = h["conn"]
         self.fields = Map.new()
 
     def where(self, var: str) -> tuple[Checker, int | None, str]:
@@ -144,7 +145,7 @@ class _AnsweredHost:
         return rank0
 
 
-def finish(chk: Checker, path: Path, ans: dict[str, Any], cli: list[tuple[str, Any]],
+def finish(chk: Checker, path: Path, ans: Answer, cli: list[tuple[str, Any]],
            check_files_too: bool) -> Inventory:
     """The validated inventory of an Ansible answer, with the command line's overrides on top."""
     raw_hosts: dict[str, Layers] = {}
