@@ -45,7 +45,9 @@ def check(proc: subprocess.CompletedProcess[str], what: str) -> None:
         raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
-COLD_COMMANDS = (("clusterctl --help", ["--help"]), ("clusterctl exec --help", ["exec", "--help"]))
+LOCAL = str(ROOT / "inventory" / "local.yaml")  # two nodes on this machine, no SSH: the CLI's own cost shows
+COLD_COMMANDS = (("clusterctl --help", ["--help"]), ("clusterctl exec --help", ["exec", "--help"]),
+                 ("exec -- true (2 local nodes)", ["exec", LOCAL, "--json", "--", "true"]))
 
 
 def _before_rev() -> str:
@@ -62,33 +64,45 @@ def _export(rev: str, dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
+def _timed(argv: list[str], cwd: Path, env: dict[str, str], what: str) -> float:
+    t = time.perf_counter()
+    check(subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True), what)
+    return time.perf_counter() - t
+
+
 def cold_start(repeats: int, before: str) -> int:
     """Median and fastest wall time of a fresh `python -m cluster ...`, before and after, as a table."""
     old = Path(tempfile.mkdtemp(prefix="clusterctl-before-"))
+    env = {**os.environ, "CLUSTERCTL_HOME": str(old / "home")}  # no current context: nothing but LOCAL
+    trees = {"before": old, "after": ROOT}
+    times: dict[tuple[str, str], list[float]] = {(t, c): [] for t in trees for c, _ in COLD_COMMANDS}
+    floor: list[float] = []  # the interpreter alone, in the same turns
     try:
         _export(before, old)
-        trees = {"before": old, "after": ROOT}
-        times: dict[tuple[str, str], list[float]] = {(t, c): [] for t in trees for c, _ in COLD_COMMANDS}
         for i in range(repeats + 1):  # the first round warms the page cache and is not counted
+            took = _timed(["-c", "pass"], ROOT, env, "python -c pass")
+            floor += [took] if i else []
             for tree, where in trees.items():
                 for label, argv in COLD_COMMANDS:
-                    t = time.perf_counter()
-                    check(subprocess.run([sys.executable, "-m", "cluster", *argv], cwd=where, capture_output=True,
-                                         text=True), f"{label} ({tree})")
-                    if i:
-                        times[(tree, label)].append(time.perf_counter() - t)
+                    took = _timed(["-m", "cluster", *argv], where, env, f"{label} ({tree})")
+                    times[(tree, label)] += [took] if i else []
     finally:
         shutil.rmtree(old, ignore_errors=True)
+    _print_cold(times, floor, repeats, before)
+    return 0
+
+
+def _print_cold(times: dict[tuple[str, str], list[float]], floor: list[float], repeats: int, before: str) -> None:
     print(f"\ncold start of a fresh process, {repeats} runs each in turns ({os.cpu_count()} cores; "
           f"before = {before})\n")
-    print(f"| {'command':<24} | {'before median s':>15} | {'after median s':>14} | {'after/before':>12} | "
+    print(f"| {'command':<28} | {'before median s':>15} | {'after median s':>14} | {'after/before':>12} | "
           f"{'before min s':>12} | {'after min s':>11} |")
-    print(f"|{'-' * 26}|{'-' * 17}|{'-' * 16}|{'-' * 14}|{'-' * 14}|{'-' * 13}|")
+    print(f"|{'-' * 30}|{'-' * 17}|{'-' * 16}|{'-' * 14}|{'-' * 14}|{'-' * 13}|")
     for label, _ in COLD_COMMANDS:
         b, a = times[("before", label)], times[("after", label)]
-        print(f"| {label:<24} | {statistics.median(b):>15.3f} | {statistics.median(a):>14.3f} | "
+        print(f"| {label:<28} | {statistics.median(b):>15.3f} | {statistics.median(a):>14.3f} | "
               f"{statistics.median(a) / statistics.median(b):>12.2f} | {min(b):>12.3f} | {min(a):>11.3f} |")
-    return 0
+    print(f"\nthe interpreter alone (python -c pass): median {statistics.median(floor):.3f} s, min {min(floor):.3f} s")
 
 
 def main() -> int:
