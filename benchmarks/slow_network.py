@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.plan import ctl  # noqa: E402  (clusterctl as a user runs it, its JSON answer)
 from cluster import lab  # noqa: E402
 
 PY = sys.executable
@@ -49,15 +49,6 @@ class Run:
     plan: bool = False
     key: tuple[int, str, int, int] | None = None  # (nodes, compression, rank, accumulate): its plan candidate
     measured: dict[str, Any] = field(default_factory=dict)
-
-
-def ctl(env: dict[str, str], *args: str, timeout: float = 3600) -> Any:
-    """clusterctl as a user runs it, its JSON answer; a failure stops the benchmark with its output."""
-    r = subprocess.run([PY, "-m", "cluster", *args, "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    if r.returncode != 0:
-        raise SystemExit(f"clusterctl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout)
 
 
 def metrics(state: lab.LabState, run_id: str) -> dict[str, Any]:
@@ -105,7 +96,7 @@ def train(env: dict[str, str], state: lab.LabState, r: Run, common: list[str]) -
     for s in common + r.settings:
         args += ["--set", s]
     t = time.monotonic()
-    rec = ctl(env, *args)
+    rec = ctl(env, *args, timeout=3600)
     if rec.get("state") != "succeeded":
         raise SystemExit(f"{r.label}: run {rec.get('run_id')} ended {rec.get('state')}: {json.dumps(rec)[-2000:]}")
     r.measured = {**metrics(state, rec["run_id"]), "wall_s": time.monotonic() - t, "run_id": rec["run_id"]}

@@ -233,7 +233,7 @@ def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
     with " (recommended)", a scheme with an accuracy warning is marked "!"."""
     header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "step s",
-              "all-reduce s", "MB/step", "epoch s", "shares"]
+              "all-reduce wait s", "MB/step", "epoch s", "shares"]
     rec = choice.recommended
     best: dict[int, Placement] = {}
     for c in choice.candidates:

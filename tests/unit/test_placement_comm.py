@@ -120,3 +120,11 @@ def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.Monk
     marked = [r for r in rows if r[0].endswith(" (recommended)")]
     assert len(marked) == 1 and marked[0][1] == "powersgd r2"
     assert any(r[1] == "none x4 !" for r in rows)  # every scheme of the recommended node set, warnings marked
+
+
+def test_bench_files_keep_their_payload_and_old_ones_load_as_resnet50() -> None:
+    d = SLOW.to_dict()
+    assert d["payload_bytes"] == R18_ELEMENTS * 4 and bench.NetworkBench.from_dict(d) == SLOW
+    old = {k: v for k, v in d.items() if k != "payload_bytes"}
+    assert bench.NetworkBench.from_dict(old).payload_bytes == bench.MODEL_BYTES
+    assert "payload_bytes" not in bench.NetworkBench.from_dict(old).to_dict()  # saved as it was read
