@@ -158,6 +158,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=32, help="image side")
     ap.add_argument("--tf-steps", type=int, default=3, help="steps per epoch of the TensorFlow runs (2 epochs)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 epochs of 2 steps per run (TF: 1)")
+    ap.add_argument("--save", type=Path, help="write bench.json, plan.json and runs.json (the measurements) here")
     ap.add_argument("--name", default="slownet")
     ap.add_argument("--subnet", default="10.200.0.0/24")
     args = ap.parse_args()
@@ -185,6 +186,10 @@ def main() -> int:
     finally:
         lab.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for name, doc in (("bench", b), ("plan", plan), ("runs", {r.label: r.measured for r in rs})):
+            (args.save / f"{name}.json").write_text(json.dumps(doc, indent=1))
     report(args, b, plan, rs, pick, again, time.monotonic() - t0)
     return 0
 
