@@ -161,12 +161,15 @@ TIMED = ("import json,resource,subprocess,sys,time; t=time.monotonic(); rc=subpr
          "'wall_s': round(time.monotonic()-t, 2), 'cpu_s': round(ru.ru_utime+ru.ru_stime, 2)}))")
 
 
-def timed_python(state: lab.LabState, node: str, code: str) -> dict[str, Any]:
-    """A new interpreter of the node's venv running `code`: wall and CPU time, measured on the node."""
-    cmd = f"python3 -c {shlex.quote(TIMED)} /srv/cluster/venv/bin/python -c {shlex.quote(code)}"
-    doc: dict[str, Any] = json.loads(node_sh(state, node, cmd, 1800).strip().splitlines()[-1])
+def timed_python(state: lab.LabState, node: str, *argv: str) -> dict[str, Any]:
+    """A new interpreter of the node's venv with `argv`: wall and CPU time measured on the node, and the
+    last line it printed (`out`)."""
+    cmd = f"python3 -c {shlex.quote(TIMED)} /srv/cluster/venv/bin/python {' '.join(shlex.quote(a) for a in argv)}"
+    lines = node_sh(state, node, cmd, 1800).strip().splitlines()
+    doc: dict[str, Any] = json.loads(lines[-1])
     if doc["exit"] != 0:
-        raise SystemExit(f"{node}: {code} exited {doc['exit']}")
+        raise SystemExit(f"{node}: {argv} exited {doc['exit']}")
+    doc["out"] = lines[-2] if len(lines) > 1 else ""
     return doc
 
 
@@ -184,14 +187,17 @@ def first_import_variant(state: lab.LabState, node: str, env: str) -> dict[str, 
             f"{env} sh /srv/cluster/clusterctl/install_wheels.sh install", 7200)
     doc: dict[str, Any] = {"install": json.loads(node_sh(state, node, "cat /srv/cluster/clusterctl/install.json")),
                            "load_install": load()}
-    doc["first_import"] = timed_python(state, node, FIRST_IMPORT)
-    doc["second_import"] = timed_python(state, node, FIRST_IMPORT)
+    doc["first_import"] = timed_python(state, node, "-c", FIRST_IMPORT)
+    doc["second_import"] = timed_python(state, node, "-c", FIRST_IMPORT)
+    # provision's verification: envcheck imports torch, torchvision and tensorflow (the first import of TF)
+    check = timed_python(state, node, "/srv/cluster/clusterctl/envcheck.py")
+    doc["envcheck"] = {k: check[k] for k in ("wall_s", "cpu_s")}
     doc["load_import"] = load()
-    doc["fingerprint"] = fingerprint(state, node)
+    doc["fingerprint"] = {k: json.loads(check["out"]).get(k) for k in FP_KEYS}
     purelib = "$(ls -d /srv/cluster/venv/lib/python3*/site-packages)"
     stamp = provision.stamp_command("PURELIB").replace("PURELIB", purelib)
     before = node_sh(state, node, stamp).split()[0]
-    timed_python(state, node, TRAINING_IMPORT)
+    timed_python(state, node, "-c", TRAINING_IMPORT)
     doc["stamp_stable"] = node_sh(state, node, stamp).split()[0] == before
     doc["pyc_files"] = int(node_sh(state, node, "find /srv/cluster/venv -name '*.pyc' | wc -l").strip())
     return doc
@@ -283,13 +289,15 @@ def print_distribution(rows: list[dict[str, Any]], sets: dict[str, tuple[int, in
 def print_first_import(res: dict[str, Any]) -> None:
     print("\nFull wheelhouse on one node, three fresh venvs in turn: install, then `import torch, torchvision`\n")
     print("| installer | install wall | install CPU | 1st import wall | 1st import CPU | install + 1st import "
-          "| 2nd import | .pyc files | stamp stable after a training import | load avg (install, import) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| 2nd import | envcheck (1st TF import) | install + 1st import + envcheck | .pyc files "
+          "| stamp stable after a training import | load avg (install, import) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, d in res.items():
-        i, f, s = d["install"], d["first_import"], d["second_import"]
+        i, f, s, e = d["install"], d["first_import"], d["second_import"], d["envcheck"]
         print(f"| {label} ({i['installer']}) | {i['wall_s']:.1f} s | {i['user_s'] + i['sys_s']:.1f} s | "
               f"{f['wall_s']:.1f} s | {f['cpu_s']:.1f} s | {i['wall_s'] + f['wall_s']:.1f} s | {s['wall_s']:.1f} s | "
-              f"{d['pyc_files']} | {d['stamp_stable']} | {d['load_install']}, {d['load_import']} |")
+              f"{e['wall_s']:.1f} s | {i['wall_s'] + f['wall_s'] + e['wall_s']:.1f} s | {d['pyc_files']} | "
+              f"{d['stamp_stable']} | {d['load_install']}, {d['load_import']} |")
     fps = [json.dumps(d["fingerprint"], sort_keys=True) for d in res.values()]
     print(f"\nfingerprints equal ({', '.join(FP_KEYS)}): {len(set(fps)) == 1}")
     if len(set(fps)) != 1:
