@@ -5,6 +5,11 @@ alone without it. tf-keras's ResNet50 (weights=None) in a custom loop with
 `strategy.run`: the same data order, shards, learning-rate schedule, L2 weight
 decay and evaluation as train_torch.py, and the same metrics (docs/metrics.md).
 Keras 3's model.fit fails under MWMS (DESIGN.md), hence tf-keras and this loop.
+
+main's phases: the settings (wlcommon.parse_args), setup_worker (threads,
+strategy, seeds), build_training (data, batches, Trainer, resume, start record),
+train_epoch per epoch, MetricsWriter.finish (end record, summary), and leaving
+together (wait_for_all_workers).
 """
 from __future__ import annotations
 
@@ -12,19 +17,31 @@ import argparse
 import json
 import os
 import sys
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import wlcommon  # noqa: E402
-import wldata  # noqa: E402
-import wlmetrics  # noqa: E402
+if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
+    from cluster.workloads import wlcommon, wldata, wlmetrics
+else:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import wlcommon
+    import wldata
+    import wlmetrics
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
+
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+
+def compiled(fn: Fn) -> Fn:
+    """tf.function that keeps the function's signature for mypy (TensorFlow publishes no types)."""
+    return cast(Fn, tf.function(fn))
 
 
 def worker_info() -> tuple[int, int]:
@@ -46,7 +63,8 @@ def build_model(classes: int, size: int) -> keras.Model:
 
 
 def normalize(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    return ((x.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
+    out: np.ndarray = ((x.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
+    return out
 
 
 class Trainer:
@@ -78,44 +96,51 @@ class Trainer:
             loss = tf.nn.compute_average_loss(self.loss_fn(y, logits), global_batch_size=self.global_batch)
         return loss, tape.gradient(loss, self.model.trainable_variables)
 
-    @tf.function
+    def _accumulated_grads(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """k forward/backward passes, one after the other (control dependencies), summed locally."""
+        k = self.accumulate
+        if k == 1:
+            return self._local_grads(x, y)
+        b = x.shape[0] // k
+        loss, grads = self._local_grads(x[:b], y[:b])
+        for j in range(1, k):
+            with tf.control_dependencies(grads):
+                lj, gj = self._local_grads(x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])
+            loss, grads = loss + lj, [g + h for g, h in zip(grads, gj)]
+        return loss, grads
+
+    def _apply(self, grads: list[tf.Tensor]) -> None:
+        """All-reduce (sum) the replicas' gradients, add the L2 weight decay, take the SGD step."""
+        variables = self.model.trainable_variables
+        if self.compression == "fp16":
+            # the all-reduce carries float16 (half the bytes), summed in float16 as the torch hook does;
+            # weight decay is added after it, in full precision
+            ctx = tf.distribute.get_replica_context()
+            half = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [tf.cast(g, tf.float16) for g in grads],
+                                  options=self.comm_options)
+            full = [tf.cast(h, v.dtype) + self.a.weight_decay * v for h, v in zip(half, variables)]
+            self.opt.apply_gradients(zip(full, variables), skip_gradients_aggregation=True)
+        else:
+            # L2 weight decay added to the gradient, as torch's SGD does (each replica adds 1/world of it)
+            world = self.strategy.num_replicas_in_sync
+            decayed = [g + self.a.weight_decay / world * v for g, v in zip(grads, variables)]
+            self.opt.apply_gradients(zip(decayed, variables))  # all-reduces (sums) them first
+
+    @compiled
     def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """One optimizer step on this worker's x, y (a.accumulate micro-batches back to back); returns
         this replica's mean loss."""
-        def replica(x, y):
-            variables = self.model.trainable_variables
-            world = self.strategy.num_replicas_in_sync
-            k = self.accumulate
-            if k == 1:
-                loss, grads = self._local_grads(x, y)
-            else:  # k forward/backward passes, one after the other (control dependencies), summed locally
-                b = x.shape[0] // k
-                loss, grads = None, None
-                for j in range(k):
-                    with tf.control_dependencies(grads or []):
-                        lj, gj = self._local_grads(x[j * b:(j + 1) * b], y[j * b:(j + 1) * b])
-                    loss = lj if loss is None else loss + lj
-                    grads = gj if grads is None else [g + h for g, h in zip(grads, gj)]
-            if self.compression == "fp16":
-                # the all-reduce carries float16 (half the bytes), summed in float16 as the torch hook does;
-                # weight decay is added after it, in full precision
-                ctx = tf.distribute.get_replica_context()
-                half = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [tf.cast(g, tf.float16) for g in grads],
-                                      options=self.comm_options)
-                grads = [tf.cast(h, v.dtype) + self.a.weight_decay * v for h, v in zip(half, variables)]
-                self.opt.apply_gradients(zip(grads, variables), skip_gradients_aggregation=True)
-            else:
-                # L2 weight decay added to the gradient, as torch's SGD does (each replica adds 1/world of it)
-                grads = [g + self.a.weight_decay / world * v for g, v in zip(grads, variables)]
-                self.opt.apply_gradients(zip(grads, variables))  # all-reduces (sums) them first
+        def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            loss, grads = self._accumulated_grads(x, y)
+            self._apply(grads)
             return loss * self.global_batch / tf.cast(tf.shape(y)[0], loss.dtype)  # this replica's mean loss
 
         per_replica = self.strategy.run(replica, args=(x, y))
         return self.strategy.experimental_local_results(per_replica)[0]
 
-    @tf.function
+    @compiled
     def eval_sums(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        def replica(x, y):
+        def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             logits = self.model(x, training=False)
             loss = tf.reduce_sum(self.loss_fn(y, logits))
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
@@ -136,9 +161,9 @@ class Trainer:
         opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
         variables = self.model.variables + list(opt_vars) + [self.epoch, self.step]
 
-        @tf.function
-        def bcast():
-            def replica():
+        @compiled
+        def bcast() -> Any:
+            def replica() -> Any:
                 ctx = tf.distribute.get_replica_context()
                 mine = [tf.cast(v.read_value(), tf.float64) if chief else tf.zeros(v.shape, tf.float64)
                         for v in variables]
@@ -150,121 +175,142 @@ class Trainer:
             v.assign(tf.cast(self.strategy.experimental_local_results(val)[0], v.dtype))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    wlcommon.add_args(ap)
-    a = ap.parse_args(argv)
+@dataclass
+class Worker:
+    """This worker's place in the cluster and its CPU budget."""
+
+    rank: int
+    world: int
+    threads: int
+    loaders: int  # threads preparing the next batches
+    options: tf.distribute.experimental.CommunicationOptions
+    strategy: tf.distribute.Strategy
+
+
+@dataclass
+class Training:
+    """Everything the epochs need, built once by build_training."""
+
+    a: argparse.Namespace
+    worker: Worker
+    ds: wldata.Dataset
+    train: tuple[np.ndarray, np.ndarray]  # normalized images, labels
+    val: tuple[np.ndarray, np.ndarray]  # this worker's validation shard
+    trainer: Trainer
+    plan: wlcommon.BatchPlan
+    comp: wlcommon.Compression
+    ckpt: tf.train.Checkpoint
+    metrics: wlmetrics.MetricsWriter
+    start_epoch: int
+    step: int  # optimizer steps done, over the run
+
+
+def refused(a: argparse.Namespace) -> str | None:
+    """What this program does not accept (wlcommon.parse_args)."""
     if a.grad_compression == "powersgd":
-        ap.error("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
-                 "use fp16 with TensorFlow")
+        return ("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
+                "use fp16 with TensorFlow")
     if a.accumulate < 1 or a.collective_timeout_s < 0 or a.tf_bytes_per_pack < 0:
-        ap.error("--accumulate must be >= 1, --collective-timeout-s and --tf-bytes-per-pack >= 0")
-    cpu = wlmetrics.CpuMeter()
+        return "--accumulate must be >= 1, --collective-timeout-s and --tf-bytes-per-pack >= 0"
+    return None
+
+
+def setup_worker(a: argparse.Namespace) -> Worker:
+    """Rank from TF_CONFIG, CPU threads, the strategy (coordination service first), the seeds."""
     rank, world = worker_info()
     if world == 1:
         a.grad_compression = "none"  # nothing goes on a wire
     threads = wlcommon.threads_per_process(a.threads, 1)
-    workers = wlcommon.loader_workers(a.loader_workers, bool(tf.config.list_physical_devices("GPU")), 1)
+    loaders = wlcommon.loader_workers(a.loader_workers, bool(tf.config.list_physical_devices("GPU")), 1)
     set_threads(threads)
     options = communication_options(a)
     strategy = make_strategy(world, options, a.collective_timeout_s)
     tf.random.set_seed(a.seed)
     keras.utils.set_random_seed(a.seed)
-    out = Path(a.out)
-    metrics = wlmetrics.MetricsWriter(out, rank, "tensorflow")
+    return Worker(rank, world, threads, loaders, options, strategy)
 
+
+def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsWriter) -> Training:
+    """The data, every worker's batch, the Trainer (resumed from the chief's checkpoint); writes the
+    start record."""
     ds = wldata.open_prepared(a.data) if a.data else wldata.load(a.dataset, a.data_path, a.size, a.seed)
     mean, std = ds.normalization()
-    xtr, ytr = normalize(ds.x_train, mean, std), ds.y_train
-    vidx = np.arange(rank, len(ds.x_val), world)
-    xva, yva = normalize(ds.x_val[vidx], mean, std), ds.y_val[vidx]
-
+    vidx = np.arange(w.rank, len(ds.x_val), w.world)
+    train = normalize(ds.x_train, mean, std), ds.y_train
+    val = normalize(ds.x_val[vidx], mean, std), ds.y_val[vidx]
     batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch)
-    batches = [int(b) for b in _allsum(strategy, np.eye(world)[rank] * batch)] if world > 1 else [batch]
-    k = a.accumulate
-    micro_global = sum(batches)
-    global_batch = k * micro_global  # samples per optimizer step
-    steps_per_epoch = len(ds.x_train) // global_batch
-    if a.max_steps:
-        steps_per_epoch = min(steps_per_epoch, a.max_steps)
-    peak = wlcommon.peak_lr(a.lr, global_batch)
-    tr = Trainer(strategy, ds.classes, a.size, a, global_batch, options)
-    volume = wlcommon.comm_volume([tuple(v.shape) for v in tr.model.trainable_variables], world, a.grad_compression)
-    ckpt_dir = out / "checkpoint"
+    batches = [int(b) for b in _allsum(w.strategy, np.eye(w.world)[w.rank] * batch)] if w.world > 1 else [batch]
+    plan = wlcommon.plan_batches(a, batch, batches, len(ds.x_train))
+    tr = Trainer(w.strategy, ds.classes, a.size, a, plan.global_batch, w.options)
+    comp = wlcommon.Compression(a.grad_compression, [tuple(v.shape) for v in tr.model.trainable_variables], w.world)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
     if a.resume == "auto":
-        latest = tf.train.latest_checkpoint(str(ckpt_dir)) if rank == 0 else None
+        latest = tf.train.latest_checkpoint(str(metrics.dir / "checkpoint")) if w.rank == 0 else None
         if latest:
             ckpt.read(latest).expect_partial()
-        if world > 1:
+        if w.world > 1:
             _build_optimizer_slots(tr)
-            tr.broadcast_from_chief(chief=rank == 0)
+            tr.broadcast_from_chief(chief=w.rank == 0)
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
-    metrics.start(world=world, local_rank=0, device="cpu" if not tf.config.list_physical_devices("GPU") else "gpu",
-                  amp=False, dataset=ds.name, synthetic=ds.synthetic, train_samples=len(ds.x_train),
-                  val_samples=len(ds.x_val), batch=batch, batches=batches, global_batch=global_batch,
-                  steps_per_epoch=steps_per_epoch, epochs=a.epochs, peak_lr=peak, momentum=a.momentum,
-                  weight_decay=a.weight_decay, schedule=a.schedule, warmup_epochs=a.warmup_epochs,
-                  start_epoch=start_epoch, tensorflow=tf.__version__, threads=threads,
-                  interop_threads=tf.config.threading.get_inter_op_parallelism_threads(), loader_workers=workers,
-                  backend="mwms" if world > 1 else "none", collective_timeout_s=a.collective_timeout_s,
-                  heartbeat_timeout_s=a.collective_timeout_s if world > 1 and a.collective_timeout_s else None,
+    device = "cpu" if not tf.config.list_physical_devices("GPU") else "gpu"
+    metrics.start(**wlmetrics.run_fields(a, ds, plan, start_epoch, world=w.world, local_rank=0, device=device,
+                                         amp=False),
+                  tensorflow=tf.__version__, threads=w.threads,
+                  interop_threads=tf.config.threading.get_inter_op_parallelism_threads(), loader_workers=w.loaders,
+                  backend="mwms" if w.world > 1 else "none", collective_timeout_s=a.collective_timeout_s,
+                  heartbeat_timeout_s=a.collective_timeout_s if w.world > 1 and a.collective_timeout_s else None,
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
-                  grad_compression=a.grad_compression, accumulate=k, micro_batch=batch,
-                  micro_global_batch=micro_global, lr_scaled_for_batch=global_batch, **volume)
-    history = []
-    run_start = time.time()
-    for epoch in range(start_epoch, a.epochs):
-        order = wlcommon.epoch_order(len(xtr), a.seed, epoch)
-        mine = order[wldata.shard(len(order), rank, world)]
-        ep_start = time.perf_counter()
-        tot_loss, seen, data_s, comp_s = 0.0, 0, 0.0, 0.0
-        ep_cpu = wlmetrics.CpuMeter()
-        step_batches = [k * b for b in batches]  # a worker's k micro-batches: consecutive in the order
-        feed = iter(wlcommon.Prefetcher(lambda i: (xtr[order[wlcommon.batch_slice(i, step_batches, rank)]],
-                                                   ytr[order[wlcommon.batch_slice(i, step_batches, rank)]]),
-                                        steps_per_epoch, workers))
-        for i in range(steps_per_epoch):
-            t0 = time.perf_counter()
-            xb, yb = next(feed)
-            x, y = tf.constant(xb), tf.constant(yb)
-            t1 = time.perf_counter()
-            lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)
-            tr.opt.learning_rate.assign(lr)
-            loss_v = float(tr.train_step(x, y).numpy())
-            t2 = time.perf_counter()
-            data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
-            tot_loss, seen = tot_loss + loss_v * len(yb), seen + len(yb)
-            step += 1
-            if step % a.log_every == 0 or i == steps_per_epoch - 1 or i == 0:  # first: the run is up
-                metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2,
-                             bytes_sent_ring=volume["bytes_sent_per_step_ring"])
-        ep_s = time.perf_counter() - ep_start
-        ep_cpu_use = ep_cpu.read()  # the training steps' CPU use, before evaluation
-        train_loss = _allsum(strategy, np.array([tot_loss, seen]))
-        val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(ds.x_val) // world))
-        _, tr_acc = tr.evaluate(xtr[mine[:512]], ytr[mine[:512]], max_len=min(512, len(mine)))
-        rec = metrics.write("epoch", epoch=epoch, step=step, train_loss=float(train_loss[0] / train_loss[1]),
-                            train_acc=tr_acc, val_loss=val_loss, val_acc=val_acc, epoch_s=round(ep_s, 3),
-                            images_per_s=round(steps_per_epoch * global_batch / ep_s, 2),
-                            data_s=round(data_s, 3), compute_s=round(comp_s, 3),
-                            bytes_sent_per_step_ring=volume["bytes_sent_per_step_ring"], **ep_cpu_use,
-                            **wlmetrics.system_sample())
-        history.append(rec)
-        tr.epoch.assign(epoch)
-        tr.step.assign(step)
-        # every worker writes (MWMS collectives); only the chief's copy is kept
-        target = ckpt_dir if rank == 0 else out / f".checkpoint-worker{rank}"
-        ckpt.write(str(target / "ckpt"))
-        if rank == 0:
-            (ckpt_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt"\n')
-    metrics.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - run_start, 3),
-                  **cpu.read())
-    if rank == 0:
-        wlmetrics.write_summary(out, wlmetrics.summary("tensorflow", a, world, steps_per_epoch, history,
-                                                       time.time() - run_start, ds))
-    metrics.close()
-    wait_for_all_workers(world)
+                  grad_compression=a.grad_compression, **plan.start_fields(), **comp.volume)
+    return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step)
+
+
+def train_epoch(t: Training, epoch: int) -> None:
+    """One epoch's steps, its evaluation and its record; then every worker writes the checkpoint."""
+    a, w, plan, tr = t.a, t.worker, t.plan, t.trainer
+    (xtr, ytr), (xva, yva) = t.train, t.val
+    order = wlcommon.epoch_order(len(xtr), a.seed, epoch)
+    mine = order[wldata.shard(len(order), w.rank, w.world)]
+
+    def gather(i: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = order[wlcommon.batch_slice(i, plan.step_batches, w.rank)]
+        return xtr[idx], ytr[idx]
+
+    feed = iter(wlcommon.Prefetcher(gather, plan.steps_per_epoch, w.loaders))
+
+    def fetch() -> tuple[tf.Tensor, tf.Tensor]:
+        xb, yb = next(feed)
+        return tf.constant(xb), tf.constant(yb)
+
+    def train(batch: tuple[tf.Tensor, tf.Tensor], lr: float) -> wlmetrics.StepOutcome:
+        tr.opt.learning_rate.assign(lr)
+        loss = float(tr.train_step(*batch).numpy())
+        return wlmetrics.StepOutcome(loss, int(batch[1].shape[0]), t.comp.bytes_sent_ring())
+
+    t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
+    train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
+    val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
+    _, tr_acc = tr.evaluate(xtr[mine[:512]], ytr[mine[:512]], max_len=min(512, len(mine)))
+    scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), tr_acc, val_loss, val_acc)
+    t.metrics.epoch(epoch, t.step, tally, plan, scores, int(t.comp.volume["bytes_sent_per_step_ring"]))
+    tr.epoch.assign(epoch)
+    tr.step.assign(t.step)
+    # every worker writes (MWMS collectives); only the chief's copy is kept
+    ckpt_dir = t.metrics.dir / "checkpoint"
+    t.ckpt.write(str((ckpt_dir if w.rank == 0 else t.metrics.dir / f".checkpoint-worker{w.rank}") / "ckpt"))
+    if w.rank == 0:
+        (ckpt_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt"\n')
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = wlcommon.parse_args(__doc__, argv, refused)
+    cpu = wlmetrics.CpuMeter()
+    w = setup_worker(a)
+    metrics = wlmetrics.MetricsWriter(Path(a.out), w.rank, "tensorflow")
+    t = build_training(a, w, metrics)
+    for epoch in range(t.start_epoch, a.epochs):
+        train_epoch(t, epoch)
+    metrics.finish(a, t.ds, w.world, t.plan, t.start_epoch, t.step, cpu)
+    wait_for_all_workers(w.world)
     return 0
 
 
@@ -325,7 +371,9 @@ def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
     if strategy.num_replicas_in_sync == 1:
         return values
     t = tf.constant(values, dtype=tf.float64)
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(t)), axis=None).numpy()
+    total: np.ndarray = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(t)),
+                                        axis=None).numpy()
+    return total
 
 
 def _build_optimizer_slots(tr: Trainer) -> None:

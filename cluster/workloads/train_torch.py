@@ -4,6 +4,11 @@ Started by torchrun on every node (RANK, WORLD_SIZE, LOCAL_RANK, ... in the
 environment), or alone as one process. Writes metrics-rank<R>.jsonl per rank,
 summary.json and a checkpoint each epoch (rank 0) into --out; with --resume auto
 (the default, which torchrun's restarts rely on) it continues from the checkpoint.
+
+main's phases: the settings (wlcommon.parse_args), setup_process (device,
+threads, process group), load_data, build_training (model, optimizer, resume,
+DDP, batches, compression, start record), train_epoch per epoch, and
+MetricsWriter.finish (end record, summary).
 """
 from __future__ import annotations
 
@@ -13,23 +18,35 @@ import datetime
 import math
 import os
 import sys
-import time
+from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torchvision
+import torchvision  # type: ignore[import-untyped]  # publishes no type information
+from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import wlcommon  # noqa: E402
-import wldata  # noqa: E402
-import wlmetrics  # noqa: E402
+if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+    from torch._C._distributed_c10d import GradBucket
+
+    from cluster.workloads import wlcommon, wldata, wlmetrics
+
+    Future = torch.futures.Future[torch.Tensor]
+else:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import wlcommon
+    import wldata
+    import wlmetrics
 
 
 def build_model(classes: int, name: str = "resnet50") -> torch.nn.Module:
-    return torchvision.models.get_model(name, weights=None, num_classes=classes)
+    model: torch.nn.Module = torchvision.models.get_model(name, weights=None, num_classes=classes)
+    return model
 
 
 def to_tensor(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> torch.Tensor:
@@ -51,23 +68,20 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=True)
-    xs, ys = (x, y) if accumulate == 1 else (x.chunk(accumulate), y.chunk(accumulate))
+    xs, ys = ((x,), (y,)) if accumulate == 1 else (x.chunk(accumulate), y.chunk(accumulate))
     if accumulate > 1 and len(xs) != accumulate:
         raise ValueError(f"{len(x)} samples do not split into {accumulate} micro-batches")
     losses = []
-    for j in range(accumulate):
-        xj, yj = (xs, ys) if accumulate == 1 else (xs[j], ys[j])
-        last = j == accumulate - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+    for j, (xj, yj) in enumerate(zip(xs, ys)):
+        sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if isinstance(model, DistributedDataParallel) and j < accumulate - 1:
+            sync = model.no_sync()  # gradients add up locally; the last backward all-reduces
         with sync:
             with torch.autocast(device_type=xj.device.type, enabled=scaler is not None):
                 loss = F.cross_entropy(model(xj), yj)
             scale = weight / accumulate
             weighted = loss * scale if scale != 1.0 else loss
-            if scaler is not None:
-                scaler.scale(weighted).backward()
-            else:
-                weighted.backward()
+            torch.autograd.backward(scaler.scale(weighted) if scaler is not None else weighted)
         losses.append(loss.detach())
     if scaler is not None:
         scaler.step(opt)
@@ -77,29 +91,9 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     return losses[0] if accumulate == 1 else torch.stack(losses).mean()
 
 
-class Compression:
-    """The gradient compression in effect on a DDP model and what it puts on the wire."""
-
-    def __init__(self, kind: str, shapes: list[tuple[int, ...]], world: int, powersgd_rank: int,
-                 state: object | None = None) -> None:
-        self.kind, self.state = kind, state
-        self.volume = wlcommon.comm_volume(shapes, world, kind, powersgd_rank)
-        self.plain = wlcommon.comm_volume(shapes, world, "none")
-
-    def compressing(self) -> bool:
-        """Whether the next step's all-reduce is compressed (PowerSGD runs plain until its start step)."""
-        if self.kind == "powersgd":
-            return self.state.iter >= self.state.start_powerSGD_iter  # type: ignore[attr-defined]
-        return self.kind != "none"
-
-    def bytes_sent_ring(self) -> int:
-        """Bytes this rank sends in the next step's all-reduces (ring model, wlcommon.comm_volume)."""
-        return int((self.volume if self.compressing() else self.plain)["bytes_sent_per_step_ring"])
-
-
 def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str, powersgd_rank: int = 2,
                       powersgd_start: int = 2, done_steps: int = 0, bucket_mb: float = 0.0,
-                      max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0) -> Compression:
+                      max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0) -> wlcommon.Compression:
     """Register the DDP communication hook for `kind` (none: DDP's own float32 all-reduce).
 
     PowerSGD on gloo with several buckets: torch's powerSGD_hook issues each bucket's second and third
@@ -113,13 +107,15 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     (the other known workaround) would lose. NCCL orders collectives on its stream: the stock hook."""
     shapes = [tuple(p.shape) for p in ddp.parameters() if p.requires_grad]
     if kind == "none" or world == 1:
-        return Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
+        return wlcommon.Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
+    if not isinstance(ddp, DistributedDataParallel):
+        raise TypeError("gradient compression needs a DistributedDataParallel model")
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     if kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return Compression(kind, shapes, world, powersgd_rank)
+        return wlcommon.Compression(kind, shapes, world, powersgd_rank)
     if kind != "powersgd":
         raise ValueError(f"unknown gradient compression {kind!r}")
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
@@ -129,29 +125,36 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     state.iter = min(done_steps, powersgd_start - 1)
     if backend != "gloo":
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        return Compression(kind, shapes, world, powersgd_rank, state)
-    elem = next(ddp.parameters()).element_size()
-    cap = int((bucket_mb or 25.0) * 2**20)
-    n_groups = max(1, min(max_groups, sum(math.prod(s) for s in shapes) * elem // cap + 2))
-    kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s > 0 else {}  # new groups
-    groups = [dist.new_group(backend="gloo", **kwargs) for _ in range(n_groups)]  # don't inherit it
-    inflight: dict[int, torch.futures.Future] = {}
+    else:
+        elem = next(ddp.parameters()).element_size()
+        cap = int((bucket_mb or 25.0) * 2**20)
+        n_groups = max(1, min(max_groups, sum(math.prod(s) for s in shapes) * elem // cap + 2))
+        ddp.register_comm_hook(state, _ordered_powersgd_hook(n_groups, timeout_s))
+    return wlcommon.Compression(kind, shapes, world, powersgd_rank, state)
 
-    def ordered_powersgd_hook(state: psgd.PowerSGDState,
-                              bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+
+def _ordered_powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, GradBucket], Future]:
+    """powerSGD_hook with bucket i's collectives on gloo group i mod n_groups (setup_compression)."""
+    from torch._C._distributed_c10d import GradBucket
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s > 0 else None  # new groups don't inherit it
+    groups = [dist.new_group(backend="gloo", timeout=timeout) for _ in range(n_groups)]
+    inflight: dict[int, Future] = {}
+
+    def ordered_powersgd_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
         g = bucket.index() % n_groups
         if g in inflight:
             inflight[g].wait()  # the group's previous bucket has issued all its collectives
         state.process_group = groups[g]  # read once, at the start of powerSGD_hook
-        fut = psgd.powerSGD_hook(state, bucket)
+        fut = psgd.powerSGD_hook(state, bucket)  # by module attribute: tests wrap it
         inflight[g] = fut
         return fut
 
     # DDP checks the hook's annotations against the real types (this module's are strings)
-    ordered_powersgd_hook.__annotations__ = {"state": psgd.PowerSGDState, "bucket": dist.GradBucket,
+    ordered_powersgd_hook.__annotations__ = {"state": psgd.PowerSGDState, "bucket": GradBucket,
                                              "return": torch.futures.Future[torch.Tensor]}
-    ddp.register_comm_hook(state, ordered_powersgd_hook)
-    return Compression(kind, shapes, world, powersgd_rank, state)
+    return ordered_powersgd_hook
 
 
 def make_optimizer(model: torch.nn.Module, a: argparse.Namespace) -> torch.optim.Optimizer:
@@ -175,13 +178,63 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: in
     return float(sums[0] / sums[2]), float(sums[1] / sums[2])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    wlcommon.add_args(ap)
-    a = ap.parse_args(argv)
+@dataclass
+class Proc:
+    """Where this process stands: its ranks (torchrun's environment), its device, its backend."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    device: torch.device
+    backend: str  # "none" when alone
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass
+class Data:
+    """The dataset and its tensors: training on the CPU, this rank's validation shard on the device."""
+
+    ds: wldata.Dataset
+    xtr: torch.Tensor
+    ytr: torch.Tensor
+    xva: torch.Tensor
+    yva: torch.Tensor
+
+
+@dataclass
+class Training:
+    """Everything the epochs need, built once by build_training."""
+
+    a: argparse.Namespace
+    proc: Proc
+    data: Data
+    model: torch.nn.Module  # the bare model: what the checkpoint holds
+    ddp: torch.nn.Module  # what trains: the DDP wrapper, or the model itself when alone
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    plan: wlcommon.BatchPlan
+    weight: float  # this rank's loss weight (wlcommon.loss_weight)
+    comp: wlcommon.Compression
+    workers: int  # loader threads
+    metrics: wlmetrics.MetricsWriter
+    ckpt: Path
+    start_epoch: int
+    step: int  # optimizer steps done, over the run
+
+
+def refused(a: argparse.Namespace) -> str | None:
+    """What this program does not accept (wlcommon.parse_args)."""
     if a.accumulate < 1 or a.powersgd_rank < 1 or a.collective_timeout_s < 0 or a.bucket_mb < 0:
-        ap.error("--accumulate and --powersgd-rank must be >= 1, --collective-timeout-s and --bucket-mb >= 0")
-    cpu = wlmetrics.CpuMeter()
+        return "--accumulate and --powersgd-rank must be >= 1, --collective-timeout-s and --bucket-mb >= 0"
+    return None
+
+
+def setup_process(a: argparse.Namespace) -> Proc:
+    """Ranks from the environment, the device, CPU threads, and the process group when distributed."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     cuda = torch.cuda.is_available()
@@ -196,113 +249,101 @@ def main(argv: list[str] | None = None) -> int:
         backend = os.environ.get("CLUSTER_BACKEND") or ("nccl" if cuda else "gloo")
         init_distributed(backend, a.collective_timeout_s)
     torch.manual_seed(a.seed)
-    out = Path(a.out)
-    metrics = wlmetrics.MetricsWriter(out, rank, "pytorch")
+    return Proc(rank, world, local_rank, local_world, device, backend)
 
+
+def load_data(a: argparse.Namespace, proc: Proc) -> Data:
     ds = wldata.open_prepared(a.data) if a.data else wldata.load(a.dataset, a.data_path, a.size, a.seed)
     mean, std = ds.normalization()
     xtr, ytr = to_tensor(ds.x_train, mean, std), torch.from_numpy(ds.y_train)
-    vidx = np.arange(rank, len(ds.x_val), world)  # validation: every sample scored exactly once
-    xva, yva = to_tensor(ds.x_val[vidx], mean, std).to(device), torch.from_numpy(ds.y_val[vidx]).to(device)
+    vidx = np.arange(proc.rank, len(ds.x_val), proc.world)  # validation: every sample scored exactly once
+    xva = to_tensor(ds.x_val[vidx], mean, std).to(proc.device)
+    return Data(ds, xtr, ytr, xva, torch.from_numpy(ds.y_val[vidx]).to(proc.device))
 
-    workers = wlcommon.loader_workers(a.loader_workers, cuda, local_world)
-    cc = torch.cuda.get_device_capability(device) if cuda else None
-    amp = wlcommon.amp_wanted(a.amp, cc)
-    model = build_model(ds.classes, a.model).to(device)
-    if cuda:
+
+def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmetrics.MetricsWriter) -> Training:
+    """Model and optimizer (resumed from the newest checkpoint), DDP, every rank's batch, the gradient
+    compression; writes the start record."""
+    workers = wlcommon.loader_workers(a.loader_workers, proc.cuda, proc.local_world)
+    amp = wlcommon.amp_wanted(a.amp, torch.cuda.get_device_capability(proc.device) if proc.cuda else None)
+    model = build_model(data.ds.classes, a.model).to(proc.device)
+    if proc.cuda:
         model = model.to(memory_format=torch.channels_last)
     opt = make_optimizer(model, a)
     start_epoch, step = 0, 0
-    ckpt = out / "checkpoint.pt"
-    if a.resume == "auto" and (world > 1 or ckpt.exists()):  # a collective when distributed
-        start_epoch, step = _resume(model, opt, ckpt, rank, world)
+    ckpt = metrics.dir / "checkpoint.pt"
+    if a.resume == "auto" and (proc.world > 1 or ckpt.exists()):  # a collective when distributed
+        start_epoch, step = _resume(model, opt, ckpt, proc.rank, proc.world)
     # DDP broadcasts rank 0's weights and buffers at wrap time
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
-                                                    bucket_cap_mb=a.bucket_mb or None) if world > 1 else model
-    scaler = torch.amp.GradScaler("cuda") if amp else None
-
-    batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch, local_rank, local_world)
+    ddp = DistributedDataParallel(model, device_ids=[proc.local_rank] if proc.cuda else None,
+                                  bucket_cap_mb=a.bucket_mb or None) if proc.world > 1 else model
+    batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch, proc.local_rank,
+                              proc.local_world)
     batches = [batch]
-    if world > 1:  # ranks come from the rendezvous: learn every rank's batch
-        batches = [0] * world
+    if proc.world > 1:  # ranks come from the rendezvous: learn every rank's batch
+        batches = [0] * proc.world
         dist.all_gather_object(batches, batch)
-    k = a.accumulate
-    micro_global, weight = sum(batches), wlcommon.loss_weight(batches, rank)
-    global_batch = k * micro_global  # samples per optimizer step
-    steps_per_epoch = len(ds.x_train) // global_batch
-    if a.max_steps:
-        steps_per_epoch = min(steps_per_epoch, a.max_steps)
-    peak = wlcommon.peak_lr(a.lr, global_batch)
-    psgd_start = wlcommon.powersgd_start(a.powersgd_start_step, steps_per_epoch, a.warmup_epochs)
-    comp = setup_compression(ddp, a.grad_compression, world, backend, a.powersgd_rank, psgd_start, step,
-                             a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s)
-    metrics.start(world=world, local_rank=local_rank, device=str(device), amp=amp, dataset=ds.name,
-                  synthetic=ds.synthetic, train_samples=len(ds.x_train), val_samples=len(ds.x_val),
-                  batch=batch, batches=batches, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=a.epochs,
-                  peak_lr=peak, momentum=a.momentum, weight_decay=a.weight_decay, schedule=a.schedule,
-                  warmup_epochs=a.warmup_epochs, start_epoch=start_epoch, torch=torch.__version__,
-                  threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
-                  loader_workers=workers, backend=backend, collective_timeout_s=a.collective_timeout_s,
-                  grad_compression=comp.kind, powersgd_rank=a.powersgd_rank if comp.kind == "powersgd" else None,
-                  powersgd_start_step=psgd_start if comp.kind == "powersgd" else None, accumulate=k,
-                  micro_batch=batch, micro_global_batch=micro_global, lr_scaled_for_batch=global_batch,
-                  bucket_mb=a.bucket_mb or 25.0, **comp.volume)
-    def gather(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.from_numpy(idx)
-        x, y = xtr[t], ytr[t]
-        return (x.pin_memory(), y.pin_memory()) if cuda else (x, y)
+    plan = wlcommon.plan_batches(a, batch, batches, len(data.ds.x_train))
+    psgd_start = wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs)
+    comp = setup_compression(ddp, a.grad_compression, proc.world, proc.backend, a.powersgd_rank, psgd_start,
+                             step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s)
+    psgd = comp.kind == "powersgd"
+    metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
+                                         device=str(proc.device), amp=amp),
+                  torch=torch.__version__, threads=torch.get_num_threads(),
+                  interop_threads=torch.get_num_interop_threads(), loader_workers=workers, backend=proc.backend,
+                  collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
+                  powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
+                  **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, **comp.volume)
+    return Training(a, proc, data, model, ddp, opt, torch.amp.GradScaler("cuda") if amp else None, plan,
+                    wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step)
 
-    history = []
-    run_start = time.time()
-    for epoch in range(start_epoch, a.epochs):
-        order = wlcommon.epoch_order(len(ds.x_train), a.seed, epoch)
-        mine = order[wldata.shard(len(order), rank, world)]
-        ep_start = time.perf_counter()
-        tot_loss, seen, data_s, comp_s, sent = 0.0, 0, 0.0, 0.0, 0
-        ep_cpu = wlmetrics.CpuMeter()
-        step_batches = [k * b for b in batches]  # a rank's k micro-batches: consecutive in the order
-        feed = iter(wlcommon.Prefetcher(lambda i: gather(order[wlcommon.batch_slice(i, step_batches, rank)]),
-                                        steps_per_epoch, workers))
-        for i in range(steps_per_epoch):
-            t0 = time.perf_counter()
-            x, y = next(feed)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if cuda:
-                x = x.contiguous(memory_format=torch.channels_last)
-            t1 = time.perf_counter()
-            lr = wlcommon.lr_at(step, steps_per_epoch, a.epochs, peak, a.warmup_epochs, a.schedule)
-            step_sent = comp.bytes_sent_ring()
-            loss = train_step(ddp, opt, x, y, lr, scaler, weight, k)
-            loss_v = loss.item()  # waits for the step (and its all-reduce) to finish
-            t2 = time.perf_counter()
-            data_s, comp_s = data_s + t1 - t0, comp_s + t2 - t1
-            tot_loss, seen, sent = tot_loss + loss_v * len(y), seen + len(y), sent + step_sent
-            step += 1
-            if step % a.log_every == 0 or i == steps_per_epoch - 1 or i == 0:  # first: the run is up
-                metrics.step(epoch, step, loss_v, lr, global_batch, t0, t1, t2, bytes_sent_ring=step_sent)
-        ep_cpu_use = ep_cpu.read()  # the training steps' CPU use, before evaluation
-        train_loss = torch.tensor([tot_loss, seen], dtype=torch.float64)
-        if world > 1:
-            dist.all_reduce(train_loss)
-        ep_s = time.perf_counter() - ep_start
-        val_loss, val_acc = evaluate(ddp, xva, yva, 256, world)
-        tr_loss_all, tr_acc = float(train_loss[0] / train_loss[1]), _train_acc(ddp, xtr, ytr, mine, device, world)
-        rec = metrics.write("epoch", epoch=epoch, step=step, train_loss=tr_loss_all, train_acc=tr_acc,
-                            val_loss=val_loss, val_acc=val_acc, epoch_s=round(ep_s, 3),
-                            images_per_s=round(steps_per_epoch * global_batch / ep_s, 2),
-                            data_s=round(data_s, 3), compute_s=round(comp_s, 3),
-                            bytes_sent_per_step_ring=round(sent / max(1, steps_per_epoch)), **ep_cpu_use,
-                            **wlmetrics.system_sample())
-        history.append(rec)
-        if rank == 0:
-            _save(model, opt, epoch, step, ckpt)
-    metrics.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - run_start, 3),
-                  **cpu.read())
-    if rank == 0:
-        wlmetrics.write_summary(out, wlmetrics.summary("pytorch", a, world, steps_per_epoch, history,
-                                                       time.time() - run_start, ds))
-    metrics.close()
-    if world > 1:
+
+def train_epoch(t: Training, epoch: int) -> None:
+    """One epoch's steps, its evaluation and its record; rank 0 saves the checkpoint after it."""
+    a, proc, data, plan = t.a, t.proc, t.data, t.plan
+    order = wlcommon.epoch_order(len(data.xtr), a.seed, epoch)
+    mine = order[wldata.shard(len(order), proc.rank, proc.world)]
+
+    def gather(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(order[wlcommon.batch_slice(i, plan.step_batches, proc.rank)])
+        x, y = data.xtr[idx], data.ytr[idx]
+        return (x.pin_memory(), y.pin_memory()) if proc.cuda else (x, y)
+
+    feed = iter(wlcommon.Prefetcher(gather, plan.steps_per_epoch, t.workers))
+
+    def fetch() -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = next(feed)
+        x, y = x.to(proc.device, non_blocking=True), y.to(proc.device, non_blocking=True)
+        return (x.contiguous(memory_format=torch.channels_last), y) if proc.cuda else (x, y)
+
+    def train(batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> wlmetrics.StepOutcome:
+        x, y = batch
+        sent = t.comp.bytes_sent_ring()
+        loss = train_step(t.ddp, t.opt, x, y, lr, t.scaler, t.weight, plan.accumulate)
+        return wlmetrics.StepOutcome(loss.item(), len(y), sent)  # item(): waits for the step and its all-reduce
+
+    t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
+    train_loss = torch.tensor([tally.loss_sum, tally.samples], dtype=torch.float64)
+    if proc.world > 1:
+        dist.all_reduce(train_loss)
+    val_loss, val_acc = evaluate(t.ddp, data.xva, data.yva, 256, proc.world)
+    scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), _train_acc(t, mine), val_loss, val_acc)
+    t.metrics.epoch(epoch, t.step, tally, plan, scores, tally.mean_bytes_sent(plan.steps_per_epoch))
+    if proc.rank == 0:
+        _save(t.model, t.opt, epoch, t.step, t.ckpt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = wlcommon.parse_args(__doc__, argv, refused)
+    cpu = wlmetrics.CpuMeter()
+    proc = setup_process(a)
+    metrics = wlmetrics.MetricsWriter(Path(a.out), proc.rank, "pytorch")
+    t = build_training(a, proc, load_data(a, proc), metrics)
+    for epoch in range(t.start_epoch, a.epochs):
+        train_epoch(t, epoch)
+    metrics.finish(a, t.data.ds, proc.world, t.plan, t.start_epoch, t.step, cpu)
+    if proc.world > 1:
         dist.destroy_process_group()
     return 0
 
@@ -325,14 +366,14 @@ def init_distributed(backend: str, timeout_s: float) -> None:
     process); torchrun sets that, a process started by hand would not."""
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
-    dist.init_process_group(backend, **kwargs)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s) if timeout_s > 0 else None)
 
 
-def _train_acc(model, xtr, ytr, mine, device, world) -> float:
+def _train_acc(t: Training, mine: np.ndarray) -> float:
     """Accuracy on (up to) 512 of this epoch's training samples per rank, in eval mode, all-reduced."""
     idx = torch.from_numpy(mine[:512])
-    _, acc = evaluate(model, xtr[idx].to(device), ytr[idx].to(device), 256, world)
+    dev = t.proc.device
+    _, acc = evaluate(t.ddp, t.data.xtr[idx].to(dev), t.data.ytr[idx].to(dev), 256, t.proc.world)
     return acc
 
 
@@ -342,13 +383,13 @@ def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: 
     os.replace(tmp, path)  # a crash mid-save never leaves a half checkpoint
 
 
-def _resume(model, opt, path: Path, rank: int, world: int) -> tuple[int, int]:
+def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank: int,
+            world: int) -> tuple[int, int]:
     """The newest checkpoint any rank holds (nodes don't share disks, and a c10d rendezvous after a
     restart may give rank 0 to another node) is read there and handed to every rank."""
-    state = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
-    src = 0
+    state: dict[str, Any] | None = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
     if world > 1:
-        epochs = [None] * world
+        epochs: list[int] = [-1] * world
         dist.all_gather_object(epochs, state["epoch"] if state else -1)
         src = max(range(world), key=lambda r: (epochs[r], -r))
         box = [state if rank == src else None]
@@ -358,7 +399,7 @@ def _resume(model, opt, path: Path, rank: int, world: int) -> tuple[int, int]:
         return 0, 0
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
-    return state["epoch"] + 1, state["step"]
+    return int(state["epoch"]) + 1, int(state["step"])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+
+T = TypeVar("T")
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
 COMPRESSIONS = ("none", "fp16", "powersgd")
@@ -59,8 +67,21 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "coordination service's heartbeat timeout); 0: the framework's default")
 
 
+def parse_args(doc: str | None, argv: list[str] | None,
+               refused: Callable[[argparse.Namespace], str | None]) -> argparse.Namespace:
+    """A program's settings (add_args); `refused` says what that program cannot do with them, which
+    ends it as argparse's usage errors do (exit status 2)."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    add_args(ap)
+    a = ap.parse_args(argv)
+    problem = refused(a)
+    if problem:
+        ap.error(problem)
+    return a
+
+
 def parse_shares(text: str) -> dict[str, int]:
-    out = {}
+    out: dict[str, int] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         node, _, n = item.rpartition("=")
         if not node or not n.isdigit() or int(n) < 1:
@@ -99,6 +120,54 @@ def peak_lr(base_lr: float, global_batch: int) -> float:
     return base_lr * global_batch / REF_BATCH
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """Samples per optimizer step, steps per epoch and the learning-rate schedule: derived the same way
+    in both programs, so they train on the same batches with the same rates."""
+
+    batch: int  # this rank's micro-batch
+    batches: list[int]  # every rank's micro-batch, in rank order
+    accumulate: int  # micro-batches per optimizer step
+    steps_per_epoch: int
+    peak_lr: float
+    epochs: int
+    warmup_epochs: float
+    schedule: str
+
+    @property
+    def micro_global(self) -> int:
+        return sum(self.batches)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step, all ranks and all micro-batches."""
+        return self.accumulate * self.micro_global
+
+    @property
+    def step_batches(self) -> list[int]:
+        """Every rank's samples per optimizer step: its k micro-batches are consecutive in the order."""
+        return [self.accumulate * b for b in self.batches]
+
+    def lr(self, step: int) -> float:
+        return lr_at(step, self.steps_per_epoch, self.epochs, self.peak_lr, self.warmup_epochs, self.schedule)
+
+    def start_fields(self) -> dict[str, Any]:
+        """The plan's fields of the start record that follow the framework's own (docs/metrics.md)."""
+        return {"accumulate": self.accumulate, "micro_batch": self.batch, "micro_global_batch": self.micro_global,
+                "lr_scaled_for_batch": self.global_batch}
+
+
+def plan_batches(a: argparse.Namespace, batch: int, batches: list[int], train_samples: int) -> BatchPlan:
+    """The plan from the job's settings and every rank's batch (learned from the others)."""
+    global_batch = a.accumulate * sum(batches)
+    steps_per_epoch = train_samples // global_batch
+    if a.max_steps:
+        steps_per_epoch = min(steps_per_epoch, a.max_steps)
+    return BatchPlan(batch=batch, batches=batches, accumulate=a.accumulate, steps_per_epoch=steps_per_epoch,
+                     peak_lr=peak_lr(a.lr, global_batch), epochs=a.epochs, warmup_epochs=a.warmup_epochs,
+                     schedule=a.schedule)
+
+
 def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epochs: float, schedule: str) -> float:
     """Linear warm-up from peak/10, then cosine to zero (or constant). `step` counts from 0 over the run."""
     total = max(1, steps_per_epoch * epochs)
@@ -130,15 +199,15 @@ def loader_workers(requested: int, accelerator: bool, local_processes: int) -> i
     return max(1, min(4, cores // max(1, local_processes) - 1))
 
 
-class Prefetcher:
+class Prefetcher(Generic[T]):
     """Yields make_batch(0..n-1) in order, with up to `workers` of the next batches prepared in
     threads while the caller computes (the arrays are in memory: threads, no worker processes and
     no copies between them; numpy and torch release the GIL while gathering)."""
 
-    def __init__(self, make_batch, n: int, workers: int) -> None:
+    def __init__(self, make_batch: Callable[[int], T], n: int, workers: int) -> None:
         self.make_batch, self.n, self.workers = make_batch, n, workers
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[T]:
         if self.workers <= 0:
             for i in range(self.n):
                 yield self.make_batch(i)
@@ -165,7 +234,7 @@ def amp_wanted(mode: str, compute_capability: tuple[int, int] | None) -> bool:
     return compute_capability >= (7, 0)  # a GTX 10xx runs fp16 at 1/64 of fp32
 
 
-def epoch_order(n: int, seed: int, epoch: int):
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The same shuffled order on every rank (each then takes its own shard of it)."""
     import numpy as np
 
@@ -214,3 +283,30 @@ def comm_volume(shapes: list[tuple[int, ...]], world: int, compression: str, pow
     return {"grad_elements": elements, "grad_bytes": elements * elem_bytes, "allreduce_payload_bytes": payload,
             "bytes_sent_per_step_ring": round(payload * ring),
             "bytes_sent_per_step_ring_uncompressed": round(elements * elem_bytes * ring)}
+
+
+class StartsLate(Protocol):
+    """A compression that sends plain gradients until a step (torch's PowerSGDState)."""
+
+    iter: int
+    start_powerSGD_iter: int
+
+
+class Compression:
+    """The gradient compression in effect and what it puts on the wire, per optimizer step."""
+
+    def __init__(self, kind: str, shapes: list[tuple[int, ...]], world: int, powersgd_rank: int = 2,
+                 state: StartsLate | None = None) -> None:
+        self.kind, self.state = kind, state
+        self.volume = comm_volume(shapes, world, kind, powersgd_rank)
+        self.plain = comm_volume(shapes, world, "none")
+
+    def compressing(self) -> bool:
+        """Whether the next step's all-reduce is compressed (PowerSGD runs plain until its start step)."""
+        if self.kind == "powersgd" and self.state is not None:
+            return self.state.iter >= self.state.start_powerSGD_iter
+        return self.kind != "none"
+
+    def bytes_sent_ring(self) -> int:
+        """Bytes this rank sends in the next step's all-reduces (ring model, comm_volume)."""
+        return int((self.volume if self.compressing() else self.plain)["bytes_sent_per_step_ring"])

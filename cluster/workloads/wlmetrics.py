@@ -13,8 +13,17 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    import argparse
+
+    from cluster.workloads.wlcommon import BatchPlan
+    from cluster.workloads.wldata import Dataset
+
+B = TypeVar("B")
 
 SCHEMA_VERSION = 1
 RECORD_TYPES = ("start", "step", "epoch", "end")
@@ -27,6 +36,8 @@ class MetricsWriter:
         self.rank, self.framework = rank, framework
         self.path = self.dir / f"metrics-rank{rank}.jsonl"
         self._f = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the run
+        self.history: list[dict[str, Any]] = []  # the epoch records, for the summary
+        self.run_start = time.time()  # wall clock at the start record: the end record's wall_s counts from it
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         assert kind in RECORD_TYPES, kind
@@ -36,8 +47,10 @@ class MetricsWriter:
         return rec
 
     def start(self, **fields: Any) -> dict[str, Any]:
-        return self.write("start", host=socket.gethostname(), pid=os.getpid(),
-                          node=os.environ.get("CLUSTER_NODE_NAME"), run_id=os.environ.get("CLUSTER_RUN_ID"), **fields)
+        rec = self.write("start", host=socket.gethostname(), pid=os.getpid(),
+                         node=os.environ.get("CLUSTER_NODE_NAME"), run_id=os.environ.get("CLUSTER_RUN_ID"), **fields)
+        self.run_start = time.time()
+        return rec
 
     def step(self, epoch: int, step: int, loss: float, lr: float, global_batch: int,
              t0: float, t1: float, t2: float, **extra: Any) -> dict[str, Any]:
@@ -46,8 +59,104 @@ class MetricsWriter:
                           images_per_s=round(global_batch / max(t2 - t0, 1e-9), 2),
                           data_s=round(t1 - t0, 5), compute_s=round(t2 - t1, 5), **extra)
 
+    def epoch(self, epoch: int, step: int, tally: EpochTally, plan: BatchPlan, scores: EpochScores,
+              bytes_sent_per_step: int) -> dict[str, Any]:
+        """The epoch record: its scores, then the tally of its training steps, then the node's load."""
+        rec = self.write("epoch", epoch=epoch, step=step, train_loss=scores.train_loss, train_acc=scores.train_acc,
+                         val_loss=scores.val_loss, val_acc=scores.val_acc, epoch_s=round(tally.elapsed_s, 3),
+                         images_per_s=round(plan.steps_per_epoch * plan.global_batch / tally.elapsed_s, 2),
+                         data_s=round(tally.data_s, 3), compute_s=round(tally.compute_s, 3),
+                         bytes_sent_per_step_ring=bytes_sent_per_step, **tally.cpu_use, **system_sample())
+        self.history.append(rec)
+        return rec
+
+    def finish(self, a: argparse.Namespace, ds: Dataset, world: int, plan: BatchPlan, start_epoch: int, step: int,
+               cpu: CpuMeter) -> None:
+        """The end record (`cpu`: the whole process's use); rank 0 also writes summary.json. Closes the file."""
+        self.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - self.run_start, 3),
+                   **cpu.read())
+        if self.rank == 0:
+            write_summary(self.dir, summary(self.framework, a, world, plan.steps_per_epoch, self.history,
+                                            time.time() - self.run_start, ds))
+        self.close()
+
     def close(self) -> None:
         self._f.close()
+
+
+def run_fields(a: argparse.Namespace, ds: Dataset, plan: BatchPlan, start_epoch: int, *, world: int,
+               local_rank: int, device: str, amp: bool) -> dict[str, Any]:
+    """The start record's fields both programs write first, in their order (docs/metrics.md)."""
+    return {"world": world, "local_rank": local_rank, "device": device, "amp": amp, "dataset": ds.name,
+            "synthetic": ds.synthetic, "train_samples": len(ds.x_train), "val_samples": len(ds.x_val),
+            "batch": plan.batch, "batches": plan.batches, "global_batch": plan.global_batch,
+            "steps_per_epoch": plan.steps_per_epoch, "epochs": a.epochs, "peak_lr": plan.peak_lr,
+            "momentum": a.momentum, "weight_decay": a.weight_decay, "schedule": a.schedule,
+            "warmup_epochs": a.warmup_epochs, "start_epoch": start_epoch}
+
+
+class StepOutcome(NamedTuple):
+    """What one optimizer step reports back to the step loop."""
+
+    loss: float  # this rank's mean loss (the step has finished: reading it waited for the all-reduce)
+    samples: int  # samples this rank computed in the step
+    bytes_sent: int  # what this rank sent in the step's all-reduces (ring model)
+
+
+class EpochScores(NamedTuple):
+    train_loss: float  # over all ranks' training samples of the epoch
+    train_acc: float  # on up to 512 of each rank's training samples, after the epoch
+    val_loss: float
+    val_acc: float
+
+
+class EpochTally:
+    """The per-step bookkeeping of one epoch, kept the same way by both programs: time waiting for
+    data vs computing, the loss summed over samples, bytes sent, and the steps' CPU use (taken when
+    the steps end, so evaluation is not counted)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.cpu = CpuMeter()
+        self.loss_sum, self.samples, self.bytes_sent = 0.0, 0, 0
+        self.data_s, self.compute_s, self.elapsed_s = 0.0, 0.0, 0.0
+        self.cpu_use: dict[str, float] = {}
+
+    def add(self, asked: float, ready: float, done: float, outcome: StepOutcome) -> None:
+        """One step: batch asked for at `asked`, ready at `ready`, step done at `done` (perf_counter)."""
+        self.data_s, self.compute_s = self.data_s + ready - asked, self.compute_s + done - ready
+        self.loss_sum += outcome.loss * outcome.samples
+        self.samples += outcome.samples
+        self.bytes_sent += outcome.bytes_sent
+
+    def stop(self) -> None:
+        self.elapsed_s = time.perf_counter() - self.started
+        self.cpu_use = self.cpu.read()
+
+    def mean_bytes_sent(self, steps: int) -> int:
+        return round(self.bytes_sent / max(1, steps))
+
+
+def run_steps(metrics: MetricsWriter, plan: BatchPlan, log_every: int, epoch: int, step: int,
+              fetch: Callable[[], B], train: Callable[[B, float], StepOutcome]) -> tuple[int, EpochTally]:
+    """One epoch's optimizer steps, timed: `fetch` gives the next batch (on the device), `train` runs a
+    step on it at a learning rate. Logs a step record every `log_every` steps, the first (the run is
+    up) and the last; returns the step count after the epoch and its tally (stopped)."""
+    tally = EpochTally()
+    for i in range(plan.steps_per_epoch):
+        t0 = time.perf_counter()
+        batch = fetch()
+        t1 = time.perf_counter()
+        lr = plan.lr(step)
+        outcome = train(batch, lr)
+        t2 = time.perf_counter()
+        tally.add(t0, t1, t2, outcome)
+        step += 1
+        if step % log_every == 0 or i == plan.steps_per_epoch - 1 or i == 0:
+            metrics.step(epoch, step, outcome.loss, lr, plan.global_batch, t0, t1, t2,
+                         bytes_sent_ring=outcome.bytes_sent)
+    tally.stop()
+    return step, tally
 
 
 def process_cpu_s() -> float:
@@ -121,7 +230,7 @@ def parse_nvidia_smi_sample(text: str) -> list[dict[str, Any]]:
         except ValueError:  # "[N/A]" on cards without the sensor
             return None
 
-    res = []
+    res: list[dict[str, Any]] = []
     for line in text.strip().splitlines():
         c = [x.strip() for x in line.split(",")]
         if len(c) == 5:
@@ -130,8 +239,8 @@ def parse_nvidia_smi_sample(text: str) -> list[dict[str, Any]]:
     return res
 
 
-def summary(framework: str, args: Any, world: int, steps_per_epoch: int, history: list[dict[str, Any]],
-            wall_s: float, ds: Any) -> dict[str, Any]:
+def summary(framework: str, args: argparse.Namespace, world: int, steps_per_epoch: int,
+            history: list[dict[str, Any]], wall_s: float, ds: Dataset) -> dict[str, Any]:
     """The run's summary.json from its epoch records (the same fields for both frameworks)."""
     vals = [h["val_acc"] for h in history]
     accumulate = int(getattr(args, "accumulate", 1))
@@ -177,7 +286,7 @@ def validate(record: dict[str, Any]) -> list[str]:
     kind = record.get("type")
     if kind not in REQUIRED:
         return [f"unknown type {kind!r}"]
-    problems = []
+    problems: list[str] = []
     for name, types in {**COMMON, **REQUIRED[kind]}.items():
         if name not in record:
             problems.append(f"{kind}: missing {name}")

@@ -119,3 +119,41 @@ def test_loader_workers_leave_cpu_nodes_cores_to_compute() -> None:
     assert wlcommon.loader_workers(-1, accelerator=False, local_processes=1) == 0
     assert 1 <= wlcommon.loader_workers(-1, accelerator=True, local_processes=2) <= 4
     assert wlcommon.loader_workers(3, accelerator=False, local_processes=1) == 3
+
+
+def test_the_step_loop_times_every_step_and_logs_the_first_every_nth_and_the_last(tmp_path: Path) -> None:
+    """wlmetrics.run_steps: the per-step bookkeeping both training programs share."""
+    import argparse
+
+    import wlcommon
+
+    a = argparse.Namespace(accumulate=2, max_steps=5, lr=0.01, epochs=2, warmup_epochs=1.0, schedule="cosine")
+    plan = wlcommon.plan_batches(a, 3, [3, 5], train_samples=100)  # 16 samples a step: 6 steps, capped at 5
+    assert (plan.global_batch, plan.steps_per_epoch, plan.step_batches) == (16, 5, [6, 10])
+    assert plan.peak_lr == wlcommon.peak_lr(0.01, 16)
+    w = wlmetrics.MetricsWriter(tmp_path, 0, "pytorch")
+    batches, seen = iter(range(100)), []
+
+    def train(batch: int, lr: float) -> wlmetrics.StepOutcome:
+        seen.append((batch, lr))
+        return wlmetrics.StepOutcome(loss=float(batch), samples=6, bytes_sent=10 * batch)
+
+    step, tally = wlmetrics.run_steps(w, plan, 2, epoch=1, step=5, fetch=lambda: next(batches), train=train)
+    assert step == 10 and [b for b, _ in seen] == [0, 1, 2, 3, 4]
+    assert [lr for _, lr in seen] == [plan.lr(s) for s in range(5, 10)]  # the rate of the step about to run
+    assert (tally.samples, tally.loss_sum, tally.bytes_sent, tally.mean_bytes_sent(5)) == (30, 60.0, 100, 20)
+    assert tally.elapsed_s >= tally.data_s + tally.compute_s > 0 and "cpu_cores_process" in tally.cpu_use
+    ds = wldata.synthetic(n=20, size=4)
+    w.epoch(1, step, tally, plan, wlmetrics.EpochScores(2.0, 0.5, 2.1, 0.4), tally.mean_bytes_sent(5))
+    w.finish(argparse.Namespace(**vars(a), batch=3, grad_compression="none"), ds, 2, plan, 1, step,
+             wlmetrics.CpuMeter())
+    recs = [json.loads(line) for line in w.path.read_text().splitlines()]
+    steps = [r for r in recs if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [6, 8, 10]  # the first, every 2nd, the last
+    assert [r["bytes_sent_ring"] for r in steps] == [0, 20, 40]
+    assert [r["type"] for r in recs] == ["step"] * 3 + ["epoch", "end"]
+    assert all(wlmetrics.validate(r) == [] for r in recs)
+    assert (recs[3]["train_loss"], recs[3]["val_acc"], recs[3]["bytes_sent_per_step_ring"]) == (2.0, 0.4, 20)
+    assert (recs[4]["epochs_done"], recs[4]["step"]) == (1, 10)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["final_val_acc"], summary["final_step"], summary["steps_per_epoch"]) == (0.4, 10, 5)
