@@ -149,7 +149,10 @@ def test_uplink_is_shared_by_nodes(rlab) -> None:
 
 def test_relay_sends_once_and_nothing_listens_after(rlab) -> None:
     state, src, files = rlab
-    plan, res = distribute(state, src, files, "w1")
+    calls: dict[str, list[int]] = {}
+    states: list[relay.NodeProgress] = []
+    plan, res = distribute(state, src, files, "w1", status=states.append,
+                           progress=lambda n, k: calls.setdefault(n, []).append(k))
     assert plan.edges()[0][0] == "head" and [e[:2] for e in plan.edges()[1:]] == [("node1", "node2"),
                                                                                   ("node2", "node3")]
     total = sum(m["size"] for m in files.values())
@@ -160,6 +163,12 @@ def test_relay_sends_once_and_nothing_listens_after(rlab) -> None:
     for n in ("node1", "node2", "node3"):
         assert_complete(state, n, "w1", files)
     assert listening(state) == []
+    # progress per byte: more reports than batches while the big file moved, adding up to every node's total
+    nbatches = len(relay.batches(relay.items(src, files)))
+    assert {n: sum(c) for n, c in calls.items()} == {n: total for n in ("node1", "node2", "node3")}
+    assert all(len(c) > nbatches for c in calls.values()), calls
+    assert any(s.node == "node3" and s.source == "node2" and 0 < s.have < total for s in states)
+    assert {s.node for s in states if s.state == "done" and s.have == total} == {"node1", "node2", "node3"}
     again_plan, again = distribute(state, src, files, "w1")
     assert not any(again_plan.needs.values()) and all(r.value.received == 0 for r in again.values())
 
