@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Types first (a minute, strict, the training programs included: pyproject's [tool.mypy]), then the tests.
+.venv/bin/mypy
 # pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
 exec .venv/bin/python -m pytest -ra "$@"
