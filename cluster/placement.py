@@ -1,11 +1,13 @@
-"""Placement: which nodes a job should use and how to split its global batch among them, predicted
-from `bench` (docs/planning.md). Users reach it as `clusterctl plan JOB` and `launch --plan`.
+"""Placement: which nodes a job should use, how to split its global batch among them and how its
+gradients cross the network, predicted from `bench` (docs/planning.md). Users reach it as
+`clusterctl plan JOB` and `launch --plan`.
 
-Model, per synchronous step on node set S with per-node batches b_i:
-    compute_i = f_i + b_i * c_i       node i alone (bench at two batch sizes): fixed + per-sample time
-    comm      = the model's all-reduce as measured by bench, scaled by the ring's 2(|S|-1)/|S|
-    step      = max_i compute_i + comm            the slowest node sets the pace; no overlap assumed
-    images/s  = B / step,   epoch time = (train samples / B) * step
+Model, per optimizer step on node set S with per-node micro-batches b_i and a scheme
+(grad_compression x powersgd_rank x accumulate k, priced by commmodel):
+    compute_i = f_i + k * b_i * c_i   node i alone (bench at two batch sizes): fixed + per-sample time
+    comm      = per DDP bucket: latency + its payload x 2(|S|-1)/|S| x seconds per byte (bench)
+    step      = max_i compute_i + max(last bucket, comm - backward of the last micro-batch)
+    images/s  = k * B / step,   epoch time = (train samples / (k * B)) * step
 The even split gives every node `batch`; the balanced split solves f_i + b_i c_i = T, sum b_i = B.
 """
 from __future__ import annotations
