@@ -116,8 +116,9 @@ def distribute(group: Group, hosts: list[Host], files: list[Item], dest: dict[st
         _prepare_all(group, by_host, p, files, dest, deliveries, out)
     needing = [n for n in p.chain if p.needs[n]]
     by_name = {i.name: i for i in files}
-    tracker = Tracker(group.transports, dest, {n: (p.nbytes(n), len(p.needs[n])) for n in needing},
-                      progress, status)
+    # the progress poll's own connections, of the group's kind: never the one that carries the files
+    tracker = Tracker(lambda n: type(group.transports[n])(by_host[n]), dest,
+                      {n: (p.nbytes(n), len(p.needs[n])) for n in needing}, progress, status)
     run = Run(group, p, by_name, dest, secrets.token_hex(16), tracker, log)
     _deliver(run, by_host, needing, deliveries, out)
     for n in p.chain:

@@ -3,8 +3,10 @@
 Why polled: a node receives either from a peer (relaynode.py's fetch, which writes only verified pieces into
 `.NAME.part`) or from the head (SFTP into the same `.NAME.part`); in both cases the size of that file is the
 node's counter, so one `stat` per node and second tells the head how far every node is, whoever sends.
-The poll is one short command on the node's existing SSH connection; a poll that fails only stops the
-polling of that node (its distribution goes on and reports by itself).
+The poll is one short command over a second SSH connection of its own: a poll that is slow or fails must
+never touch the connection that carries the node's files (a transport drops its connection when sshd does
+not answer in time, and with it a copy in flight). A poll that fails only stops the polling of that node;
+its distribution goes on and reports by itself.
 """
 from __future__ import annotations
 
@@ -60,10 +62,11 @@ class _Node:
 class Tracker:
     """Counters of a run's nodes: the run marks batches begun and done, a thread polls the rest."""
 
-    def __init__(self, transports: dict[str, Transport], dest: dict[str, str],
+    def __init__(self, connect: Callable[[str], Transport], dest: dict[str, str],
                  totals: dict[str, tuple[int, int]], progress: ProgressFn | None = None,
                  status: StatusFn | None = None, interval: float = POLL_S) -> None:
-        self.transports, self.dest, self.interval = transports, dest, interval
+        self.connect, self.dest, self.interval = connect, dest, interval
+        self.transports: dict[str, Transport] = {}  # the poll's own, made on first use
         self.progress, self.status = progress, status
         self.nodes = {n: _Node(b, k) for n, (b, k) in totals.items()}
         self.lock = threading.Lock()  # counters and callbacks: one caller at a time
@@ -121,7 +124,8 @@ class Tracker:
             cmd = (f"cd -- {shlex.quote(self.dest[node])} 2>/dev/null && stat -c '%s %n' -- "
                    f"{' '.join(shlex.quote(n) for n in names)} 2>/dev/null; true")
             try:
-                sizes = parse_sizes(self.transports[node].run(cmd, timeout=10).stdout)
+                t = self.transports.get(node) or self.transports.setdefault(node, self.connect(node))
+                sizes = parse_sizes(t.run(cmd, timeout=10).stdout)
             except (ClusterError, OSError):  # lost, timed out: the run reports the node by itself
                 self.unpolled.add(node)
                 continue
@@ -142,4 +146,6 @@ class Tracker:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=15)  # bounded: a poll's command has a 10 s timeout
+            self._thread.join(timeout=30)  # bounded: a poll's connect and command each have a timeout
+        for t in self.transports.values():
+            t.close()

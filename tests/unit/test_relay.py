@@ -244,13 +244,16 @@ class FakeTransport:
         self.commands.append(command)
         return CommandResult(0, self.stat, "", 0.0)
 
+    def close(self) -> None:
+        pass
+
 
 def test_progress_is_per_byte_monotonic_and_ends_at_the_total() -> None:
     a, b = relay.Item("a.whl", Path("a.whl"), 100, "0"), relay.Item("b.whl", Path("b.whl"), 200, "0")
     t = FakeTransport()
     got: list[tuple[str, int]] = []
     states: list[relay.NodeProgress] = []
-    tracker = relay_progress.Tracker({"n2": t}, {"n2": "/srv/w"}, {"n2": (300, 2)},
+    tracker = relay_progress.Tracker(lambda n: t, {"n2": "/srv/w"}, {"n2": (300, 2)},
                                      progress=lambda n, k: got.append((n, k)), status=states.append)
     tracker.begin("n2", [a, b], "n1")
     t.stat = "100 a.whl\n50 .b.whl.part\n"  # a whole, b's verified prefix growing
