@@ -42,7 +42,7 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
     assert {b["tf_package"] for b in dry["plan"]["nodes"].values()} == {"tensorflow-cpu"}
 
     rc, rep = provision(state, env)
-    assert rc == 0, json.dumps(rep, indent=1)[-3000:]
+    assert rc == 0, [(n["host"], n["status"], n["error"]) for n in rep["nodes"]] + [json.dumps(rep, indent=1)[-2000:]]
     nodes = {n["host"]: n for n in rep["nodes"]}
     for n in state.nodes:
         o = nodes[n.name]
