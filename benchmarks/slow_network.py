@@ -1,6 +1,6 @@
 """A GTX 10xx lab on 1 GbE, emulated: plain DDP vs fp16 vs PowerSGD vs accumulation vs the plan's pick.
 
-    .venv/bin/python benchmarks/slow_network.py [--quick] [--bandwidth 30mbit] [--epochs 4] [--save DIR]
+    .venv/bin/python benchmarks/slow_network.py [--quick] [--bandwidth 26mbit] [--epochs 4] [--save DIR]
 
 Issue 13's acceptance benchmark. A 4-node lab, every node at half a core (`lab up --cpu-quota 0.5,...`: what
 4 nodes get from 2 cores, the same when benched alone as when training together), links shaped to
@@ -14,9 +14,9 @@ step per node, time from the training start to validation accuracy 0.9, final ac
 and the plan's predicted images/s with its error. `--quick`: 2 epochs of 2 steps per run (a smoke run: the
 accuracy columns mean nothing; ~10 min). Contacts only the lab it starts; removes it at the end.
 
-Duration on a quiet 2-core machine, estimated from one step's costs at 30 Mbit/s (a plain ResNet18 step of
-4 x 32 waits ~19 s for its all-reduce; 11 steps an epoch): plain DDP 14 min, fp16 7, accumulate 4 3, PowerSGD,
-1 node and the plan's pick 1-2 each, TensorFlow 5, setup and bench 4: ~35 min. The emulated balance makes
+Duration on a quiet 2-core machine, estimated from one step's costs at 26 Mbit/s (a plain ResNet18 step of
+4 x 32 waits ~23 s for its all-reduce; 11 steps an epoch): plain DDP 17 min, fp16 9, accumulate 4 3, PowerSGD,
+1 node and the plan's pick 1-2 each, TensorFlow 6, setup and bench 4: ~40 min. The emulated balance makes
 plain DDP that slow; it is the point of the comparison, and `--epochs 3` saves ~5 min (plain DDP may then
 not reach 0.9: its time shows as "> its training time").
 """
@@ -157,7 +157,7 @@ def settings(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidth", default="30mbit", help="per-node link rate (docs/planning.md derives 30mbit)")
+    ap.add_argument("--bandwidth", default="26mbit", help="per-node link rate (docs/planning.md derives 26mbit)")
     ap.add_argument("--cpu-quota", type=float, default=0.5, help="each node's share of one core")
     ap.add_argument("--epochs", type=int, default=4, help="plain DDP needs ~40 steps of 128 to reach 0.9 on digits")
     ap.add_argument("--batch", type=int, default=32, help="per node")
