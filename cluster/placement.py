@@ -182,7 +182,7 @@ def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Net
     slow = max(shares, key=lambda n: speeds[n].step(k * shares[n]))
     c = commmodel.comm(w.shapes, scheme, len(shares), link(network), w.bucket_mb)
     backward = commmodel.BACKWARD_SHARE * shares[slow] * speeds[slow].per_sample_s
-    wait = commmodel.exposed(c, backward, overlap=w.framework == "pytorch")
+    wait = commmodel.exposed(c, backward, overlap=commmodel.overlaps(w.framework, scheme))
     return speeds[slow].step(k * shares[slow]) + wait, wait
 
 

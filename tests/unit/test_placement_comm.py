@@ -134,13 +134,14 @@ def test_bench_files_keep_their_payload_and_old_ones_load_as_resnet50() -> None:
 
 
 def test_the_recorded_bench_predicts_what_the_slow_lab_plan_said() -> None:
-    """`clusterctl plan resnet18-ddp` on that lab: PowerSGD rank 2 on all 4 nodes, shares balanced to the fits."""
+    """`clusterctl plan resnet18-ddp` on that lab: PowerSGD rank 2 on all 4 nodes, shares balanced to the fits
+    (271.7 images/s when the model let PowerSGD's all-reduces hide under backward; measured 165 to 185)."""
     work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
     cands = placement.candidates(RECORDED_NODES, 32, SLOW, work=work)
     rec = placement.recommend(cands)
     assert (rec.grad_compression, rec.accumulate, sorted(rec.nodes)) == ("powersgd", 1, sorted(RECORDED_NODES))
     assert rec.shares == {"node4": 33, "node2": 33, "node3": 31, "node1": 31}
-    assert rec.planned_images_per_s == pytest.approx(271.7, abs=0.1)
+    assert rec.planned_images_per_s == pytest.approx(226.1, abs=0.1)  # no overlap: 128 / (0.41 + 0.16) s
     by = {(len(c.nodes), c.grad_compression, c.accumulate): c.planned_images_per_s for c in cands}
     assert by[1, "none", 1] == pytest.approx(81.7, abs=0.1) and by[4, "none", 1] == pytest.approx(6.2, abs=0.1)
     assert by[4, "fp16", 1] == pytest.approx(12.3, abs=0.1)
