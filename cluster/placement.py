@@ -142,14 +142,19 @@ class PlacementChoice:
 # --------------------------------------------------------------------------- the model
 
 
+MIN_SHARE = 2  # samples per node and micro-batch: BatchNorm cannot train on a batch of one
+
+
 def _round(total: int, raw: dict[str, float]) -> dict[str, int]:
-    """Whole numbers summing to total (largest remainder), at least 1 each."""
-    out = {n: max(1, int(x)) for n, x in raw.items()}
+    """Whole numbers summing to total (largest remainder), at least MIN_SHARE each (1 where the total is
+    too small for that)."""
+    least = MIN_SHARE if total >= MIN_SHARE * len(raw) else 1
+    out = {n: max(least, int(x)) for n, x in raw.items()}
     for n in sorted(raw, key=lambda n: raw[n] - int(raw[n]), reverse=True):
         if sum(out.values()) >= total:
             break
         out[n] += 1
-    while sum(out.values()) > total:  # the minimum of 1 may overshoot on very slow nodes
+    while sum(out.values()) > total:  # the minimum may overshoot on very slow nodes
         n = max(out, key=lambda k: out[k])
         out[n] -= 1
     return out
