@@ -340,19 +340,20 @@ def main() -> int:
     try:
         if "first-import" in parts:
             imports = first_import(wh, tmp, args.subnet.replace(".0.0/", ".1.0/"))
-        for spec in args.rates.split(",") if "distribution" in parts else []:
+        for k, spec in enumerate(args.rates.split(",") if "distribution" in parts else []):
             rate, mib = spec.split(":")
             files = standin(wh, int(mib))
             sets[rate] = (len(files), sum(int(m["size"]) for m in files.values()))
             print(f"{rate}: stand-in set of {sets[rate][0]} wheels, {sets[rate][1] / 2**20:.0f} MiB: "
                   f"{', '.join(sorted(files))}", file=sys.stderr)
-            state = lab.up(max(sizes), name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=rate,
-                           uplink=rate)
+            # a lab of its own per rate (name, subnet, keys): nothing of the previous one is reused
+            state = lab.up(max(sizes), name=f"{args.name[:6]}{k}", subnet=args.subnet.replace(".0.0/", f".{10 + k}.0/"),
+                           directory=tmp / f"lab{k}", bandwidth=rate, uplink=rate)
             try:
                 rows += distribution(state, wh, files, sizes, rate)
             finally:
-                lab.down(state.name, tmp / "lab")
-                shutil.rmtree(tmp / "lab", ignore_errors=True)
+                lab.down(state.name, tmp / f"lab{k}")
+                shutil.rmtree(tmp / f"lab{k}", ignore_errors=True)
         if "install" in parts:
             env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home"),
                    "CLUSTERCTL_WHEELHOUSE": str(wheelhouse.cache_dir())}
