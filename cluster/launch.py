@@ -219,13 +219,6 @@ def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int =
     return execute(request, log, prediction, watch, forks), request
 
 
-def dry_run(inv: Inventory, spec: JobSpec, limit: str | None = None,
-            forks: int = 32) -> tuple[runs.RunRecord, LaunchRequest]:
-    """The request and the record it would make (state `dry-run`, not saved). Prefer `prepare`."""
-    request = prepare(inv, spec, limit, forks)
-    return _record(request, "dry-run"), request
-
-
 def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None) -> runs.RunRecord:
     """The busy check and the new record in one step under the launch lock: two launches on the same
     nodes cannot both pass. The record says which process is starting it (see runstate.refresh)."""

@@ -56,8 +56,9 @@ def cmd_provision(args: argparse.Namespace) -> int:
     hosts = inv.select(args.limit)
     live = _Live(args.json)
     with live.progress:
-        report = provision.run(inv, hosts, dry_run=args.dry_run, verify=args.verify, forks=args.forks,
-                               log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes)
+        request = provision.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
+        report = provision.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
+                                   log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
         context.set_current(inv.path)
     if args.json:

@@ -120,21 +120,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         planned = placement.load_recommended(inv, args.job).to_dict()
     spec = jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
-    if args.dry_run:
-        _, plan = launch.dry_run(inv, spec, limit=args.limit, forks=args.forks)
+    if args.dry_run:  # the request execute would start, printed (torchx's dryrun_info)
+        request = launch.prepare(inv, spec, limit=args.limit, forks=args.forks)
         if args.json:
-            emit_json({**plan.to_dict(), "files": {n.node: n.files for n in plan.nodes}})
-            return errors.EXIT_OK
-        for n in plan.nodes:
-            for name, content in n.files.items():
-                out.rule(f"{n.node}: {n.run_dir}/{name}")
-                out.out(content.rstrip("\n"), highlight=False)
-            out.print(f"[bold]{n.node}[/] starts with: {escape(n.start_command)}")
-        out.print(f"dry run: {len(plan.nodes)} nodes, world size {plan.world_size}; nothing was changed "
-                  f"(the port is picked when the run starts unless the job sets `port:`)")
+            emit_json(request.to_dict())
+        else:
+            out.out(request.to_text(width=out.width), end="", highlight=False)
         return errors.EXIT_OK
     record, _ = launch.launch(inv, spec, limit=args.limit, forks=args.forks, log=notes(args.json),
-                              prediction=planned)
+                              prediction=planned)  # prepare, then execute that same request
     if not args.json:
         err.print(f"run {record.run_id} started on {len(record.nodes)} nodes (world size {record.world_size})")
     if args.detach:
