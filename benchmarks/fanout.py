@@ -34,7 +34,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import lab_parser, median_time  # noqa: E402
+from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
 from cluster import inventory, lab  # noqa: E402
 from cluster.fanout import Group  # noqa: E402
 
@@ -175,10 +175,7 @@ def _print_fanout(nodes: int, repeats: int, results: Timings) -> None:
     one = results["library: connect + 1 command"][0]
     print(f"\nfan-out of `true` on {nodes} simulated nodes, median of {repeats} runs "
           f"({os.cpu_count()} cores on the head)\n")
-    print(f"| {'method':<32} | {'median s':>9} | {'vs pdsh':>8} | {'min s':>7} | {'max s':>7} |")
-    print(f"|{'-' * 34}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 9}|")
-    for name, (med, times) in results.items():
-        print(f"| {name:<32} | {med:>9.3f} | {med / base:>7.2f}x | {min(times):>7.3f} | {max(times):>7.3f} |")
+    print_timing_table(results, "vs pdsh", lambda med: med / base)
     eight = results["library: connect + 8 commands"][0]
     cold = results["clusterctl exec (cold process)"][0]
     print(f"\ntarget 1: cold clusterctl exec / pdsh = {cold / base:.2f} (target <= 1.10)")

@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import lab_parser, median_time  # noqa: E402
+from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
 from cluster import compat, lab, provision, wheelhouse  # noqa: E402
 
 ANSIBLE_PLAYBOOK = """\
@@ -128,10 +128,7 @@ def main() -> int:
     base = results["ansible-playbook (baseline)"][0]
     print(f"\nno-op re-provision of {args.nodes} simulated nodes, median of {args.repeats} runs "
           f"({os.cpu_count()} cores; {ansible_version}, forks {args.nodes})\n")
-    print(f"| {'method':<28} | {'median s':>9} | {'speed-up':>9} | {'min s':>7} | {'max s':>7} |")
-    print(f"|{'-' * 30}|{'-' * 11}|{'-' * 11}|{'-' * 9}|{'-' * 9}|")
-    for name, (med, times) in results.items():
-        print(f"| {name:<28} | {med:>9.2f} | {base / med:>8.1f}x | {min(times):>7.2f} | {max(times):>7.2f} |")
+    print_timing_table(results, "speed-up", lambda med: base / med, digits=2)
     print(f"\ntarget: clusterctl at least 10x faster than Ansible: {base / results['clusterctl provision'][0]:.1f}x")
     return 0
 

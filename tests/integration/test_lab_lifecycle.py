@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_name, lab_subnet, pytestmark  # noqa: F401
 
@@ -27,11 +28,17 @@ def _leftovers(name: str, d: Path) -> dict[str, list[str]]:
     return {k: v for k, v in {"netns": netns, "links": links, "mounts": mounts, "procs": procs}.items() if v}
 
 
-def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
-    name, d = lab_name("b"), tmp_path / "lab"
+def _up(tmp_path: Path, tag: str, offset: int, *flags: str) -> tuple[str, Path, dict[str, str], int, Any]:
+    """`lab up 2` of a lab of this test's own (name, subnet, directory, CLUSTERCTL_HOME): its exit code and JSON."""
+    name, d = lab_name(tag), tmp_path / "lab"
     env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
-    rc, up = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(1), "--dir", str(d),
-                             "--bandwidth", "1gbit", env=env)
+    rc, up = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(offset), "--dir", str(d),
+                             *flags, env=env)
+    return name, d, env, rc, up
+
+
+def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
+    name, d, env, rc, up = _up(tmp_path, "b", 1, "--bandwidth", "1gbit")
     try:
         assert rc == 0 and [n["name"] for n in up["nodes"]] == ["node1", "node2"]
         # the lab became the current context: exec needs no inventory
@@ -87,10 +94,7 @@ def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
 
 def test_cpu_quota_makes_nodes_slower_for_real_and_goes_with_the_lab(tmp_path: Path) -> None:
     """--cpu-quota: each node pinned to one core with a share of it (a cgroup), seen by what runs there."""
-    name, d = lab_name("q"), tmp_path / "lab"
-    env = {"CLUSTERCTL_HOME": str(tmp_path / "home")}
-    rc, up = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(7), "--dir", str(d),
-                             "--cpu-quota", "1,0.25", env=env)
+    name, d, env, rc, up = _up(tmp_path, "q", 7, "--cpu-quota", "1,0.25")
     try:
         assert rc == 0, up
         probe = ("python3 -c 'import os, time; t, w = time.process_time(), time.time()\n"
