@@ -1,4 +1,4 @@
-"""One exception tree. The library raises these; only cli.py turns them into exit codes."""
+"""One exception tree. The library raises these; only cluster/cli/ turns them into exit codes."""
 from __future__ import annotations
 
 # Exit codes, documented in docs/cli.md.

@@ -20,6 +20,7 @@ from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
 from cluster.playbook import Playbook, RenderedStep
 from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, settle
+from cluster.relay_progress import StatusFn
 from cluster.transport import Transport
 from cluster.verify import (FINGERPRINT_ALL, FINGERPRINT_GPU, allreduce_command, env_python, fingerprint_diff,
                             record_state, stamp_command, state_dir, verify)
@@ -151,7 +152,7 @@ def request_for(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts
 
 def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool = False, forks: int = 32,
             log: Log = lambda s: None, on_step: OnStep | None = None,
-            on_bytes: OnBytes | None = None) -> ProvisionReport:
+            on_bytes: OnBytes | None = None, on_relay: StatusFn | None = None) -> ProvisionReport:
     """Run the request: wheels, playbook, and (not in a dry run) verification and the recorded state.
     `verify_all`: repeat the imports and all-reduce even where nothing changed (`--verify`)."""
     out = copy.deepcopy(request.outcomes)  # the request stays as prepared
@@ -165,7 +166,7 @@ def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool =
             group, request.playbook, pending,
             {h.name: node_context(h, request.facts[h.name], request.build(h.name), whs.get(h.name), None)
              for h in pending}, whs, dry_run, on_bytes, log,
-            lambda n, status, error, fix: out[n].fail(status, error, fix))
+            lambda n, status, error, fix: out[n].fail(status, error, fix), status=on_relay)
         todo = [h for h in planned if out[h.name].status == "pending"]
         _playbooks(group, request, todo, whs, out, dry_run, on_step, on_bytes)
         ready = [h for h in todo if out[h.name].status == "pending"]

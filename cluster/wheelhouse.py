@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cluster import paths, relay
+from cluster.relay_progress import StatusFn
 from cluster.errors import ClusterError, UsageError
 from cluster.transport import Transport
 
@@ -243,8 +244,10 @@ def distribution_mode(h: Host) -> str:
 
 def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str, dict[str, Any]],
                whs: dict[str, Wheelhouse], dry: bool, progress: Callable[[str, int], None] | None,
-               log: Callable[[str], None], fail: Callable[[str, str, str, str | None], None]) -> dict[str, Any]:
+               log: Callable[[str], None], fail: Callable[[str, str, str, str | None], None],
+               status: StatusFn | None = None) -> dict[str, Any]:
     """Put each node's wheelhouse on it before the playbooks run, all nodes together (relay by default).
+    `status` gets each node's whole distribution state (`relay.NodeProgress`) at each change.
     `whs` entries become Delivered, so each node's `wheels` step reports what it received; a node whose
     delivery failed is handed to `fail(node, status, error, fix)`. Returns the plans for the report."""
     dests = wheel_destinations(pb, hosts, contexts)
@@ -265,7 +268,7 @@ def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str
         mode = distribution_mode(members[0])
         items = relay.items(wh.dir, wh.files, with_pieces=not dry)
         plan, results = relay.distribute(group, members, items, {h.name: dests[h.name] for h in members},
-                                         mode=mode, dry=dry, progress=progress, log=log)
+                                         mode=mode, dry=dry, progress=progress, log=log, status=status)
         report["plans"].append(plan.to_dict())
         report["lines"] += plan.lines()
         for h in members:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from cluster.compat import BuildPlan
     from cluster.playbook import StepResult
     from cluster.provision import ProvisionReport
+    from cluster.relay import NodeProgress
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
@@ -35,6 +36,7 @@ class _Live:
                                  transient=True, disable=not err.is_terminal or quiet)
         self.tasks: dict[str, TaskID] = {}
         self.sent: dict[str, int] = {}
+        self.relayed: set[str] = set()
 
     def _show(self, host: str, text: str) -> None:
         if host not in self.tasks:
@@ -46,7 +48,12 @@ class _Live:
 
     def on_bytes(self, host: str, n: int) -> None:
         self.sent[host] = self.sent.get(host, 0) + n
-        self._show(host, f"wheels {self.sent[host] / 2**20:.0f} MiB received and verified")
+        if host not in self.relayed:  # the relay's own line says more (of how much, from whom)
+            self._show(host, f"wheels {self.sent[host] / 2**20:.0f} MiB received")
+
+    def on_relay(self, p: NodeProgress) -> None:
+        self.relayed.add(p.node)
+        self._show(p.node, f"wheels {p.line()}")
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -58,7 +65,8 @@ def cmd_provision(args: argparse.Namespace) -> int:
     with live.progress:
         request = provision.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
         report = provision.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
-                                   log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes)
+                                   log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes,
+                                   on_relay=live.on_relay)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
         context.set_current(inv.path)
     if args.json:

@@ -1,4 +1,4 @@
-"""How to talk to one node. `connect(host)` picks the transport the inventory asks for."""
+"""How to talk to one node. `transport_for(host)` picks the transport the inventory asks for."""
 from __future__ import annotations
 
 from cluster.inventory import Host
