@@ -36,7 +36,7 @@ class _Live:
                                  transient=True, disable=not err.is_terminal or quiet)
         self.tasks: dict[str, TaskID] = {}
         self.sent: dict[str, int] = {}
-        self.relayed: set[str] = set()
+        self.relaying: set[str] = set()
 
     def _show(self, host: str, text: str) -> None:
         if host not in self.tasks:
@@ -48,11 +48,14 @@ class _Live:
 
     def on_bytes(self, host: str, n: int) -> None:
         self.sent[host] = self.sent.get(host, 0) + n
-        if host not in self.relayed:  # the relay's own line says more (of how much, from whom)
+        if host not in self.relaying:  # while the relay runs, its own line says more (of how much, from whom)
             self._show(host, f"wheels {self.sent[host] / 2**20:.0f} MiB received")
 
     def on_relay(self, p: NodeProgress) -> None:
-        self.relayed.add(p.node)
+        if p.state in ("waiting", "receiving"):
+            self.relaying.add(p.node)
+        else:  # done or failed: what the playbook's wheels step sends afterwards shows again
+            self.relaying.discard(p.node)
         self._show(p.node, f"wheels {p.line()}")
 
 
