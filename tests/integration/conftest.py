@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +58,9 @@ def lab_up(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offse
         yield state, d
     finally:
         lab.down(state.name, d / "lab")
+        # the lab's files (venvs, checkpoints, logs) are the test's: CI's disk holds the suite only if each
+        # module's lab leaves nothing behind
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> float:

@@ -1,7 +1,9 @@
-"""`clusterctl provision` on a real 3-node simulated lab: fresh venvs from the head's wheelhouse.
+"""`clusterctl provision` on a real 2-node simulated lab: fresh venvs from the head's wheelhouse.
 
-Heavy by nature (a real install of PyTorch + TensorFlow on every node, ~4 GB of
-wheels pushed over SSH): one lab for the module, removed with its files at the end.
+Heavy by nature (a real install of PyTorch + TensorFlow on every node: ~4 GB of wheels relayed
+and ~7 GB of venv per node, all on this machine's one disk): two nodes, the fewest that relay
+(head -> node1 -> node2) and all-reduce; one lab for the module, removed with its files at the end.
+The demo provisions three; test_relay_lab covers longer chains and their faults with small files.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # no
 
 @pytest.fixture(scope="module")
 def plab(tmp_path_factory: pytest.TempPathFactory):
-    with lab_up(tmp_path_factory, "p", 3, 3) as (state, d):
+    with lab_up(tmp_path_factory, "p", 2, 3) as (state, d):
         env = {"CLUSTERCTL_HOME": str(d / "home"),
                # one download per machine, shared with other runs (the lab's nodes get their own copies)
                "CLUSTERCTL_WHEELHOUSE": os.environ.get("CLUSTERCTL_TEST_WHEELHOUSE",
@@ -53,7 +55,7 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
         fp = o["fingerprint"]
         assert fp["torch"].startswith("2.14.1") and fp["tensorflow"] == "2.21.0" and fp["gloo"]
         ar = o["allreduce"]
-        assert ar["ok"] and ar["world"] == 3 and ar["busbw_MBps"] > 0
+        assert ar["ok"] and ar["world"] == 2 and ar["busbw_MBps"] > 0
         node_state = json.loads((Path(n.dir) / "srv" / "clusterctl" / "state.json").read_text())
         assert node_state["fingerprint"]["torch"] == fp["torch"] and node_state["stamp"] == fp["stamp"]
         env_file = (Path(n.dir) / "srv" / "cluster.env").read_text()
@@ -71,12 +73,12 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
     rc, forced = provision(state, env, "--verify")
     assert rc == 0 and forced["nothing_to_do"]
     assert not any(n["fingerprint"].get("reused_from") for n in forced["nodes"])
-    assert all(n["allreduce"]["ok"] and n["allreduce"]["world"] == 3 for n in forced["nodes"])
+    assert all(n["allreduce"]["ok"] and n["allreduce"]["world"] == 2 for n in forced["nodes"])
 
 
 def test_broken_venv_fails_alone_then_is_repaired(plab) -> None:
     state, env = plab
-    bad = state.nodes[2]
+    good, bad = state.nodes
     init = next((Path(bad.dir) / "srv" / "venv" / "lib").glob("python3*/site-packages/torch/__init__.py"))
     init.write_text("raise ImportError('this venv was corrupted by the test')\n")
     rc, rep = provision(state, env)
@@ -85,11 +87,11 @@ def test_broken_venv_fails_alone_then_is_repaired(plab) -> None:
     assert nodes[bad.name]["status"] == "failed"
     assert "cannot import torch" in nodes[bad.name]["error"] and "corrupted by the test" in nodes[bad.name]["error"]
     assert "rebuilds it" in nodes[bad.name]["fix"]
-    for n in state.nodes[:2]:  # the others provision and verify, all-reduce among themselves
-        assert nodes[n.name]["status"] == "ok" and nodes[n.name]["allreduce"]["world"] == 2
+    assert nodes[good.name]["status"] == "ok"  # the other node provisions and verifies on its own
+    assert "all-reduce test skipped: fewer than 2 verified nodes" in rep["notes"]
 
     rc, rep = provision(state, env)
     nodes = {n["host"]: n for n in rep["nodes"]}
     assert rc == 0, json.dumps(rep, indent=1)[-3000:]
-    assert nodes[bad.name]["changed"] >= 2 and nodes[bad.name]["allreduce"]["world"] == 3
-    assert all(nodes[n.name]["changed"] == 0 for n in state.nodes[:2])
+    assert nodes[bad.name]["changed"] >= 2 and nodes[bad.name]["allreduce"]["world"] == 2
+    assert nodes[good.name]["changed"] == 0
