@@ -53,18 +53,22 @@ class StepRate:
 
 @dataclass
 class NodeBench(StepRate):
-    """A node's rate at the job's batch and, fitted with half of it, step(b) = fixed_s + b * per_sample_s.
-    Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
+    """A node's rate at the job's batch and, fitted with half of it, step(b) = fixed_s + b * per_sample_s;
+    PyTorch jobs: powersgd_s, what PowerSGD's compute adds to a step at the job's batch (DDP with the hook
+    on one process). Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
 
     fixed_s: float | None = None
     per_sample_s: float | None = None
     half: StepRate | None = None
+    powersgd_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         if self.per_sample_s is not None:
             d.update(fixed_s=self.fixed_s, per_sample_s=self.per_sample_s,
                      half=self.half.to_dict() if self.half else None)
+        if self.powersgd_s is not None:
+            d["powersgd_s"] = self.powersgd_s
         return d
 
     @classmethod
@@ -73,7 +77,8 @@ class NodeBench(StepRate):
         if d.get("per_sample_s") is None:
             return cls(**rate.__dict__)
         return cls(**rate.__dict__, fixed_s=float(d.get("fixed_s") or 0.0), per_sample_s=float(d["per_sample_s"]),
-                   half=StepRate.from_dict(d["half"]) if d.get("half") else None)
+                   half=StepRate.from_dict(d["half"]) if d.get("half") else None,
+                   powersgd_s=float(d["powersgd_s"]) if d.get("powersgd_s") is not None else None)
 
 
 @dataclass
@@ -194,19 +199,28 @@ def load(inv: Inventory) -> BenchResult:
 # --------------------------------------------------------------------------- compute: each node alone
 
 
-def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str) -> str:
+# bench's PowerSGD run: DDP with the hook on one process; compression from the third step (the first two
+# are warm-up, not counted), so every counted step compresses
+POWERSGD_ARGS = ["--grad-compression", "powersgd", "--powersgd-start-step", str(WARMUP_STEPS)]
+
+
+def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str,
+                 powersgd: bool = False) -> str:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
     args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
+    args += POWERSGD_ARGS if powersgd else []  # (argparse: the last of a repeated option wins)
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
+    alone = "CLUSTER_DDP_ALONE=1 " if powersgd else ""
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "
-            f"CLUSTER_NODE_NAME={q(h.name)} \"$CLUSTER_PYTHON\" {q(prog)} {' '.join(q(a) for a in args)} "
+            f"{alone}CLUSTER_NODE_NAME={q(h.name)} \"$CLUSTER_PYTHON\" {q(prog)} {' '.join(q(a) for a in args)} "
             f">/dev/null 2>{q(out)}.err; rc=$?; cat -- {q(out)}/metrics-rank0.jsonl 2>/dev/null; "
             f"[ $rc -eq 0 ] || tail -5 -- {q(out)}.err >&2; exit $rc")
 
 
-def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int) -> str:
-    return _compute_cmd(h, spec, data_file, steps, batch, f"{h.workdir}/clusterctl/bench/out-{spec.framework}")
+def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, powersgd: bool = False) -> str:
+    return _compute_cmd(h, spec, data_file, steps, batch, f"{h.workdir}/clusterctl/bench/out-{spec.framework}",
+                        powersgd)
 
 
 def step_rate(metrics_text: str, batch: int) -> StepRate:
@@ -221,13 +235,15 @@ def step_rate(metrics_text: str, batch: int) -> StepRate:
     return StepRate(batch / med, med, len(times), batch)
 
 
-def fit(full: StepRate, half: StepRate) -> NodeBench:
+def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None) -> NodeBench:
     """Step time at two batch sizes -> a fixed part per step (optimizer update, framework overhead)
-    plus a part per sample: step(b) = fixed_s + b * per_sample_s."""
+    plus a part per sample: step(b) = fixed_s + b * per_sample_s; and what PowerSGD adds to the
+    full batch's step (never negative: noise)."""
     db = full.batch - half.batch
     per_sample = max((full.step_s - half.step_s) / db, 1e-6) if db else full.step_s / full.batch
     fixed = max(0.0, full.step_s - full.batch * per_sample)
-    return NodeBench(**full.__dict__, fixed_s=fixed, per_sample_s=per_sample, half=half)
+    extra = max(0.0, powersgd.step_s - full.step_s) if powersgd else None
+    return NodeBench(**full.__dict__, fixed_s=fixed, per_sample_s=per_sample, half=half, powersgd_s=extra)
 
 
 def _stage(group: Group, spec: jobs.JobSpec, prepared: datasets.Prepared) -> None:
@@ -252,9 +268,12 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
     for batch_hosts in ([hosts] if parallel else [[h] for h in hosts]):
         log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
         rates: dict[str, list[StepRate]] = {}
-        for b in (spec["batch"], max(1, spec["batch"] // 2)):  # two sizes: fixed + per-sample cost
-            res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=steps, batch=b),
-                            timeout=1800, hosts=batch_hosts)
+        # two sizes (fixed + per-sample cost); PyTorch: the job's batch again with PowerSGD (its own compute)
+        runs = [(spec["batch"], False), (max(1, spec["batch"] // 2), False)]
+        runs += [(spec["batch"], True)] if spec.framework == "pytorch" else []
+        for b, psgd in runs:
+            res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=steps, batch=b,
+                                              powersgd=psgd), timeout=1800, hosts=batch_hosts)
             for name, r in res.items():
                 if r.ok:
                     rates.setdefault(name, []).append(step_rate(r.stdout, b))
@@ -262,7 +281,7 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
                 result.errors[f"{spec.name}/{name}"] = r.error or error_tail(r.stderr, 500)
                 if r.status == "unreachable" and name not in result.unreachable:
                     result.unreachable.append(name)  # the CLI exits 3, not 1
-        fb.nodes.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == 2})
+        fb.nodes.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == len(runs)})
     return fb
 
 

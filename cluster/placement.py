@@ -28,10 +28,13 @@ from cluster.workloads import wlcommon
 
 @dataclass(frozen=True)
 class NodeSpeed:
-    """step(b) = fixed_s + b * per_sample_s, from `bench` (two batch sizes)."""
+    """step(b) = fixed_s + b * per_sample_s, from `bench` (two batch sizes); powersgd_s: what PowerSGD's
+    own compute adds to each optimizer step (bench: DDP and the hook on one process, where its
+    all-reduces move nothing), 0 where not measured."""
 
     fixed_s: float
     per_sample_s: float
+    powersgd_s: float = 0.0
 
     def step(self, b: int) -> float:
         return self.fixed_s + b * self.per_sample_s
@@ -39,11 +42,12 @@ class NodeSpeed:
     @classmethod
     def from_bench(cls, r: NodeBench) -> NodeSpeed:
         if r.per_sample_s is not None:
-            return cls(r.fixed_s or 0.0, r.per_sample_s)
+            return cls(r.fixed_s or 0.0, r.per_sample_s, r.powersgd_s or 0.0)
         return cls(0.0, 1.0 / r.images_per_s)  # a benchmark from before the two-size fit
 
     def to_dict(self) -> dict[str, float]:
-        return {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s}
+        d = {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s}
+        return {**d, "powersgd_s": self.powersgd_s} if self.powersgd_s else d
 
 
 @dataclass
@@ -134,7 +138,8 @@ class PlacementChoice:
     def from_dict(cls, d: dict[str, Any]) -> PlacementChoice:
         return cls(str(d["job"]), str(d["framework"]), str(d["inventory"]), float(d["time"]),
                    float(d["bench_time"]),
-                   {str(n): NodeSpeed(float(s["fixed_s"]), float(s["per_sample_s"])) for n, s in d["speeds"].items()},
+                   {str(n): NodeSpeed(float(s["fixed_s"]), float(s["per_sample_s"]),
+                                      float(s.get("powersgd_s") or 0.0)) for n, s in d["speeds"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None, int(d["batch"]),
                    [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]))
 
@@ -180,15 +185,20 @@ def link(network: NetworkBench | None) -> commmodel.Link:
 def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None,
               work: Workload | None = None, scheme: Scheme = Scheme()) -> tuple[float, float]:
     """(step time, of which waiting for communication) for one optimizer step with these micro-batch
-    shares: the slowest node's compute (the fixed part once, `accumulate` micro-batches) plus the
-    all-reduce time that its last backward does not hide."""
+    shares: the slowest node's compute (the fixed part once, `accumulate` micro-batches; PowerSGD's
+    products and orthogonalisation once) plus the all-reduce time that its last backward does not hide."""
     w = work or Workload.flat(network)
     k = scheme.accumulate
-    slow = max(shares, key=lambda n: speeds[n].step(k * shares[n]))
+    psgd = scheme.grad_compression == "powersgd" and len(shares) > 1
+
+    def compute(n: str) -> float:
+        return speeds[n].step(k * shares[n]) + (speeds[n].powersgd_s if psgd else 0.0)
+
+    slow = max(shares, key=compute)
     c = commmodel.comm(w.shapes, scheme, len(shares), link(network), w.bucket_mb)
     backward = commmodel.BACKWARD_SHARE * shares[slow] * speeds[slow].per_sample_s
     wait = commmodel.exposed(c, backward, overlap=commmodel.overlaps(w.framework, scheme))
-    return speeds[slow].step(k * shares[slow]) + wait, wait
+    return compute(slow) + wait, wait
 
 
 def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], speeds: dict[str, NodeSpeed],

@@ -106,7 +106,7 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     for it). Buckets still all-reduce while backward computes the next ones, which a single huge bucket
     (the other known workaround) would lose. NCCL orders collectives on its stream: the stock hook."""
     shapes = [tuple(p.shape) for p in ddp.parameters() if p.requires_grad]
-    if kind == "none" or world == 1:
+    if kind == "none" or (world == 1 and not isinstance(ddp, DistributedDataParallel)):
         return wlcommon.Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
     if not isinstance(ddp, DistributedDataParallel):
         raise TypeError("gradient compression needs a DistributedDataParallel model")
@@ -187,11 +187,15 @@ class Proc:
     local_rank: int
     local_world: int
     device: torch.device
-    backend: str  # "none" when alone
+    backend: str  # "none" when alone (and not CLUSTER_DDP_ALONE)
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend != "none"
 
 
 @dataclass
@@ -248,6 +252,10 @@ def setup_process(a: argparse.Namespace) -> Proc:
     if world > 1:
         backend = os.environ.get("CLUSTER_BACKEND") or ("nccl" if cuda else "gloo")
         init_distributed(backend, a.collective_timeout_s)
+    elif os.environ.get("CLUSTER_DDP_ALONE") == "1":  # bench: DDP and its gradient compression on one process
+        backend = "gloo"  # (all-reduces of one rank move nothing: what is left is their compute cost)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0,  # type: ignore[attr-defined]
+                                world_size=1)  # (documented; torch.distributed does not re-export it for mypy)
     torch.manual_seed(a.seed)
     return Proc(rank, world, local_rank, local_world, device, backend)
 
@@ -276,7 +284,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
         start_epoch, step = _resume(model, opt, ckpt, proc.rank, proc.world)
     # DDP broadcasts rank 0's weights and buffers at wrap time
     ddp = DistributedDataParallel(model, device_ids=[proc.local_rank] if proc.cuda else None,
-                                  bucket_cap_mb=a.bucket_mb or None) if proc.world > 1 else model
+                                  bucket_cap_mb=a.bucket_mb or None) if proc.distributed else model
     batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch, proc.local_rank,
                               proc.local_world)
     batches = [batch]
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(t.start_epoch, a.epochs):
         train_epoch(t, epoch)
     metrics.finish(a, t.data.ds, proc.world, t.plan, t.start_epoch, t.step, cpu)
-    if proc.world > 1:
+    if proc.distributed:
         dist.destroy_process_group()
     return 0
 

@@ -125,6 +125,24 @@ def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.Monk
     assert any(r[1] == "none x4 !" for r in rows)  # every scheme of the recommended node set, warnings marked
 
 
+def test_powersgd_compute_measured_by_bench_is_added_to_its_steps_only() -> None:
+    """bench's PowerSGD run prices the hook's own products and orthogonalisation: added, once per optimizer
+    step, to PowerSGD's candidates on several nodes (the slowest node's, with its compute); nothing else moves."""
+    work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
+    with_cost = {n: NodeSpeed(s.fixed_s, s.per_sample_s, 0.2) for n, s in RECORDED_NODES.items()}
+    before = {(len(c.nodes), c.grad_compression, c.accumulate): c for c in
+              placement.candidates(RECORDED_NODES, 32, SLOW, work=work)}
+    after = {(len(c.nodes), c.grad_compression, c.accumulate): c for c in
+             placement.candidates(with_cost, 32, SLOW, work=work)}
+    for key, c in after.items():
+        extra = 0.2 if key[1] == "powersgd" and key[0] > 1 else 0.0
+        assert c.step_s == pytest.approx(before[key].step_s + extra), key
+    assert after[4, "powersgd", 1].planned_images_per_s == pytest.approx(128 / (128 / 226.1 + 0.2), rel=0.01)
+    # saved with the plan, read back the same; plans saved before it load with no cost
+    assert NodeSpeed(0.1, 0.01, 0.2).to_dict() == {"fixed_s": 0.1, "per_sample_s": 0.01, "powersgd_s": 0.2}
+    assert "powersgd_s" not in NodeSpeed(0.1, 0.01).to_dict()
+
+
 def test_bench_files_keep_their_payload_and_old_ones_load_as_resnet50() -> None:
     d = SLOW.to_dict()
     assert d["payload_bytes"] == 44726588 and bench.NetworkBench.from_dict(d) == SLOW  # 42.6547 MiB as passed

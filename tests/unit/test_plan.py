@@ -53,6 +53,14 @@ def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     f = bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3))
     assert f.per_sample_s == pytest.approx(0.05) and f.fixed_s == pytest.approx(0.2)
     assert NodeSpeed.from_bench(f).step(16) == pytest.approx(1.0)
+    assert f.powersgd_s is None and "powersgd_s" not in f.to_dict()  # TensorFlow: no PowerSGD run
+
+    psgd = StepRate(batch=16, step_s=1.3, images_per_s=16 / 1.3, steps=3)  # DDP + the hook, one process
+    g = bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3), psgd)
+    assert g.powersgd_s == pytest.approx(0.3) and bench.NodeBench.from_dict(g.to_dict()) == g
+    assert NodeSpeed.from_bench(g).powersgd_s == pytest.approx(0.3)
+    faster = StepRate(batch=16, step_s=0.9, images_per_s=16 / 0.9, steps=3)  # noise: never a negative cost
+    assert bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3), faster).powersgd_s == 0.0
 
 
 # A benchmark file as `clusterctl bench` wrote it before the results were typed: node a with the two-size fit,

@@ -81,12 +81,32 @@ def test_ddp_step_on_two_ranks_equals_one_step_on_the_concatenated_batch(tmp_pat
     assert moved > 100  # the steps really changed the weights
 
 
-def run_program(out: Path, *extra: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+def run_program(out: Path, *extra: str, wait: bool = True,
+                env: dict[str, str] | None = None) -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, str(WL / "train_torch.py"), "--dataset", "digits", "--epochs", "2", "--batch", "32",
            "--max-steps", "4", "--log-every", "2", "--threads", "1", "--out", str(out), *extra]
+    full_env = {**os.environ, **(env or {})}
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=full_env)
+
+
+def test_ddp_alone_runs_the_powersgd_hook_on_one_process(tmp_path: Path) -> None:
+    """What bench uses to price PowerSGD's compute: CLUSTER_DDP_ALONE=1 wraps the lone process in DDP over a
+    one-rank gloo group and registers the hook; nothing crosses a network. Without it, alone means no DDP."""
+    psgd = ["--grad-compression", "powersgd", "--powersgd-start-step", "2", "--epochs", "1"]
+    r = run_program(tmp_path / "alone", *psgd, env={"CLUSTER_DDP_ALONE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(x) for x in (tmp_path / "alone" / "metrics-rank0.jsonl").read_text().splitlines()]
+    start = next(x for x in recs if x["type"] == "start")
+    assert (start["world"], start["backend"], start["grad_compression"], start["powersgd_rank"]) == (1, "gloo",
+                                                                                                    "powersgd", 2)
+    assert len([x for x in recs if x["type"] == "step"]) >= 2  # it trained
+    plain = run_program(tmp_path / "plain", *psgd)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    start = next(json.loads(x) for x in (tmp_path / "plain" / "metrics-rank0.jsonl").read_text().splitlines()
+                 if '"start"' in x)
+    assert (start["backend"], start["grad_compression"]) == ("none", "none")
 
 
 def test_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) -> None:
