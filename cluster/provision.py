@@ -12,9 +12,10 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any, Callable
 
-from cluster import compat, facts, playbook, wheelhouse
+from cluster import compat, diskspace, facts, playbook, wheelhouse
 from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host, Inventory
@@ -160,12 +161,14 @@ def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool =
     with Group(request.hosts, forks=forks) as group:
         planned = request.planned
         whs = _wheelhouses(planned, request.facts, request.plan, dry_run, log, out)
-        # every node's wheels at once, before the playbooks: the head sends each file once, the nodes relay it
         pending = [h for h in planned if out[h.name].status == "pending"]
+        contexts = {h.name: node_context(h, request.facts[h.name], request.build(h.name), whs.get(h.name), None)
+                    for h in pending}
+        _disk_room(group, request.playbook, pending, contexts, whs, out, log)
+        # every node's wheels at once, before the playbooks: the head sends each file once, the nodes relay it
+        pending = [h for h in pending if out[h.name].status == "pending"]
         report.distribution = wheelhouse.distribute(
-            group, request.playbook, pending,
-            {h.name: node_context(h, request.facts[h.name], request.build(h.name), whs.get(h.name), None)
-             for h in pending}, whs, dry_run, on_bytes, log,
+            group, request.playbook, pending, contexts, whs, dry_run, on_bytes, log,
             lambda n, status, error, fix: out[n].fail(status, error, fix), status=on_relay)
         todo = [h for h in planned if out[h.name].status == "pending"]
         _playbooks(group, request, todo, whs, out, dry_run, on_step, on_bytes)
@@ -187,6 +190,33 @@ def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool =
     """prepare + execute in one call."""
     request = prepare(inv, hosts, forks, pb_path, log)
     return execute(request, dry_run, verify, forks, log, on_step, on_bytes)
+
+
+def _disk_room(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str, dict[str, Any]],
+               whs: dict[str, wheelhouse.Wheelhouse], out: dict[str, NodeOutcome], log: Log) -> None:
+    """Fail, before anything is sent, the nodes whose disk cannot take their wheels and venv (diskspace);
+    a node that cannot be measured is left to the steps that follow, which report what stops it."""
+    dests = wheelhouse.wheel_destinations(pb, hosts, contexts)
+    todo = [h for h in hosts if h.name in dests and h.name in whs]
+    if not todo:
+        return
+    unpacked: dict[Path, int] = {}
+    needs: dict[str, diskspace.Need] = {}
+    for h in todo:
+        wh = whs[h.name]
+        if wh.dir not in unpacked:
+            unpacked[wh.dir] = diskspace.installed_bytes([wh.dir / "files" / f for f in wh.files])
+        needs[h.name] = diskspace.Need(wh.total_bytes, unpacked[wh.dir], wh.lock_text)
+    res = group.run(lambda h: diskspace.command(h.workdir, dests[h.name], f"{h.workdir}/venv"), timeout=300,
+                    hosts=todo)
+    disks: dict[str, diskspace.NodeDisk] = {}
+    for h in todo:
+        try:
+            disks[h.name] = diskspace.parse(res[h.name].stdout)
+        except ValueError:
+            log(f"{h.name}: free disk space not measured ({res[h.name].error or 'unexpected output'})")
+    for n, why in diskspace.shortfalls(disks, needs).items():
+        out[n].fail("failed", why, diskspace.FIX)
 
 
 def _playbooks(group: Group, request: ProvisionRequest, hosts: list[Host], whs: dict[str, wheelhouse.Wheelhouse],

@@ -1,13 +1,15 @@
 """check / exec / trust against a real 3-node simulated lab (real sshd in network namespaces)."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
 
-from cluster import lab
+from cluster import diskspace, inventory, lab
+from cluster.fanout import Group
 from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark  # noqa: F401
 
 
@@ -142,3 +144,21 @@ def test_trust_records_new_keys_only_when_confirmed(lab3, tmp_path: Path) -> Non
     assert len(kh.read_text().splitlines()) == 3
     rc, _ = clusterctl_json("check", str(p))
     assert rc == 0
+
+
+def test_the_disk_check_sees_the_three_nodes_on_one_machine_and_one_disk(lab3) -> None:
+    """provision's disk check (cluster/diskspace.py) over real SSH: the lab's nodes share this machine's
+    kernel (one boot_id) and disk, so a need that fits each node alone but not the three is refused for all."""
+    hosts = list(inventory.load(lab3.inventory).hosts.values())
+    with Group(hosts) as g:
+        res = g.run(lambda h: diskspace.command(h.workdir, f"{h.workdir}/no-wheels", f"{h.workdir}/no-venv"),
+                    timeout=60)
+    disks = {n: diskspace.parse(r.stdout) for n, r in res.items()}
+    assert len({d.boot_id for d in disks.values()}) == 1
+    assert {(d.filesystem, d.mount) for d in disks.values()} == {(disks["node1"].filesystem, "/srv/cluster")}
+    assert abs(disks["node1"].free - shutil.disk_usage(lab3.nodes[0].dir).free) < diskspace.GIB  # it moves
+    assert all((d.wheels_present, d.venv_present, d.freeze) == (0, 0, "") for d in disks.values())
+    need = diskspace.Need(wheels=disks["node1"].free // 3, installed=0, lock_text="")
+    out = diskspace.shortfalls(disks, {n: need for n in disks})
+    assert set(out) == set(disks) and "3 nodes on this machine (node1, node2, node3)" in out["node1"]
+    assert diskspace.shortfalls(disks, {"node1": need}) == {}  # one of them alone fits
