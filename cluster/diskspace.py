@@ -14,9 +14,8 @@ from __future__ import annotations
 import shlex
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
-from cluster.wheelhouse import unsatisfied
+from cluster.wheelhouse import Wheelhouse, unsatisfied
 
 MARGIN = 1.05  # + 5%: metadata, the installer's own files, logs
 MARGIN_BYTES = 256 << 20
@@ -81,12 +80,12 @@ def parse(out: str) -> NodeDisk:
                     freeze)
 
 
-def installed_bytes(wheel_files: list[Path]) -> int:
-    """What these wheels unpack to, from their zip directories (nothing is extracted), plus one compiled
-    .pyc per .py, counted at the source's size (compiled bytecode is smaller: an upper bound)."""
+def installed_bytes(wh: Wheelhouse) -> int:
+    """What the wheelhouse's wheels unpack to, from their zip directories (nothing is extracted), plus one
+    compiled .pyc per .py, counted at the source's size (compiled bytecode is smaller: an upper bound)."""
     total = 0
-    for f in wheel_files:
-        with zipfile.ZipFile(f) as z:
+    for name in wh.files:
+        with zipfile.ZipFile(wh.dir / name) as z:
             for i in z.infolist():
                 total += i.file_size * (2 if i.filename.endswith(".py") else 1)
     return total

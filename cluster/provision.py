@@ -205,7 +205,7 @@ def _disk_room(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str
     for h in todo:
         wh = whs[h.name]
         if wh.dir not in unpacked:
-            unpacked[wh.dir] = diskspace.installed_bytes([wh.dir / "files" / f for f in wh.files])
+            unpacked[wh.dir] = diskspace.installed_bytes(wh)
         needs[h.name] = diskspace.Need(wh.total_bytes, unpacked[wh.dir], wh.lock_text)
     res = group.run(lambda h: diskspace.command(h.workdir, dests[h.name], f"{h.workdir}/venv"), timeout=300,
                     hosts=todo)

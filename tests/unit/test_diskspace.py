@@ -9,6 +9,7 @@ import pytest
 
 from cluster import diskspace
 from cluster.diskspace import GIB, Need, NodeDisk
+from cluster.wheelhouse import Wheelhouse
 
 # diskspace.command() as run on the development machine (the test wheelhouse, the project's .venv);
 # pip freeze cut to three of its lines
@@ -75,4 +76,5 @@ def test_installed_bytes_come_from_the_zip_directory(tmp_path: Path) -> None:
         z.writestr("pkg/__init__.py", "x = 1\n" * 100)  # 600 bytes, + its .pyc counted at the same size
         z.writestr("pkg/data.bin", b"\0" * 5000)
         z.writestr("pkg-1.0.dist-info/METADATA", "Name: pkg\n")
-    assert diskspace.installed_bytes([w]) == 2 * 600 + 5000 + 10
+    wh = Wheelhouse(tmp_path, ("pkg",), {w.name: {"sha256": "-", "size": w.stat().st_size}})  # as wheelhouse.build
+    assert diskspace.installed_bytes(wh) == 2 * 600 + 5000 + 10
