@@ -67,9 +67,25 @@ class Delivered(Wheelhouse):
     received: int = 0  # files the node received this run
 
 
+LAYOUT = 2  # 2: tf-keras without the `tensorflow` it names where tensorflow-cpu provides it (_alone)
+
+
 def key(requirements: list[str], python: str, index_url: str | None) -> str:
-    blob = json.dumps({"r": sorted(requirements), "py": python, "index": index_url}, sort_keys=True)
+    blob = json.dumps({"r": sorted(requirements), "py": python, "index": index_url, "layout": LAYOUT},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _name(requirement: str) -> str:
+    return normalize(re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0])
+
+
+def _alone(requirements: list[str]) -> list[str]:
+    """Requirements to download without their dependencies: tf-keras names `tensorflow`, which
+    tensorflow-cpu provides under another name (the same modules, without the CUDA build's ~570 MB
+    wheel and ~2 GB unpacked). With both, a CPU node would install two TensorFlows over each other."""
+    names = {_name(r) for r in requirements}
+    return [r for r in requirements if _name(r) == "tf-keras"] if "tensorflow-cpu" in names else []
 
 
 def sha256_file(path: Path) -> str:
@@ -104,20 +120,12 @@ def cached(requirements: list[str], python: str, index_url: str | None = None) -
     return Wheelhouse(d / "files", tuple(data["requirements"]), data["files"])
 
 
-def build(requirements: list[str], python: str, index_url: str | None = None,
-          log: Callable[[str], None] = lambda s: None) -> Wheelhouse:
-    """Download (once) every wheel for `requirements` on Python `python` ("3.11") into the head's cache."""
-    wh = cached(requirements, python, index_url)
-    if wh is not None:
-        return wh
-    d = _dir(requirements, python, index_url)
-    manifest = d / "manifest.json"
-    (d / "files").mkdir(parents=True, exist_ok=True)
+def _download(d: Path, requirements: list[str], python: str, index_url: str | None, *extra: str) -> None:
+    """pip download into d/files, bounded in time."""
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(d / "files"),
-           "--only-binary=:all:", "--python-version", python, *requirements]
+           "--only-binary=:all:", "--python-version", python, *extra, *requirements]
     if index_url:
         cmd[4:4] = ["--extra-index-url", index_url]
-    log(f"downloading wheels for {len(requirements)} requirements (Python {python}) into {d}")
     try:  # pip's own socket timeout (15 s, 5 retries) bounds each stall; this bounds the whole download
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_DOWNLOAD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -129,6 +137,22 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
         raise ClusterError(f"pip download failed for {' '.join(requirements)}:\n{proc.stderr.strip()[-1500:]}",
                            "check the head's access to the package index, or fill the wheelhouse by hand: "
                            f"pip download -d {d / 'files'} ...")
+
+
+def build(requirements: list[str], python: str, index_url: str | None = None,
+          log: Callable[[str], None] = lambda s: None) -> Wheelhouse:
+    """Download (once) every wheel for `requirements` on Python `python` ("3.11") into the head's cache."""
+    wh = cached(requirements, python, index_url)
+    if wh is not None:
+        return wh
+    d = _dir(requirements, python, index_url)
+    manifest = d / "manifest.json"
+    (d / "files").mkdir(parents=True, exist_ok=True)
+    log(f"downloading wheels for {len(requirements)} requirements (Python {python}) into {d}")
+    alone = _alone(requirements)
+    _download(d, [r for r in requirements if r not in alone], python, index_url)
+    if alone:
+        _download(d, alone, python, index_url, "--no-deps")
     wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}
     files: dict[str, dict[str, int | str]] = {}
     for f in sorted((d / "files").glob("*.whl")):

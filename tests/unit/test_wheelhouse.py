@@ -69,3 +69,16 @@ def test_unsatisfied_compares_pins_with_pip_freeze() -> None:
     lock = "torch==2.14.1\nnumpy==2.3.0\n"
     assert wheelhouse.unsatisfied(lock, "Torch==2.14.1\nnumpy==2.2.0\npip==25.0\n") == ["numpy==2.3.0"]
     assert wheelhouse.unsatisfied(lock, "torch==2.14.1\nnumpy==2.3.0\n") == []
+
+
+def test_tf_keras_comes_alone_where_tensorflow_cpu_provides_its_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = ["torch==2.14.1", "tensorflow-cpu==2.21.0", "tf-keras==2.21.*", "numpy"]
+    assert wheelhouse._alone(cpu) == ["tf-keras==2.21.*"]
+    assert wheelhouse._alone(["tensorflow==2.21.0", "tf-keras==2.21.*"]) == []  # the GPU build is its own dep
+    assert wheelhouse._alone(["Tensorflow_CPU>=2.21", "TF_Keras ; python_version >= '3.9'"]) == [
+        "TF_Keras ; python_version >= '3.9'"]
+    # the layout is part of the cache key: wheelhouses built before it (the GPU build beside tensorflow-cpu)
+    # are not reused
+    now = wheelhouse.key(cpu, "3.11", None)
+    monkeypatch.setattr(wheelhouse, "LAYOUT", wheelhouse.LAYOUT - 1)
+    assert wheelhouse.key(cpu, "3.11", None) != now
