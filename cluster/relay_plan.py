@@ -37,11 +37,18 @@ class Item:
     pieces: tuple[str, ...] = ()
 
 
-def _piece_hashes(path: Path) -> list[str]:
-    out = []
+def _piece_hashes(path: Path, sha256: str) -> list[str]:
+    """Each piece's sha256, in the same pass that checks the whole file against the manifest's: a node that
+    matched every piece has the manifest's file (relaynode_fetch relies on it)."""
+    out, whole = [], hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(PIECE):
             out.append(hashlib.sha256(block).hexdigest())
+            whole.update(block)
+    if whole.hexdigest() != sha256:
+        raise ClusterError(f"{path}: its sha256 is not the one recorded for it (the file changed on disk)",
+                           "remove the file: provision downloads the wheelhouse again, launch prepares its "
+                           "dataset again")
     return out
 
 
@@ -73,7 +80,7 @@ def items(directory: Path, files: dict[str, dict[str, Any]], with_pieces: bool =
         key = f"{st.st_size}:{st.st_mtime_ns}:{meta['sha256']}:{PIECE}"
         entry = cache.get(name)
         if not isinstance(entry, dict) or entry.get("key") != key:
-            entry = cache[name] = {"key": key, "pieces": _piece_hashes(p)}
+            entry = cache[name] = {"key": key, "pieces": _piece_hashes(p, str(meta["sha256"]))}
             changed = True
         out.append(Item(name, p, int(meta["size"]), str(meta["sha256"]), tuple(entry["pieces"])))
     if changed:

@@ -18,7 +18,9 @@ Each prints one JSON object on its last line. Why it is safe to leave to a node:
   pidfile is removed (the head stops it at the end of the run in any case).
 - `fetch` writes a piece into `.NAME.part` only after its sha256 matched the head's manifest, so a
   `.part` is always a verified prefix: another node may relay it while it grows, and a fetch cut short
-  resumes after its last verified piece. The whole file's sha256 is checked before it gets its name.
+  resumes after its last verified piece. The file gets its name when every piece matched: the head made
+  the piece list in the pass that checked the file against the manifest's sha256, so each byte is
+  hashed once per node (hashing is most of a relay's CPU).
   The size of the `.part` is also the node's progress: the head polls it (cluster/relay_progress.py).
 """
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cluster import relay, relay_progress, relay_run
+from cluster.errors import ClusterError
 from cluster.fanout import Group
 from cluster.inventory import Host
 from cluster.transport import CommandResult
@@ -300,3 +301,16 @@ def test_distribute_on_loopback_relays_along_the_chain(tmp_path: Path) -> None:
         assert not Path(relay.pidfile(h)).exists()
         for name, meta in files.items():
             assert hashlib.sha256((Path(h.workdir) / "wheels" / name).read_bytes()).hexdigest() == meta["sha256"]
+
+
+def test_the_head_lists_pieces_only_for_a_file_that_is_its_manifests(tmp_path: Path) -> None:
+    """Nodes check pieces only: the piece list is made in the pass that checks the file's sha256."""
+    data = os.urandom(3 * relay.PIECE + 5)
+    (tmp_path / "a.whl").write_bytes(data)
+    good = {"a.whl": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}
+    [item] = relay.items(tmp_path, good)
+    assert list(item.pieces) == [hashlib.sha256(data[i:i + relay.PIECE]).hexdigest()
+                                 for i in range(0, len(data), relay.PIECE)]
+    (tmp_path / "a.whl").write_bytes(data[:-1] + b"!")  # changed on disk after the manifest was written
+    with pytest.raises(ClusterError, match="not the one recorded"):
+        relay.items(tmp_path, good)
