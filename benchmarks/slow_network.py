@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -103,9 +104,19 @@ def train(env: dict[str, str], state: lab.LabState, r: Run, common: list[str]) -
     for s in common + r.settings:
         args += ["--set", s]
     t = time.monotonic()
-    rec = ctl(env, *args, timeout=3600)
-    if rec.get("state") != "succeeded":
-        raise SystemExit(f"{r.label}: run {rec.get('run_id')} ended {rec.get('state')}: {json.dumps(rec)[-2000:]}")
+    try:
+        rec = ctl(env, *args, timeout=3600)
+    except RuntimeError as e:  # a failed run is a row of the table, not the end of the benchmark
+        try:  # the run as the head recorded it: its failure and every node's last status, logs included
+            rec = subprocess.run([PY, "-m", "cluster", "status", "--json"], cwd=ROOT, env=env, capture_output=True,
+                                 text=True, timeout=300).stdout
+            record = json.loads(rec)
+        except (ValueError, subprocess.SubprocessError):
+            record = None
+        r.measured = {"failed": " ".join(str(e).split())[:300], "record": record}
+        why = (record or {}).get("failure") or r.measured["failed"]
+        print(f"  {r.label}: FAILED: {json.dumps(why)[:1500]}", file=sys.stderr)
+        return
     r.measured = {**metrics(state, rec["run_id"]), "wall_s": time.monotonic() - t, "run_id": rec["run_id"]}
     m = r.measured
     print(f"  {r.label}: {m['images_per_s']:.1f} images/s, val acc {m['final_acc']:.3f}, {m['wall_s']:.0f} s",
@@ -113,11 +124,14 @@ def train(env: dict[str, str], state: lab.LabState, r: Run, common: list[str]) -
 
 
 def table(rs: list[Run], plan: dict[str, Any], rec_label: str) -> list[str]:
-    one = next(r for r in rs if r.nodes == 1 and r.job == JOB).measured["images_per_s"]
+    one = next(r for r in rs if r.nodes == 1 and r.job == JOB).measured.get("images_per_s") or float("nan")
     lines = ["| run | images/s | MB/step/node | time to val 0.9 | final val acc | scaling eff. | predicted "
              "images/s | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         m = r.measured
+        if "failed" in m:
+            lines.append(f"| {r.label} | failed | | | | | | {m['failed'][:120].replace('|', '/')} |")
+            continue
         c = candidate(plan, r.key) if r.key else (plan["recommended"] if r.plan else None)
         pred = c["planned_images_per_s"] if c else None
         err = f"{pred / m['images_per_s'] - 1:+.1%}" if pred else "-"
@@ -132,6 +146,8 @@ def table(rs: list[Run], plan: dict[str, Any], rec_label: str) -> list[str]:
 
 def verdict(rs: list[Run], pick: Run) -> list[str]:
     plain, p = rs[0].measured, pick.measured
+    if "failed" in plain or "failed" in p:
+        return ["no verdict: plain DDP or the plan's pick failed (table above)"]
     lines = []
     if plain["to_target_s"] and p["to_target_s"]:
         lines.append(f"time to {TARGET}: plain / plan's pick = {plain['to_target_s'] / p['to_target_s']:.1f}x "
@@ -143,7 +159,8 @@ def verdict(rs: list[Run], pick: Run) -> list[str]:
                  f"({(p['final_acc'] - plain['final_acc']) * 100:+.1f} points; target within 1)")
     lines.append(f"scaling efficiency: pick / plain = {p['images_per_s'] / plain['images_per_s']:.1f}x (target >= 2x)")
     tf = [r.measured for r in rs if r.job == TF_JOB]
-    lines.append(f"TensorFlow fp16 / plain: {tf[1]['images_per_s'] / tf[0]['images_per_s']:.2f}x images/s")
+    if all("images_per_s" in m for m in tf):
+        lines.append(f"TensorFlow fp16 / plain: {tf[1]['images_per_s'] / tf[0]['images_per_s']:.2f}x images/s")
     return lines
 
 
@@ -192,15 +209,19 @@ def main() -> int:
             tf_steps = ([f"max_steps={1 if args.quick else args.tf_steps}", f"epochs={1 if args.quick else 2}"]
                         if r.job == TF_JOB else [])
             train(env, state, r, run_set + tf_steps)
+            save(args.save, b, plan, rs)  # after every run: a later failure keeps what was measured
     finally:
         lab.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        for name, doc in (("bench", b), ("plan", plan), ("runs", {r.label: r.measured for r in rs})):
-            (args.save / f"{name}.json").write_text(json.dumps(doc, indent=1))
     report(args, b, plan, rs, pick, again, time.monotonic() - t0)
     return 0
+
+
+def save(d: Path | None, b: dict[str, Any], plan: dict[str, Any], rs: list[Run]) -> None:
+    if d:
+        d.mkdir(parents=True, exist_ok=True)
+        for name, doc in (("bench", b), ("plan", plan), ("runs", {r.label: r.measured for r in rs})):
+            (d / f"{name}.json").write_text(json.dumps(doc, indent=1))
 
 
 def report(args: argparse.Namespace, b: dict[str, Any], plan: dict[str, Any], rs: list[Run], pick: Run,
