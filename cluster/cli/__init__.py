@@ -66,7 +66,8 @@ COMMANDS: dict[str, Command] = {
     "report": Command("results", "tables and plots comparing collected runs (HTML, Markdown, JSON)"),
     "study": Command("results", "run each job on 1, 2, ... N nodes, collect every run and write one report"),
     "bench": Command("bench", "measure each node alone (training images/s) and the network (all-reduce)"),
-    "plan": Command("bench", "predict a job's throughput per node set from `bench`; pick nodes and batch shares"),
+    "plan": Command("bench", "predict a job's throughput per node set and communication scheme (fp16, PowerSGD, "
+                             "accumulation) from `bench`; pick nodes, batch shares and scheme"),
     "context": Command("context", "show or set the current inventory used when none is given"),
 }
 
