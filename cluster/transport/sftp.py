@@ -2,13 +2,18 @@
 
 paramiko waits without a limit unless told: the SFTP channel gets settimeout(stall), which bounds every
 read of a reply (socket.timeout after `stall` s of silence) and every wait for send window (a node that
-stopped reading). A slow link keeps moving bytes, so it is never cut; a frozen one is, after `stall` s.
+stopped reading). One wait it cannot bound: a write the kernel will not take (paramiko's Packetizer.write_all
+retries a full socket buffer forever), which a frozen node causes when TCP's buffers are smaller than the
+SSH window left. So each copy also has a watchdog that closes the connection under it once nothing moved
+for the stall limit plus a grace (`_silent_limit`). A slow link keeps moving bytes, so it is never cut; a
+frozen one is, after `stall` s (the watchdog: at most twice that).
 """
 from __future__ import annotations
 
 import io
 import os
 import socket
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -35,6 +40,13 @@ class _SFTPInternals(Protocol):
     def _read_response(self, waitfor: int | None = None) -> None: ...
 
     def _convert_status(self, msg: Message) -> None: ...
+
+
+def _silent_limit(stall: float) -> float:
+    """Seconds without progress after which a copy's watchdog closes its connection: the stall limit, then as
+    long again (at least 1 s) for paramiko's own timeout to speak first and for the last window's bytes, sent
+    but not yet acknowledged, to drain at the end of a copy on a slow link."""
+    return stall + max(stall, 1.0)
 
 
 class _Progress:
@@ -134,27 +146,28 @@ class SFTPCopies(SSHConnection):
         which after a stall would cost a second stall limit; on failure the connection goes first."""
         progress = _Progress(total, moved)
         h = self.host
+        stop, fired = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.25):
+                if time.monotonic() - progress.last > _silent_limit(self.stall_timeout):
+                    fired.set()
+                    self._abort()  # the socket closes: a write paramiko retries forever fails now
+                    return
+
+        threading.Thread(target=watch, name=f"stall watchdog {h.name}", daemon=True).start()
         try:
             yield progress
             if progress.file is not None:
                 progress.file.close()  # reads the pipelined writes' acks: errors (disk full) surface here
                 progress.file = None
         except (socket.timeout, TimeoutError):
-            self._abort_copy(progress)
-            raise TransportError(
-                f"{h.name}: {verb} {path}: no progress for {time.monotonic() - progress.last:.0f}s "
-                f"(stall limit {self.stall_timeout:g}s) after {progress.describe()}; copy abandoned",
-                f"check that {h.address} still answers (`ping`, `ssh {h.user}@{h.address}`: a hung sshd or disk?); "
-                f"then run the command again: copies resume from the bytes already verified. "
-                f"A longer limit: {STALL_ENV}=<seconds>", "timeout") from None
-        except (paramiko.SSHException, EOFError) as e:
-            self._abort_copy(progress)
-            raise TransportError(f"{h.name}: {verb} {path}: connection lost after {progress.describe()}: {e}",
-                                 "check the node and the network, then run the command again (copies resume)",
-                                 "unreachable") from None
-        except OSError as e:
-            if e.errno is not None:  # the node's answer about the file (no such file, permission denied)
-                self._close_quietly(progress)
+            raise self._stalled(verb, path, progress) from None
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            if fired.is_set():  # the watchdog closed the connection: a stall, whatever paramiko raised
+                raise self._stalled(verb, path, progress) from None
+            if isinstance(e, OSError) and e.errno is not None:
+                self._close_quietly(progress)  # the node's answer about the file (no such file, permission)
                 raise
             self._abort_copy(progress)  # "Socket is closed" and friends: the channel died under us
             raise TransportError(f"{h.name}: {verb} {path}: connection lost after {progress.describe()}: {e}",
@@ -163,6 +176,19 @@ class SFTPCopies(SSHConnection):
         except BaseException:
             self._close_quietly(progress)
             raise
+        finally:
+            stop.set()
+
+    def _stalled(self, verb: str, path: str, progress: _Progress) -> TransportError:
+        """A copy that stopped moving: the connection goes (abort), the error says how long and what moved."""
+        h = self.host
+        self._abort_copy(progress)
+        return TransportError(
+            f"{h.name}: {verb} {path}: no progress for {time.monotonic() - progress.last:.0f}s "
+            f"(stall limit {self.stall_timeout:g}s) after {progress.describe()}; copy abandoned",
+            f"check that {h.address} still answers (`ping`, `ssh {h.user}@{h.address}`: a hung sshd or disk?); "
+            f"then run the command again: copies resume from the bytes already verified. "
+            f"A longer limit: {STALL_ENV}=<seconds>", "timeout")
 
     def _abort_copy(self, progress: _Progress) -> None:
         self._abort()

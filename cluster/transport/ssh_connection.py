@@ -165,9 +165,9 @@ class SSHConnection(Transport):
             raise socket.timeout(f"no reply within {bound:g}s")
 
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Drop the connection. The SFTP channel is not closed politely first: that sends a message, and a
+        send waits without a limit on a node that stopped reading; closing the socket ends its session too."""
+        self._sftp = None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -194,6 +195,50 @@ def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path)
     assert hashlib.sha256(part.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
     assert _tree(_node_dir(tlab)) - before == {"datasets/.data.npz.part"}  # nothing else written
     ROWS.append(("after SIGCONT", "upload resumed", resumed, f"sent {sent} of {SIZE} bytes, sha256 equal"))
+
+
+def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall(tlab: lab.LabState,
+                                                                                  tmp_path: Path) -> None:
+    """The wait paramiko cannot bound: TCP buffers smaller than the SSH window left, so a write to a frozen
+    node blocks in the kernel, where paramiko's Packetizer.write_all retries forever (it hung a CI run).
+    The copy's watchdog closes the connection: a stall verdict within twice the stall limit."""
+    netns = tlab.nodes[0].netns
+    sysctl = ["ip", "netns", "exec", netns, "sysctl", "-q"]
+    old = subprocess.run([*sysctl, "-n", "net.ipv4.tcp_rmem"], capture_output=True, text=True, timeout=10).stdout
+    subprocess.run([*sysctl, "-w", "net.ipv4.tcp_rmem=4096 8192 8192"], check=True, timeout=10)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(SIZE))
+    t = SSHTransport(_host(tlab))
+    t.stall_timeout = STALL_S
+    outcome: dict[str, Any] = {}
+    try:
+        t.run("true", timeout=10)  # connected: now the head's side of the socket gets a small send buffer
+        sock = t._client.get_transport().sock  # type: ignore[union-attr]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+
+        def upload() -> None:
+            try:
+                t.put_file(src, "/srv/cluster/big.bin")
+            except BaseException as e:  # noqa: BLE001 - handed to the test thread
+                outcome["error"] = e
+            outcome["end"] = time.monotonic()
+
+        worker = threading.Thread(target=upload, daemon=True)
+        worker.start()
+        wait_until(lambda: _size(_node_dir(tlab) / "big.bin") >= 256 * 1024, 30, "the upload to start")
+        with frozen(tlab):
+            froze = time.monotonic()
+            worker.join(2 * STALL_S + 10)
+            assert not worker.is_alive(), f"the upload still waits {2 * STALL_S + 10:.0f}s after the freeze"
+    finally:
+        t.close()
+        subprocess.run([*sysctl, "-w", f"net.ipv4.tcp_rmem={old.strip()}"], timeout=10)
+    e = outcome.get("error")
+    assert isinstance(e, TransportError) and e.problem == "timeout", repr(e)
+    verdict = outcome["end"] - froze
+    assert verdict <= 2 * STALL_S + 2.0, f"verdict after {verdict:.1f}s"
+    ROWS.append(("sshd frozen, 8 KiB TCP buffers", "upload (put_file) 4 MiB", verdict,
+                 "TransportError timeout (watchdog), exit 3"))
 
 
 def _agent(state: lab.LabState) -> None:
