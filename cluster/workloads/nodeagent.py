@@ -193,8 +193,11 @@ def _first_record(path: Path) -> Doc | None:
 
 def status(run_dir: Path, lines: int = 20) -> Doc:
     pid_doc = _read_json(run_dir / "pid.json")
-    exit_doc = _read_json(run_dir / "exit.json")
     alive = run_processes(run_dir)
+    # after the processes, not before: the leader writes exit.json and then exits, so once it is gone its
+    # record is there. Read first, a leader ending between the two reads looked gone without a record
+    # ("vanished"), which failed runs that had succeeded (seen on a 4-node and a 2-node lab)
+    exit_doc = _read_json(run_dir / "exit.json")
     stopped = (run_dir / "stop.json").exists()
     if pid_doc is None:
         state = "not started"

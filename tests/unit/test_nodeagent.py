@@ -108,3 +108,21 @@ def test_stop_where_the_run_never_started_is_confirmed(tmp_path: Path) -> None:
                        text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True and json.loads(r.stdout)["left"] == []
     assert agent("status", str(tmp_path / "never"))["state"] == "missing"
+
+
+def test_a_leader_that_ends_while_status_looks_is_succeeded_not_vanished(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader writes exit.json, then exits. A status that lists the processes while that happens must
+    still find the record: it reads exit.json after the processes (read before, such a run 'vanished' and a
+    launch that had succeeded exited 1)."""
+    from cluster.workloads import nodeagent
+
+    d = make_run(tmp_path, "exit 0\n")
+    (d / "pid.json").write_text(json.dumps({"pgid": 999999, "launcher_pid": 999999, "started": time.time()}))
+
+    def leader_ends_now(run_dir: Path) -> list[int]:  # the leader records its exit and is gone, mid-status
+        (run_dir / "exit.json").write_text(json.dumps({"code": 0, "ended": time.time()}))
+        return []
+
+    monkeypatch.setattr(nodeagent, "run_processes", leader_ends_now)
+    assert nodeagent.status(d)["state"] == "succeeded"
