@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import runs
+from cluster import jobs, runs
 from cluster.errors import UsageError
 
 # Energy estimate where no power was measured (docs/report.md): an old desktop draws about
@@ -251,8 +251,9 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
 
 
 def _comparable(a: runs.RunRecord, b: runs.RunRecord) -> bool:
-    """Same job and the same settings except which nodes ran it."""
-    skip = {"nodes"}
+    """Same job and the same settings except which nodes ran it and, where one of them ran on one node,
+    what only changes the wire (a one-node fp16 run and a plain one are the same run)."""
+    skip = {"nodes", *(jobs.WIRE_KEYS if 1 in (len(a.nodes), len(b.nodes)) else ())}
     return a.job == b.job and {k: v for k, v in (a.settings or {}).items() if k not in skip} \
         == {k: v for k, v in (b.settings or {}).items() if k not in skip}
 

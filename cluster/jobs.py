@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
 }
 COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "accumulate", "bucket_mb",
              "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
+# what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
+# run whatever they say (accumulate is not among them: it changes the optimizer's steps)
+WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
 FREE_MAPS = ("env", "shares", "env_from")  # mappings whose keys the user chooses
 
 

@@ -1,8 +1,10 @@
 """`clusterctl study`: the paper's matrix (each job on 1, 2, ... N nodes), collected and reported.
 
-A study is identified by its inventory, jobs, node counts and settings; its
-record ($CLUSTERCTL_HOME/studies/<id>/study.json) maps each cell to its run, so
-running the same command again skips the cells already done and retries the rest.
+A study is identified by its inventory, jobs, node counts, settings and the one
+setting it varies (`--vary grad_compression=none,fp16`: the comparison with and
+without compression in one command); its record
+($CLUSTERCTL_HOME/studies/<id>/study.json) maps each cell to its run, so running
+the same command again skips the cells already done and retries the rest.
 """
 from __future__ import annotations
 
@@ -26,11 +28,33 @@ class Cell:
     state: str = "pending"  # pending | succeeded | failed | stopped | error
     error: str | None = None
     skipped: bool = False  # done by an earlier invocation
+    setting: str | None = None  # the varied setting of this cell, KEY=VALUE (None: nothing varied)
 
 
-def study_id(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str]) -> str:
-    blob = json.dumps({"inventory": str(inv.path), "jobs": job_names, "sizes": sizes, "set": sorted(overrides)})
-    return f"study-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+def study_id(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],
+             vary: str | None = None) -> str:
+    doc: dict[str, Any] = {"inventory": str(inv.path), "jobs": job_names, "sizes": sizes, "set": sorted(overrides)}
+    if vary:  # absent otherwise: the studies recorded before --vary keep their ids
+        doc["vary"] = vary
+    return f"study-{hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:12]}"
+
+
+def variants(vary: str | None) -> list[str | None]:
+    """`--vary KEY=V1,V2,...` as one KEY=V setting per value (validated with the job later)."""
+    if vary is None:
+        return [None]
+    key, eq, values = vary.partition("=")
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not eq or not key.strip() or len(vals) < 2 or len(set(vals)) < len(vals):
+        raise UsageError(f"--vary {vary!r}: expected one setting and two or more different values",
+                         "e.g. --vary grad_compression=none,fp16")
+    return [f"{key.strip()}={v}" for v in vals]
+
+
+def _runs_alone(setting: str | None, first: str | None) -> bool:
+    """Whether a one-node cell of this variant is run: once for a setting that only changes the wire
+    (the report's scaling baseline of every variant), else for each value."""
+    return setting == first or (setting or "").partition("=")[0] not in jobs.WIRE_KEYS
 
 
 def study_dir(sid: str) -> Path:
@@ -40,33 +64,38 @@ def study_dir(sid: str) -> Path:
 def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str] | None = None,
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
         on_run: Callable[[runs.RunRecord, Any], None] | None = None,
-        target_acc: float = report.DEFAULT_TARGET_ACC) -> tuple[str, list[Cell], Path | None]:
+        target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None) -> tuple[str, list[Cell], Path | None]:
     overrides = list(overrides or [])
-    specs = {name: jobs.load(name, overrides) for name in job_names}  # every spec valid before anything runs
+    settings = variants(vary)
+    # every spec valid before anything runs
+    specs = {(name, v): jobs.load(name, overrides + ([v] if v else [])) for name in job_names for v in settings}
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"--nodes {sizes}: expected node counts >= 1", "e.g. --nodes 1,2,4")
-    sid = study_id(inv, job_names, sizes, overrides)
+    sid = study_id(inv, job_names, sizes, overrides, vary)
     d = study_dir(sid)
     d.mkdir(parents=True, exist_ok=True)
     rec_path = d / "study.json"
     done = json.loads(rec_path.read_text())["cells"] if rec_path.exists() else []
-    previous = {(c["job"], c["nodes"]): c for c in done}
+    previous = {(c["job"], c["nodes"], c.get("setting")): c for c in done}
     cells: list[Cell] = []
-    for name, spec in specs.items():
+    for (name, setting), spec in specs.items():
         hosts = launch.select_hosts(inv, spec, None)
+        what = name + (f" with {setting}" if setting else "")
         for n in sizes:
             if n > len(hosts):
                 raise UsageError(f"--nodes {n}: job {name} has only {len(hosts)} nodes in {inv.path}",
                                  f"use counts up to {len(hosts)}")
-            cell = Cell(name, n)
-            old = previous.get((name, n))
+            if n == 1 and not _runs_alone(setting, settings[0]):
+                continue
+            cell = Cell(name, n, setting=setting)
+            old = previous.get((name, n, setting))
             if old and old.get("state") == "succeeded":
                 cell.run_id, cell.state, cell.skipped = old["run_id"], "succeeded", True
-                log(f"{name} on {n} node(s): done before ({old['run_id']})")
+                log(f"{what} on {n} node(s): done before ({old['run_id']})")
                 cells.append(cell)
                 continue
             subset = ",".join(h.name for h in hosts[:n])
-            log(f"{name} on {n} node(s): {subset}")
+            log(f"{what} on {n} node(s): {subset}")
             try:
                 record, _ = launch.launch(inv, spec, limit=subset, log=log)
                 cell.run_id = record.run_id
@@ -76,9 +105,9 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message
             cells.append(cell)
-            previous[(name, n)] = dict(cell.__dict__)  # saved after every cell: an interrupted study resumes
-            _save(rec_path, sid, inv, job_names, sizes, overrides, list(previous.values()))
-    _save(rec_path, sid, inv, job_names, sizes, overrides, [dict(c.__dict__) for c in cells])
+            previous[(name, n, setting)] = dict(cell.__dict__)  # saved after every cell: an interrupted study resumes
+            _save(rec_path, sid, inv, job_names, sizes, overrides, vary, list(previous.values()))
+    _save(rec_path, sid, inv, job_names, sizes, overrides, vary, [dict(c.__dict__) for c in cells])
     finished = [c.run_id for c in cells if c.state == "succeeded" and c.run_id]
     page = None
     if finished:
@@ -90,6 +119,6 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
 
 
 def _save(path: Path, sid: str, inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],
-          cells: list[dict[str, Any]]) -> None:
+          vary: str | None, cells: list[dict[str, Any]]) -> None:
     path.write_text(json.dumps({"study": sid, "inventory": str(inv.path), "jobs": job_names, "nodes": sizes,
-                                "set": overrides, "updated": time.time(), "cells": cells}, indent=1))
+                                "set": overrides, "vary": vary, "updated": time.time(), "cells": cells}, indent=1))

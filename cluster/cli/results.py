@@ -49,6 +49,9 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default="1,2", help="node counts, comma-separated (default 1,2); the first N nodes")
     add_inventory_option(p)
     add_job_settings(p, "job setting for every run; repeatable")
+    p.add_argument("--vary", metavar="KEY=V1,V2", help="one setting that differs between runs, every job x node "
+                   "count with each value, e.g. grad_compression=none,fp16 (a setting that only changes the wire, "
+                   "like this one, runs one node once: every value's scaling baseline)")
     add_price(p)
 
 
@@ -135,13 +138,16 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     inv = load_inventory(args.inventory)
     sid, cells, page = study.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
-                                 log=notes(args.json))
+                                 log=notes(args.json), vary=args.vary)
     if args.json:
         emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})
     else:
-        t = table(f"{sid} ({escape(str(inv.path))})", ("job", "nodes", "run", "state", "note"))
+        varied = any(c.setting for c in cells)
+        t = table(f"{sid} ({escape(str(inv.path))})", ("job", *(["setting"] if varied else []), "nodes", "run",
+                                                       "state", "note"))
         for c in cells:
-            t.add_row(c.job, str(c.nodes), c.run_id or "-", styled(c.state, "red"),
+            t.add_row(c.job, *([escape(c.setting or "")] if varied else []), str(c.nodes), c.run_id or "-",
+                      styled(c.state, "red"),
                       "done before" if c.skipped else escape(c.error or ""))
         out.print(t)
         if page:
