@@ -168,7 +168,7 @@ def settings(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(bench/plan settings, run settings): the same for every run; only the communication differs."""
     job = [f"batch={args.batch}", "threads=1", f"dataset.size={args.size}", "seed=0"]
     epochs, steps = (2, 2) if args.quick else (args.epochs, 0)
-    run = [*job, f"epochs={epochs}", f"max_steps={steps}", "log_every=1000", "powersgd_start_step=2",
+    run = [*job, f"epochs={epochs}", f"max_steps={steps}", "log_every=1000",
            "collective_timeout_s=600"]
     return job, run
 

@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
     "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only)
     "powersgd_rank": 2,
-    "powersgd_start_step": 0,  # 0: after the learning-rate warm-up (at least step 2)
+    "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
     "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
     "bucket_mb": 0,  # DDP bucket size in MiB; 0: DDP's default
     "tf_implementation": "auto",  # TF CommunicationOptions: auto | ring | nccl
@@ -306,7 +306,7 @@ class _Checks:
         self.number("powersgd_start_step", s["powersgd_start_step"], 0, True)
         if s["powersgd_start_step"] == 1:
             self.fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
-                      "powersgd_start_step: 0 (after the warm-up) or >= 2")
+                      "powersgd_start_step: 0 (clusterctl's default, docs/jobs.md) or >= 2")
         self.number("accumulate", s["accumulate"], 1, True)
         self.number("bucket_mb", s["bucket_mb"], 0, False)
         if s["tf_implementation"] not in ("auto", "ring", "nccl"):

@@ -51,8 +51,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "powersgd (PyTorch only: low-rank with error feedback and warm start)")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
-                    help="optimizer steps of plain all-reduce before PowerSGD starts (>= 2); 0: the warm-up's "
-                    "steps, at least 2")
+                    help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
+                    "warm-up and after 1000 steps (torch's default), capped at half the run")
     ap.add_argument("--accumulate", type=int, default=1,
                     help="micro-batches per optimizer step: one all-reduce per ACCUMULATE batches of --batch")
     ap.add_argument("--bucket-mb", type=float, default=0.0,
@@ -241,13 +241,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng(seed * 1000003 + epoch).permutation(n)
 
 
-def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -> int:
-    """The optimizer step PowerSGD starts at: as asked, else after the learning-rate warm-up (its early
-    steps are the most sensitive to a biased gradient); never before step 2, because DDP rebuilds its
+TORCH_POWERSGD_START = 1000  # torch's own default start_powerSGD_iter
+
+
+def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float, epochs: int) -> int:
+    """The optimizer step PowerSGD starts at: as asked; else after the learning-rate warm-up and after
+    torch's own default of 1000 plain steps, capped at half the run. Its error feedback needs steps to
+    catch up, and a short run does not have them: on digits after 44 steps (docs/performance.md) PowerSGD
+    from step 2 or 11 ended 2.8-5 points below plain DDP, from step 22 within 1. Before it starts the
+    gradients go as fp16 (PowerSGDHook), which costs no accuracy. Never before step 2: DDP rebuilds its
     buckets after the first step and PowerSGD's per-bucket state must not see the old buckets."""
     if requested:
         return max(2, requested)
-    return max(2, int(round(warmup_epochs * steps_per_epoch)))
+    warm = int(round(warmup_epochs * steps_per_epoch))
+    return max(2, warm, min(TORCH_POWERSGD_START, steps_per_epoch * epochs // 2))
 
 
 def powersgd_elements(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> int:
@@ -270,7 +277,7 @@ def comm_volume(shapes: list[tuple[int, ...]], world: int, compression: str, pow
     `allreduce_payload_bytes`: what is handed to the all-reduce(s) (float32: 4 bytes per element,
     fp16: 2, powersgd: P, Q and the uncompressed tensors in float32). `bytes_sent_per_step_ring`: what a
     ring all-reduce sends per rank for that payload, 2 (world - 1) / world times it (reduce-scatter then
-    all-gather); with PowerSGD before its start step the plain figure applies. Buffers DDP broadcasts
+    all-gather); with PowerSGD before its start step the fp16 figure applies (Compression). Buffers DDP broadcasts
     (BatchNorm statistics) are not gradients and are not counted."""
     elements = sum(math.prod(s) for s in shapes)
     if compression == "fp16":
@@ -299,14 +306,15 @@ class Compression:
                  state: StartsLate | None = None) -> None:
         self.kind, self.state = kind, state
         self.volume = comm_volume(shapes, world, kind, powersgd_rank)
-        self.plain = comm_volume(shapes, world, "none")
+        # PowerSGD before its start step: fp16 (train_torch's hook; wlcommon.powersgd_start)
+        self.before_start = comm_volume(shapes, world, "fp16" if kind == "powersgd" else "none")
 
     def compressing(self) -> bool:
-        """Whether the next step's all-reduce is compressed (PowerSGD runs plain until its start step)."""
+        """Whether the next step's all-reduce is this compression (PowerSGD sends fp16 until its start)."""
         if self.kind == "powersgd" and self.state is not None:
             return self.state.iter >= self.state.start_powerSGD_iter
         return self.kind != "none"
 
     def bytes_sent_ring(self) -> int:
         """Bytes this rank sends in the next step's all-reduces (ring model, comm_volume)."""
-        return int((self.volume if self.compressing() else self.plain)["bytes_sent_per_step_ring"])
+        return int((self.volume if self.compressing() else self.before_start)["bytes_sent_per_step_ring"])

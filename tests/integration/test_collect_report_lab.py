@@ -164,22 +164,31 @@ def test_report_numbers_match_the_metrics_and_the_page_renders_in_chromium(clab,
 
 
 def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> None:
+    """With and without fp16 in one command: a setting that only changes the wire runs one node once, the
+    baseline of both variants' scaling."""
     state, env, _, home = clab
-    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", *TINY]
-    rc, res = clusterctl_json(*args, env=env, timeout=1800)
+    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,fp16", *TINY]
+    rc, res = clusterctl_json(*args, env=env, timeout=2400)
     assert rc == 0, json.dumps(res)[-3000:]
-    assert [(c["job"], c["nodes"], c["state"]) for c in res["cells"]] == [
-        ("resnet50-ddp", 1, "succeeded"), ("resnet50-ddp", 2, "succeeded"),
-        ("resnet50-tf", 1, "succeeded"), ("resnet50-tf", 2, "succeeded")]
+    none, fp16 = "grad_compression=none", "grad_compression=fp16"
+    assert [(c["job"], c["setting"], c["nodes"], c["state"]) for c in res["cells"]] == [
+        ("resnet50-ddp", none, 1, "succeeded"), ("resnet50-ddp", none, 2, "succeeded"),
+        ("resnet50-ddp", fp16, 2, "succeeded"),
+        ("resnet50-tf", none, 1, "succeeded"), ("resnet50-tf", none, 2, "succeeded"),
+        ("resnet50-tf", fp16, 2, "succeeded")]
     page = Path(res["report"])
     assert page.exists() and "scaling eff." in page.read_text()
     figs = json.loads((page.parent / "report.json").read_text())
-    two = {f["framework"]: f for f in figs if len(f["nodes"]) == 2}
-    assert set(two) == {"pytorch", "tensorflow"}
-    for f in two.values():
+    two = {(f["framework"], f["grad_compression"]): f for f in figs if len(f["nodes"]) == 2}
+    assert set(two) == {(fw, c) for fw in ("pytorch", "tensorflow") for c in ("none", "fp16")}
+    for (fw, c), f in two.items():
         one = next(x for x in figs if x["run_id"] == f["scaling"]["baseline"])
         assert len(one["nodes"]) == 1 and one["job"] == f["job"]
         assert f["scaling"]["efficiency"] == pytest.approx(f["images_per_s"] / (2 * one["images_per_s"]))
+        plain = two[(fw, "none")]
+        if c == "fp16":  # half the bytes of the same gradients, on the same baseline
+            assert f["allreduce_payload_bytes"] * 2 == plain["allreduce_payload_bytes"]
+            assert f["scaling"]["baseline"] == plain["scaling"]["baseline"]
     rc, again = clusterctl_json(*args, env=env, timeout=600)  # resumable: nothing is run twice
     assert rc == 0 and all(c["skipped"] for c in again["cells"])
     assert [c["run_id"] for c in again["cells"]] == [c["run_id"] for c in res["cells"]]

@@ -197,6 +197,14 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
         return stock(state, bucket).then(done)
 
     psgd.powerSGD_hook = recording  # setup_compression's hook calls it by module attribute
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    fp16_stock, fp16_last = default_hooks.fp16_compress_hook, []
+
+    def fp16_recording(group, bucket):
+        fp16_last.append(bucket.is_last())
+        return fp16_stock(group, bucket)
+
+    default_hooks.fp16_compress_hook = fp16_recording
     comp = train_torch.setup_compression(ddp, "powersgd", world, "gloo", powersgd_rank=1, powersgd_start=2,
                                          max_groups=max_groups, timeout_s=60)
     opt = _opt(ddp)
@@ -206,7 +214,8 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
         sent.append(comp.bytes_sent_ring())
         train_torch.train_step(ddp, opt, torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g),
                                lr=0.01)
-    torch.save({"records": records, "sent": sent, "volume": comp.volume, "plain": comp.plain},
+    torch.save({"records": records, "sent": sent, "volume": comp.volume, "fp16_steps": sum(fp16_last),
+                "plain": wlcommon.comm_volume([tuple(p.shape) for p in model.parameters()], world, "none")},
                f"{tmp}/psgd{rank}.pt")
     dist.destroy_process_group()
 
@@ -225,7 +234,7 @@ def test_powersgd_on_gloo_with_several_buckets_keeps_the_error_feedback_residual
         assert len(buckets) >= 3  # several buckets: the case stock powerSGD_hook fails on with gloo
         assert len(buckets) > max_groups or max_groups == 8
         assert len(compressed) == (steps - 2) * len(buckets)  # every bucket, every step from step 3
-        assert len(recs) - len(compressed) >= 2  # two plain steps first
+        assert len(recs) == len(compressed)  # before its start PowerSGD's hook is not called: fp16 instead
         last_err: dict[int, torch.Tensor] = {}
         for r in compressed:
             # error feedback: the residual kept = (own gradient + kept residual) - what was applied
@@ -238,7 +247,8 @@ def test_powersgd_on_gloo_with_several_buckets_keeps_the_error_feedback_residual
             last_err[r["idx"]] = r["err"]
         assert all(e.abs().sum() > 0 for e in last_err.values())  # compression is lossy: a real residual
         assert got["plain"]["grad_elements"] == sum(r["raw"].numel() for r in compressed) // (steps - 2)
-        assert got["sent"][:2] == [got["plain"]["bytes_sent_per_step_ring"]] * 2
+        assert got["sent"][:2] == [got["plain"]["bytes_sent_per_step_ring"] // 2] * 2  # fp16 first
+        assert got["fp16_steps"] == 2  # the two steps before the start went through the fp16 hook
         assert got["sent"][2:] == [got["volume"]["bytes_sent_per_step_ring"]] * (steps - 2)
         assert got["volume"]["bytes_sent_per_step_ring"] < got["plain"]["bytes_sent_per_step_ring"] / 5
     # both ranks applied the same (decompressed, averaged) gradient, bucket by bucket, step by step
@@ -266,8 +276,11 @@ def test_comm_volume_counts_powersgd_like_the_hook() -> None:
     assert plain["grad_elements"] == 216 + 8 + 16384 + 32 + 320 + 10
     assert plain["bytes_sent_per_step_ring"] == round(plain["grad_elements"] * 4 * 1.5)
     assert wlcommon.comm_volume(shapes, 1, "fp16")["bytes_sent_per_step_ring"] == 0
-    assert wlcommon.powersgd_start(0, 20, 1.0) == 20 and wlcommon.powersgd_start(0, 1, 0.0) == 2
-    assert wlcommon.powersgd_start(7, 20, 1.0) == 7
+    assert wlcommon.powersgd_start(0, 20, 1.0, 1) == 20 and wlcommon.powersgd_start(0, 1, 0.0, 1) == 2
+    assert wlcommon.powersgd_start(7, 20, 1.0, 4) == 7  # as asked
+    assert wlcommon.powersgd_start(0, 11, 1.0, 4) == 22  # a short run: half of it first (44 steps)
+    assert wlcommon.powersgd_start(0, 11, 3.0, 4) == 33  # never inside the warm-up
+    assert wlcommon.powersgd_start(0, 500, 1.0, 90) == 1000  # a long one: torch's default 1000 steps
 
 
 def _digits_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> None:
