@@ -21,6 +21,12 @@ def shape_link(netns: str, veth: str, bandwidth: str) -> None:
     sh("ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
 
 
+def unshape_link(netns: str, veth: str) -> None:
+    """The link back at the bridge's full speed (a benchmark's runs whose arithmetic, not timing, counts)."""
+    sh("tc", "qdisc", "del", "dev", veth, "root")
+    sh("ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", "eth0", "root")
+
+
 def shape_uplink(name: str, bridge: str, rate: str) -> str:
     """One limit for the head's side of the bridge, in each direction: what the head sends to any node
     leaves through the bridge device's root qdisc; what any node sends to the head arrives on the bridge's
