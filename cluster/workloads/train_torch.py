@@ -151,7 +151,8 @@ def _powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, 
         if groups:
             state.process_group = groups[g]  # read once, at the start of powerSGD_hook
         if state.iter < state.start_powerSGD_iter:
-            state.maybe_increase_iter(bucket)  # what powerSGD_hook does before its start, then float32
+            if bucket.is_last():  # powerSGD_hook's maybe_increase_iter (untyped): one step per last bucket
+                state.iter += 1
             fut = default_hooks.fp16_compress_hook(state.process_group, bucket)
         else:
             fut = psgd.powerSGD_hook(state, bucket)  # by module attribute: tests wrap it
