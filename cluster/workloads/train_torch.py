@@ -104,7 +104,8 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     of their own (bucket i -> group i mod G, G <= max_groups), where they are issued in one fixed order
     on every rank; a group is reused only after the previous bucket on it has finished (the hook waits
     for it). Buckets still all-reduce while backward computes the next ones, which a single huge bucket
-    (the other known workaround) would lose. NCCL orders collectives on its stream: the stock hook."""
+    (the other known workaround) would lose. NCCL orders collectives on its stream: one group. Before
+    PowerSGD starts, every backend sends fp16 (_powersgd_hook)."""
     shapes = [tuple(p.shape) for p in ddp.parameters() if p.requires_grad]
     if kind == "none" or (world == 1 and not isinstance(ddp, DistributedDataParallel)):
         return wlcommon.Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
@@ -121,7 +122,7 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
                                start_powerSGD_iter=powersgd_start, use_error_feedback=True, warm_start=True,
                                random_seed=seed)
-    # resumed: the first step runs plain (DDP rebuilds its buckets after it), then compression continues
+    # resumed: the first step runs uncompressed by PowerSGD (DDP rebuilds its buckets after it), then it continues
     state.iter = min(done_steps, powersgd_start - 1)
     n_groups = 0  # NCCL orders collectives on its stream: the default group
     if backend == "gloo":
