@@ -265,6 +265,35 @@ def test_powersgd_on_gloo_with_several_buckets_keeps_the_error_feedback_residual
             assert torch.allclose(o0, o1, atol=1e-7)
 
 
+def _one_group_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> None:
+    """The hook NCCL gets (one process group, no ordering groups), run on gloo with one DDP bucket (where
+    torch's PowerSGD is safe on gloo too): fp16 until the start step, PowerSGD after it."""
+    _init(rank, world, init)
+    torch.manual_seed(0)
+    ddp = _ddp(tiny(), 1000)
+    comp = train_torch.setup_compression(ddp, "powersgd", world, "nccl", powersgd_rank=1, powersgd_start=3)
+    opt = _opt(ddp)
+    g = torch.Generator().manual_seed(rank)
+    sent = []
+    for _ in range(steps):
+        sent.append(comp.bytes_sent_ring())
+        train_torch.train_step(ddp, opt, torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g),
+                               lr=0.01)
+    torch.save({"sent": sent, "fp16": comp.before_start, "psgd": comp.volume, "iter": comp.state.iter,
+                "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/one{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_powersgd_hook_of_one_group_sends_fp16_then_powersgd(tmp_path: Path) -> None:
+    mp.spawn(_one_group_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path), 5), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"one{r}.pt", weights_only=False) for r in range(2))
+    fp16, psgd = a["fp16"]["bytes_sent_per_step_ring"], a["psgd"]["bytes_sent_per_step_ring"]
+    assert a["sent"] == [fp16, fp16, fp16, psgd, psgd] and psgd < fp16  # 3 steps before PowerSGD
+    assert a["iter"] == 5  # one count per step: the last bucket of each
+    for pa, pb in zip(a["params"], b["params"]):  # both ranks applied the same averaged gradients
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
 def test_comm_volume_counts_powersgd_like_the_hook() -> None:
     shapes = [(8, 3, 3, 3), (8,), (32, 512), (32,), (10, 32), (10,)]  # not tiny(): no 32 x 32 layer
     v = wlcommon.comm_volume(shapes, 4, "powersgd", powersgd_rank=2)
