@@ -170,6 +170,19 @@ def _count_rank(rank: int, world: int, init: str, tmp: str) -> None:
     dist.destroy_process_group()
 
 
+def _train_counting_bytes(ddp: nn.parallel.DistributedDataParallel, comp: wlcommon.Compression, rank: int,
+                          steps: int) -> list[int]:
+    """Train on random batches (seeded per rank), recording what the hook says it sends before each step."""
+    opt = _opt(ddp)
+    g = torch.Generator().manual_seed(rank)
+    sent = []
+    for _ in range(steps):
+        sent.append(comp.bytes_sent_ring())
+        train_torch.train_step(ddp, opt, torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g),
+                               lr=0.01)
+    return sent
+
+
 def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_groups: int) -> None:
     """PowerSGD on gloo with several buckets (and fewer groups than buckets: groups are reused): every
     bucket's hook call is recorded to check error feedback."""
@@ -207,13 +220,7 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
     default_hooks.fp16_compress_hook = fp16_recording
     comp = train_torch.setup_compression(ddp, "powersgd", world, "gloo", powersgd_rank=1, powersgd_start=2,
                                          max_groups=max_groups, timeout_s=60)
-    opt = _opt(ddp)
-    g = torch.Generator().manual_seed(rank)
-    sent = []
-    for _ in range(steps):
-        sent.append(comp.bytes_sent_ring())
-        train_torch.train_step(ddp, opt, torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g),
-                               lr=0.01)
+    sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"records": records, "sent": sent, "volume": comp.volume, "fp16_steps": sum(fp16_last),
                 "plain": wlcommon.comm_volume([tuple(p.shape) for p in model.parameters()], world, "none")},
                f"{tmp}/psgd{rank}.pt")
@@ -272,13 +279,7 @@ def _one_group_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> N
     torch.manual_seed(0)
     ddp = _ddp(tiny(), 1000)
     comp = train_torch.setup_compression(ddp, "powersgd", world, "nccl", powersgd_rank=1, powersgd_start=3)
-    opt = _opt(ddp)
-    g = torch.Generator().manual_seed(rank)
-    sent = []
-    for _ in range(steps):
-        sent.append(comp.bytes_sent_ring())
-        train_torch.train_step(ddp, opt, torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g),
-                               lr=0.01)
+    sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"sent": sent, "fp16": comp.before_start, "psgd": comp.volume, "iter": comp.state.iter,
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/one{rank}.pt")
     dist.destroy_process_group()
