@@ -33,7 +33,7 @@ __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "
            "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
            "stop_nodes"]
 
-PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py")
+PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py")
 DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
 Log = Callable[[str], None]
 

@@ -1,6 +1,6 @@
 """Gradient compression and accumulation in the PyTorch program (real gloo processes on loopback).
 
-Tiny models keep these fast; the code under test is train_torch's train_step and setup_compression,
+Tiny models keep these fast; the code under test is train_torch's train_step and torchcomm's setup_compression,
 the same functions the ResNet50 program runs.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
+import torchcomm  # noqa: E402
 import train_torch  # noqa: E402
 import wlcommon  # noqa: E402
 
@@ -47,7 +48,7 @@ def _fp16_rank(rank: int, world: int, init: str, tmp: str) -> None:
     model = tiny().double()
     model.load_state_dict(torch.load(f"{tmp}/init.pt"))
     ddp = _ddp(model, 0.01)
-    comp = train_torch.setup_compression(ddp, "fp16", world, "gloo")
+    comp = torchcomm.setup_compression(ddp, "fp16", world, "gloo")
     data = torch.load(f"{tmp}/data.pt")
     part = wlcommon.batch_slice(0, [4, 4], rank)
     opt = _opt(ddp)
@@ -99,7 +100,7 @@ def _accum_rank(rank: int, world: int, init: str, tmp: str, split: tuple[int, ..
     model = tiny().double()
     model.load_state_dict(torch.load(f"{tmp}/init.pt"))
     ddp = _ddp(model, 0.01)
-    train_torch.setup_compression(ddp, "none", world, "gloo")
+    torchcomm.setup_compression(ddp, "none", world, "gloo")
     data = torch.load(f"{tmp}/data.pt")
     opt = _opt(ddp)
     for step in range(2):
@@ -218,7 +219,7 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
         return fp16_stock(group, bucket)
 
     default_hooks.fp16_compress_hook = fp16_recording
-    comp = train_torch.setup_compression(ddp, "powersgd", world, "gloo", powersgd_rank=1, powersgd_start=2,
+    comp = torchcomm.setup_compression(ddp, "powersgd", world, "gloo", powersgd_rank=1, powersgd_start=2,
                                          max_groups=max_groups, timeout_s=60)
     sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"records": records, "sent": sent, "volume": comp.volume, "fp16_steps": sum(fp16_last),
@@ -278,7 +279,7 @@ def _one_group_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> N
     _init(rank, world, init)
     torch.manual_seed(0)
     ddp = _ddp(tiny(), 1000)
-    comp = train_torch.setup_compression(ddp, "powersgd", world, "nccl", powersgd_rank=1, powersgd_start=3)
+    comp = torchcomm.setup_compression(ddp, "powersgd", world, "nccl", powersgd_rank=1, powersgd_start=3)
     sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"sent": sent, "fp16": comp.before_start, "psgd": comp.volume, "iter": comp.state.iter,
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/one{rank}.pt")
@@ -326,7 +327,7 @@ def _digits_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> None
         torch.manual_seed(0)
         model = tiny()
         ddp = _ddp(model, 1 / 1024)  # several buckets
-        train_torch.setup_compression(ddp, kind, world, "gloo", powersgd_rank=2, powersgd_start=5, timeout_s=60)
+        torchcomm.setup_compression(ddp, kind, world, "gloo", powersgd_rank=2, powersgd_start=5, timeout_s=60)
         opt = _opt(ddp)
         losses, step = [], 0
         while step < steps:
