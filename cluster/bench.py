@@ -3,7 +3,7 @@
 Compute: the job's own training program, one process on one node at a time
 (so nodes never compete, as on a real lab where each PC has its own CPU/GPU),
 a few steps at the job's image size, at its batch and at half of it; images/s =
-batch / median step time after the first steps (warm-up); the two sizes split
+batch / mean step time after the first steps (warm-up); the two sizes split
 a step into a fixed part and a part per sample (`fit`). Network: a real all-reduce across all the
 nodes, of the model's size (bandwidth) and of 4 bytes (latency).
 Results are data for `clusterctl plan`: $CLUSTERCTL_HOME/bench/<inventory>.json.
@@ -36,7 +36,7 @@ MODEL_BYTES = 23_528_522 * 4  # ResNet50 with 10 classes, fp32: what DDP all-red
 
 @dataclass
 class StepRate:
-    """One process alone at one batch size: the median step time after the warm-up steps."""
+    """One process alone at one batch size: the mean step time after the warm-up steps."""
 
     images_per_s: float
     step_s: float
@@ -224,15 +224,19 @@ def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: in
 
 
 def step_rate(metrics_text: str, batch: int) -> StepRate:
-    """images/s from a single-process run's step records, after the warm-up steps."""
+    """images/s from a single-process run's step records, after the warm-up steps: batch / the mean step
+    time, what an epoch of such steps delivers. Not the median: on a node whose CPU time is rationed (a
+    cgroup quota, as in the lab; a busy PC) step times are lopsided, most short and some held back a whole
+    quota period, and the median of a few steps overstated a 1-node run's images/s by 10-34%
+    (docs/performance.md)."""
     recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
     steps = [r for r in recs if r.get("type") == "step"]
     times = [r["data_s"] + r["compute_s"] for r in steps[WARMUP_STEPS:]] or [r["data_s"] + r["compute_s"]
                                                                              for r in steps]
     if not times:
         raise ClusterError("the benchmark run recorded no step", "see the node's log above")
-    med = statistics.median(times)
-    return StepRate(batch / med, med, len(times), batch)
+    mean = statistics.fmean(times)
+    return StepRate(batch / mean, mean, len(times), batch)
 
 
 def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None) -> NodeBench:

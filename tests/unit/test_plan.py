@@ -55,6 +55,11 @@ def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     assert NodeSpeed.from_bench(f).step(16) == pytest.approx(1.0)
     assert f.powersgd_s is None and "powersgd_s" not in f.to_dict()  # TensorFlow: no PowerSGD run
 
+    # a rationed CPU: most steps short, one held back a quota period; an epoch of them takes the mean
+    throttled = [json.dumps({"type": "step", "data_s": 0.01, "compute_s": t}) for t in (2.0, 2.0, 0.24, 0.24, 0.54)]
+    rate = bench.step_rate("\n".join(throttled), batch=32)
+    assert rate.step_s == pytest.approx(0.35) and rate.images_per_s == pytest.approx(32 / 0.35) and rate.steps == 3
+
     psgd = StepRate(batch=16, step_s=1.3, images_per_s=16 / 1.3, steps=3)  # DDP + the hook, one process
     g = bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3), psgd)
     assert g.powersgd_s == pytest.approx(0.3) and bench.NodeBench.from_dict(g.to_dict()) == g
