@@ -236,7 +236,7 @@ class Offer:
     """What one node offered at first contact, compared with known_hosts."""
 
     host: Host
-    status: str  # new | known | changed | unreachable | local
+    status: str  # new | known | changed | revoked | unreachable | local
     key: paramiko.PKey | None = None
     message: str | None = None
 
@@ -262,8 +262,8 @@ def survey(hosts: list[Host], forks: int = 32) -> list[Offer]:
             return Offer(host, "unreachable", message=str(e))
         try:
             return Offer(host, "known" if check_key(host, key) == "known" else "new", key)
-        except HostKeyError as e:
-            return Offer(host, "changed", key, message=str(e))
+        except HostKeyError as e:  # refused either way; the status says which fix applies
+            return Offer(host, "revoked" if e.problem == "hostkey-revoked" else "changed", key, message=str(e))
 
     with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
         return list(pool.map(one, hosts))

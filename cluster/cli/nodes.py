@@ -26,7 +26,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 # --------------------------------------------------------------------------- trust
 
-_KEY_STYLE = {"new": "yellow", "known": "green", "changed": "bold red", "unreachable": "red", "local": "dim"}
+_KEY_STYLE = {"new": "yellow", "known": "green", "changed": "bold red", "revoked": "bold red", "unreachable": "red",
+              "local": "dim"}
 
 
 def _confirmed(args: argparse.Namespace, count: int) -> bool:
@@ -67,7 +68,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
                       f"{', '.join(sorted({str(o.host.known_hosts_path) for o in new}))}")
     if args.json:
         emit_json({"nodes": [{**o.to_dict(), "recorded": o.host.name in recorded} for o in offers]})
-    if any(o.status in ("changed", "unreachable") for o in offers) or (new and not recorded):
+    if any(o.status in ("changed", "revoked", "unreachable") for o in offers) or (new and not recorded):
         return errors.EXIT_UNREACHABLE
     return errors.EXIT_OK
 

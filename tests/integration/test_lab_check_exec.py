@@ -111,6 +111,13 @@ def test_changed_host_key_is_refused_with_its_fingerprint_then_fixed_as_told(lab
     r = clusterctl("trust", lab3.inventory, "--yes")
     assert r.returncode == 3 and "changed" in r.stdout and new_fp in r.stdout
     assert kh.read_text() == before
+    # a key you marked @revoked is refused as revoked, not as changed (the fix differs: a new key on the node)
+    key_type, key_b64 = (Path(node.dir) / "hostkey.pub").read_text().split()[:2]
+    kh.write_text(before + f"@revoked * {key_type} {key_b64}\n")
+    rc, got = clusterctl_json("trust", lab3.inventory, "--yes")
+    assert rc == 3 and {n["host"]: n["status"] for n in got["nodes"]}[node.name] == "revoked"
+    assert "revoked" in next(n["message"] for n in got["nodes"] if n["host"] == node.name)
+    kh.write_text(before)
     # the fix the message gives: remove the old entry, trust again
     assert f"ssh-keygen -R {node.address} -f {kh}" in problem["fix"]
     subprocess.run(["ssh-keygen", "-R", node.address, "-f", str(kh)], check=True, capture_output=True)
