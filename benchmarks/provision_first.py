@@ -5,7 +5,9 @@
 
 Run it under the lab lock (`flock /tmp/team/lab.lock ...`) on a shared machine. Every figure is printed with
 the load average of the machine while it was measured, and each distribution with the machine's CPU use
-(/proc/stat, all cores, sampled every 0.5 s), so a figure limited by this machine's CPU shows it.
+(/proc/stat, all cores, sampled every 0.5 s), so a figure limited by this machine's CPU shows it, and with
+the CPU seconds it cost: divided by the cores, the shortest wall time this machine allows it, whatever the
+design (in a real room each node brings its own CPU; here 8 nodes share the head's).
 
 distribution: for each RATE:MIB of --rates, one lab of max(--sizes) nodes, every link `--bandwidth RATE`
 and the head's side `--uplink RATE` shared by all nodes. For each size N the first N nodes get a stand-in
@@ -65,6 +67,7 @@ class CpuSampler:
     def __init__(self) -> None:
         self.samples: list[float] = []
         self.loads: list[float] = []
+        self.busy_s = 0.0  # CPU seconds, all cores: the work the block cost, whatever the wall time
         self._stop = threading.Event()
 
     @staticmethod
@@ -80,12 +83,13 @@ class CpuSampler:
             cur = self._read()
             busy, total = cur[0] - prev[0], cur[1] - prev[1]
             self.samples.append(busy / total if total else 0.0)
+            self.busy_s += busy / os.sysconf("SC_CLK_TCK")
             self.loads.append(os.getloadavg()[0])
             prev = cur
 
     @contextmanager
     def measure(self) -> Iterator[CpuSampler]:
-        self.samples, self.loads = [], []
+        self.samples, self.loads, self.busy_s = [], [], 0.0
         self._stop.clear()
         th = threading.Thread(target=self._run, daemon=True)
         th.start()
@@ -98,7 +102,7 @@ class CpuSampler:
     def summary(self) -> dict[str, float]:
         s = sorted(self.samples) or [0.0]
         return {"cpu_mean": round(sum(s) / len(s), 3), "cpu_p90": round(s[int(0.9 * (len(s) - 1))], 3),
-                "saturated": round(sum(x > 0.95 for x in s) / len(s), 3),
+                "saturated": round(sum(x > 0.95 for x in s) / len(s), 3), "cpu_s": round(self.busy_s, 1),
                 "load": round(sum(self.loads) / len(self.loads), 1) if self.loads else os.getloadavg()[0]}
 
 
@@ -273,8 +277,9 @@ def print_distribution(rows: list[dict[str, Any]], sets: dict[str, tuple[int, in
         print(f"\nDistribution of a stand-in wheel set ({count} wheels, {total / 2**20:.0f} MiB) over a {rate} "
               f"uplink, {rate} links, {os.cpu_count()} cores shared by head and nodes (and other users)\n")
         print("| nodes | head push | peer relay | push vs 1 node | relay vs 1 node | head sent (relay) "
-              "| CPU busy, push (mean, p90, time at >95%) | CPU busy, relay | load avg (push, relay) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| CPU busy, push (mean, p90, time at >95%) | CPU busy, relay | load avg (push, relay) "
+              "| relay's CPU s (all cores) | its floor on this machine: CPU s / cores, vs 1 node |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         pick = {(r["nodes"], r["mode"]): r for r in rows if r["rate"] == rate}
         base = {m: pick[(sizes[0], m)]["seconds"] for m in ("push", "relay")}
         for n in sizes:
@@ -283,7 +288,8 @@ def print_distribution(rows: list[dict[str, Any]], sets: dict[str, tuple[int, in
                    for x in (p, q)]
             print(f"| {n} | {p['seconds']:.1f} s | {q['seconds']:.1f} s | {p['seconds'] / base['push']:.2f}x | "
                   f"{q['seconds'] / base['relay']:.2f}x | {q['head_bytes'] / 2**20:.0f} MiB | {cpu[0]} | {cpu[1]} | "
-                  f"{p['load']}, {q['load']} |")
+                  f"{p['load']}, {q['load']} | {q.get('cpu_s', float('nan')):.1f} | "
+                  f"{q.get('cpu_s', float('nan')) / (os.cpu_count() or 1) / base['relay']:.2f}x |")
 
 
 def print_first_import(res: dict[str, Any]) -> None:
