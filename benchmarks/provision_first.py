@@ -288,8 +288,8 @@ def print_distribution(rows: list[dict[str, Any]], sets: dict[str, tuple[int, in
                    for x in (p, q)]
             print(f"| {n} | {p['seconds']:.1f} s | {q['seconds']:.1f} s | {p['seconds'] / base['push']:.2f}x | "
                   f"{q['seconds'] / base['relay']:.2f}x | {q['head_bytes'] / 2**20:.0f} MiB | {cpu[0]} | {cpu[1]} | "
-                  f"{p['load']}, {q['load']} | {q.get('cpu_s', float('nan')):.1f} | "
-                  f"{q.get('cpu_s', float('nan')) / (os.cpu_count() or 1) / base['relay']:.2f}x |")
+                  f"{p['load']}, {q['load']} | {q['cpu_s']:.1f} | "
+                  f"{q['cpu_s'] / (os.cpu_count() or 1) / base['relay']:.2f}x |")
 
 
 def print_first_import(res: dict[str, Any]) -> None:
