@@ -6,6 +6,7 @@ Both inventory formats (clusterctl's own schema and Ansible's) end here, so they
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import replace
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import InventoryError
-from cluster.inventory_model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, GpuSpec, Host, Inventory
+from cluster.inventory_model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, NUMBERS, GpuSpec, Host, Inventory
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
 
@@ -88,13 +89,11 @@ class Checker:
 
     def value(self, key: str, value: Any, line: int | None, path: str) -> Any:
         if key == "port":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            if not NUMBERS["port"].accepts(value):
                 raise self.fail(line, path, f"expected a port number 1-65535, got {value!r}", "e.g. port: 22")
             return value
         if key in ("connect_timeout", "command_timeout"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise self.fail(line, path, f"expected a positive number of seconds, got {value!r}",
-                                f"e.g. {key}: 10")
+            self.number(value, key, line, path, 5 if key == "connect_timeout" else 600)
             return float(value)
         if key == "connection":
             if value not in CONNECTIONS:
@@ -110,24 +109,34 @@ class Checker:
                             f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")
         return str(value)
 
+    def number(self, value: Any, field: str, line: int | None, path: str, example: float) -> None:
+        """The inventory's one check of a number (cluster.bounds): its kind, finite, the field's bounds."""
+        rng = NUMBERS[field]
+        problem = rng.problem(value)
+        if problem is not None:
+            given = f"{path}={example}" if path.startswith("--set ") else f"{path.rsplit('.', 1)[-1]}: {example}"
+            raise self.fail(line, path, f"expected {problem}, got {value!r}",
+                            f"e.g. {given} ({field} is {rng}, docs/inventory.md)")
+
     def gpu(self, value: Any, line: int | None, path: str) -> GpuSpec:
         if value in (None, "none", 0, False):
             return GpuSpec(count=0)
         m = self.mapping(value, line, path)
         self.keys(m, GPU_KEYS, path)
         count = m.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise self.fail(_line(m, "count"), f"{path}.count", f"expected a whole number >= 0, got {count!r}",
-                            "e.g. count: 1")
+        self.number(count, "gpu.count", _line(m, "count"), f"{path}.count", 1)
         cc = m.get("compute_capability")
         if cc is not None:
             cc = str(cc)
             try:
-                float(cc)
+                number = float(cc)
             except ValueError:
+                number = math.nan  # refused below, as "nan" or "inf" written out are
+            if not NUMBERS["gpu.compute_capability"].accepts(number):
                 raise self.fail(_line(m, "compute_capability"), f"{path}.compute_capability",
-                                f"expected a number like \"6.1\", got {cc!r}",
-                                "quote it: compute_capability: \"6.1\"") from None
+                                f"expected a number like \"6.1\" (CUDA's major.minor, "
+                                f"{NUMBERS['gpu.compute_capability']}), got {cc!r}",
+                                "e.g. compute_capability: \"6.1\" (quoted, so that 6.10 stays 6.10)")
         model = m.get("model")
         return GpuSpec(count=count, model=None if model is None else str(model), compute_capability=cc)
 

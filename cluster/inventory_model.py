@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cluster.bounds import Range
 from cluster.errors import InventoryError
 
 # Fields a host may carry; defaults and groups may set all of them except `address`.
@@ -30,6 +31,16 @@ HOST_FIELDS = (
 TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
 GPU_KEYS = ("count", "model", "compute_capability")
 CONNECTIONS = ("ssh", "local")
+# The numbers an inventory gives, and what each accepts (docs/inventory.md says the same beside each field).
+# connect_timeout: 10 minutes is already a node no one should wait for; command_timeout: a day, the longest
+# step (an install over a slow link) with room to spare. Both finite: an infinite one removes the bound.
+NUMBERS = {
+    "port": Range(1, 65535, integer=True),
+    "connect_timeout": Range(0, 600, low_open=True),
+    "command_timeout": Range(0, 86400, low_open=True),
+    "gpu.count": Range(0, 64, integer=True),
+    "gpu.compute_capability": Range(1, 100, high_open=True),  # CUDA's major.minor, e.g. 6.1
+}
 
 
 @dataclass(frozen=True)

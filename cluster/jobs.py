@@ -14,6 +14,7 @@ from typing import Any, Iterable, NoReturn
 import yaml
 
 from cluster import paths, yamlfile
+from cluster.bounds import Range
 from cluster.errors import UsageError
 from cluster.inventory import parse_override
 
@@ -63,6 +64,33 @@ COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "accumu
 # run whatever they say (accumulate is not among them: it changes the optimizer's steps)
 WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
 FREE_MAPS = ("env", "shares", "env_from")  # mappings whose keys the user chooses
+# What each number setting accepts (cluster.bounds: of its kind, finite, within bounds; docs/jobs.md gives the
+# same bounds beside each key). Generous, yet a slip (batch: 10^22, lr: 1e3, momentum: .nan) stops here, not
+# as a crash or a silently useless run on the nodes.
+NUMBERS: dict[str, Range] = {
+    "dataset.size": Range(8, 1024, integer=True),  # image side in pixels
+    "epochs": Range(1, 10000, integer=True),
+    "batch": Range(1, 65536, integer=True),  # per worker
+    "optimizer.lr": Range(0, 10, low_open=True),
+    "optimizer.momentum": Range(0, 1, high_open=True),  # 1: the velocity never decays, the steps grow without end
+    "optimizer.weight_decay": Range(0, 1),
+    "optimizer.warmup_epochs": Range(0, 10000),
+    "seed": Range(0, 2**32 - 1, integer=True),  # numpy's global seed (keras.utils.set_random_seed) is 32-bit
+    "threads": Range(0, 1024, integer=True),
+    "loader_workers": Range(-1, 64, integer=True),
+    "max_restarts": Range(0, 100, integer=True),
+    "max_steps": Range(0, 10**9, integer=True),
+    "log_every": Range(1, 10**6, integer=True),
+    "port": Range(0, 65535, integer=True),
+    "procs_per_node": Range(1, 64, integer=True),  # or auto
+    "powersgd_rank": Range(1, 1024, integer=True),
+    "powersgd_start_step": Range(0, 10**9, integer=True),
+    "accumulate": Range(1, 1024, integer=True),
+    "bucket_mb": Range(0, 4096),
+    "tf_bytes_per_pack": Range(0, 2**30, integer=True),
+    "collective_timeout_s": Range(0, 86400),  # 0: the framework's default; else >= 10 (checked apart)
+    "shares": Range(1, 65536, integer=True),  # a node's batch, as `batch`
+}
 
 
 class JobError(UsageError):
@@ -237,13 +265,16 @@ class _Checks:
         raise JobError("command line (--set)" if line == -1 else self.file, None if line == -1 else line,
                        field, message, fix)
 
-    def number(self, field: str, value: Any, minimum: float, integer: bool, strict: bool = False) -> None:
-        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if not ok or isinstance(value, bool) or value < minimum or (strict and value <= minimum):
-            kind = "a whole number" if integer else "a number"
-            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            self.fail(field, f"expected {kind} {bound}, got {value!r}", f"e.g. --set {field}="
-                      + (str(max(int(minimum), 2)) if integer else "0.01"))
+    def number(self, field: str, value: Any) -> None:
+        """The one check of a number setting (cluster.bounds, NUMBERS): its kind, finite, its bounds."""
+        rng = NUMBERS[field]
+        problem = rng.problem(value)
+        if problem is not None:
+            default: Any = DEFAULTS
+            for part in field.split("."):
+                default = default[part]
+            self.fail(field, f"expected {problem}, got {value!r}",
+                      f"e.g. --set {field}={default} (the default; {field} is {rng}, docs/jobs.md)")
 
     def program(self, s: dict[str, Any]) -> None:
         """Name, framework and the program that trains."""
@@ -276,23 +307,19 @@ class _Checks:
             self.fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
         if s["model"] != "resnet50" and s["framework"] != "pytorch":
             self.fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")
-        self.number("dataset.size", ds["size"], 8, True)
+        self.number("dataset.size", ds["size"])
 
     def training(self, s: dict[str, Any]) -> None:
         """Epochs, batch, optimizer and the run's counters."""
-        self.number("epochs", s["epochs"], 1, True)
-        self.number("batch", s["batch"], 1, True)
+        self.number("epochs", s["epochs"])
+        self.number("batch", s["batch"])
         o = s["optimizer"]
-        self.number("optimizer.lr", o["lr"], 0, False, strict=True)
-        self.number("optimizer.momentum", o["momentum"], 0, False)
-        self.number("optimizer.weight_decay", o["weight_decay"], 0, False)
-        self.number("optimizer.warmup_epochs", o["warmup_epochs"], 0, False)
+        for key in ("lr", "momentum", "weight_decay", "warmup_epochs"):
+            self.number(f"optimizer.{key}", o[key])
         if o["schedule"] not in ("cosine", "constant"):
             self.fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
-        for field in ("seed", "threads", "max_restarts", "max_steps", "port"):
-            self.number(field, s[field], 0, True)
-        self.number("log_every", s["log_every"], 1, True)
-        self.number("loader_workers", s["loader_workers"], -1, True)
+        for field in ("seed", "threads", "max_restarts", "max_steps", "port", "log_every", "loader_workers"):
+            self.number(field, s[field])
 
     def communication(self, s: dict[str, Any]) -> None:
         """The communication settings (docs/jobs.md "Communication")."""
@@ -302,29 +329,27 @@ class _Checks:
         if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
             self.fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
                       "use grad_compression: fp16 with tensorflow, or framework: pytorch")
-        self.number("powersgd_rank", s["powersgd_rank"], 1, True)
-        self.number("powersgd_start_step", s["powersgd_start_step"], 0, True)
+        self.number("powersgd_rank", s["powersgd_rank"])
+        self.number("powersgd_start_step", s["powersgd_start_step"])
         if s["powersgd_start_step"] == 1:
             self.fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
                       "powersgd_start_step: 0 (clusterctl's default, docs/jobs.md) or >= 2")
-        self.number("accumulate", s["accumulate"], 1, True)
-        self.number("bucket_mb", s["bucket_mb"], 0, False)
+        self.number("accumulate", s["accumulate"])
+        self.number("bucket_mb", s["bucket_mb"])
         if s["tf_implementation"] not in ("auto", "ring", "nccl"):
             self.fail("tf_implementation", f"expected auto, ring or nccl, got {s['tf_implementation']!r}",
                       "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
-        self.number("tf_bytes_per_pack", s["tf_bytes_per_pack"], 0, True)
-        self.number("collective_timeout_s", s["collective_timeout_s"], 0, False)
+        self.number("tf_bytes_per_pack", s["tf_bytes_per_pack"])
+        self.number("collective_timeout_s", s["collective_timeout_s"])
         if 0 < s["collective_timeout_s"] < 10:
             self.fail("collective_timeout_s", f"{s['collective_timeout_s']} s is shorter than a slow step's all-reduce",
                       "collective_timeout_s: 120 (longer than the slowest all-reduce bench measured; 0: framework default)")
 
     def placement(self, s: dict[str, Any]) -> None:
         """Port, processes per node, mixed precision, the nodes and their batch shares."""
-        if s["port"] > 65535:
-            self.fail("port", f"expected a TCP port, got {s['port']}", "port: 0 picks a free port on the first node")
         ppn = s["procs_per_node"]
-        if ppn != "auto" and (not isinstance(ppn, int) or isinstance(ppn, bool) or ppn < 1):
-            self.fail("procs_per_node", f"expected auto or a whole number >= 1, got {ppn!r}",
+        if ppn != "auto" and not NUMBERS["procs_per_node"].accepts(ppn):
+            self.fail("procs_per_node", f"expected auto or {NUMBERS['procs_per_node']}, got {ppn!r}",
                       "auto: one process per GPU, one on a CPU-only node")
         if s["amp"] not in ("auto", "on", "off"):
             self.fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
@@ -336,9 +361,9 @@ class _Checks:
         if not isinstance(s["shares"], dict):
             self.fail("shares", f"expected a mapping NODE: batch, got {s['shares']!r}", "shares: {pc1: 48, pc2: 16}")
         for k, v in s["shares"].items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1 or "," in str(k) or "=" in str(k):
-                self.fail(f"shares.{k}", f"expected a whole number >= 1 for a node name without ',' or '=', got {v!r}",
-                          "shares: {pc1: 48, pc2: 16} (`clusterctl plan` computes them)")
+            if not NUMBERS["shares"].accepts(v) or "," in str(k) or "=" in str(k):
+                self.fail(f"shares.{k}", f"expected {NUMBERS['shares']} for a node name without ',' or '=', "
+                          f"got {v!r}", "shares: {pc1: 48, pc2: 16} (`clusterctl plan` computes them)")
 
     def environment(self, s: dict[str, Any]) -> None:
         """env (plain values) and env_from (secrets read on the head at launch)."""

@@ -1,12 +1,16 @@
 """Argument declarations several commands share, and argparse types for numbers.
 
-Imports nothing but argparse: every command module declares its arguments with these, and a
-`clusterctl CMD --help` should not pay for rich or the library.
+Imports nothing but argparse and cluster.bounds (standard library only, the check every number a user
+gives passes): every command module declares its arguments with these, and a `clusterctl CMD --help`
+should not pay for rich or the library.
 """
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable, TypeVar
+
+from cluster.bounds import Range
 
 N = TypeVar("N", int, float)
 
@@ -15,19 +19,19 @@ DEFAULT_INVENTORY_HELP = "inventory YAML (default: the current context)"
 
 def _number(kind: Callable[[str], N], minimum: float, strict: bool,
             maximum: float | None = None) -> Callable[[str], N]:
-    """An argparse type: a number of `kind` >= minimum (> with `strict`), and <= maximum when given;
-    anything else is exit 2, said so."""
+    """An argparse type: a number of `kind` >= minimum (> with `strict`), and <= maximum when given, finite
+    either way (cluster.bounds: `nan` and `inf` parse as floats); anything else is exit 2, said so."""
+    rng = Range(minimum, math.inf if maximum is None else maximum, integer=kind is int, low_open=strict)
+
     def parse(text: str) -> N:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}") \
-                from None
-        if value != value or value in (float("inf"), float("-inf")) or value < minimum \
-                or (strict and value == minimum) or (maximum is not None and value > maximum):
-            bound = f" and <= {maximum:g}" if maximum is not None else ""
-            raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {minimum:g}{bound}, "
-                                             f"got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {rng.kind}, got {text!r}") from None
+        problem = rng.problem(value)
+        if problem is not None:  # the whole range said (argparse shows no fix line), "finite" where it was not
+            finite = not isinstance(value, float) or math.isfinite(value)
+            raise argparse.ArgumentTypeError(f"expected {rng if finite else problem}, got {text!r}")
         return value
     parse.__name__ = getattr(kind, "__name__", "number")  # argparse names the type in its messages
     return parse

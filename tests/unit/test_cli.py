@@ -175,8 +175,21 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     r = run("nosuchcommand")
     assert r.returncode == 2 and "invalid choice" in r.stderr
     r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--set", "epochs=zero", "--dry-run")
-    assert r.returncode == 2 and "epochs: expected a whole number >= 1, got 'zero'" in r.stderr
+    assert r.returncode == 2 and "epochs: expected a whole number >= 1 and <= 10000, got 'zero'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_nan_and_infinity_are_usage_errors_on_the_command_line(tmp_path: Path) -> None:
+    """`launch --dry-run` accepted optimizer.lr=.nan and batch=10^22; an argument type takes no `nan` either."""
+    inv = str(mixed_inventory(tmp_path))
+    for setting, message in (("optimizer.lr=.nan", "optimizer.lr: expected a finite number > 0 and <= 10, got nan"),
+                             ("batch=10000000000000000000000", "batch: expected a whole number <= 65536")):
+        r = run("launch", "resnet50-ddp", "-i", inv, "--set", setting, "--dry-run")
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run("exec", inv, "--timeout", "nan", "--", "true")
+    assert r.returncode == 2 and "argument --timeout: expected a finite number > 0, got 'nan'" in r.stderr, r.stderr
+    r = run("report", "--target-acc", "inf")
+    assert r.returncode == 2 and "expected a finite number > 0 and <= 1, got 'inf'" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("argv", [["exec", "--timeout", "-1", "--", "true"], ["check", "--forks", "0"],

@@ -310,3 +310,44 @@ def test_builtin_reader_refuses_what_it_cannot_read_exactly(tmp_path: Path) -> N
     (tmp_path / "host_vars").mkdir()
     with pytest.raises(InventoryError, match="host_vars/ beside the inventory"):
         inventory.load(write(tmp_path, "all:\n  hosts:\n    pc1:\n"), reader="builtin")
+
+
+@pytest.mark.parametrize("text, field, message", [
+    ("connect_timeout: .nan", "connect_timeout", "expected a finite number > 0 and <= 600, got nan"),
+    ("connect_timeout: .inf", "connect_timeout", "expected a finite number > 0 and <= 600, got inf"),
+    ("connect_timeout: 601", "connect_timeout", "expected a number <= 600, got 601"),
+    ("command_timeout: .inf", "command_timeout", "expected a finite number > 0 and <= 86400, got inf"),
+    ("command_timeout: -.inf", "command_timeout", "expected a finite number > 0 and <= 86400, got -inf"),
+    ("command_timeout: 86401", "command_timeout", "expected a number <= 86400, got 86401"),
+    ("port: .nan", "port", "expected a port number 1-65535, got nan"),
+    ("gpu: {count: .nan}", "gpu.count", "expected a whole number >= 0 and <= 64, got nan"),
+    ("gpu: {count: 65}", "gpu.count", "expected a whole number <= 64, got 65"),
+    ("gpu: {compute_capability: nan}", "gpu.compute_capability", "expected a number like \"6.1\""),
+    ("gpu: {compute_capability: \"inf\"}", "gpu.compute_capability", "expected a number like \"6.1\""),
+])
+def test_numbers_must_be_finite_and_within_their_bounds(tmp_path: Path, text: str, field: str, message: str) -> None:
+    """NaN passed `value <= 0` (then a traceback, exit 70, where a socket got it); infinity removed the bound."""
+    e = _error(tmp_path, f"defaults:\n  {text}\nhosts:\n  a: {{address: x}}\n", check_files=False)
+    assert (e.line, e.field, e.exit_code) == (2, f"defaults.{field}", 2)
+    assert message in str(e) and e.fix and "e.g." in e.fix
+
+
+def test_numbers_set_on_the_command_line_pass_the_same_check(tmp_path: Path) -> None:
+    for value in (".nan", ".inf", "0", "1e9"):
+        with pytest.raises(InventoryError) as exc:
+            inventory.load(write(tmp_path, GOOD), overrides=[f"command_timeout={value}"], check_files=False)
+        assert exc.value.field == "--set command_timeout" and "--set command_timeout=600" in (exc.value.fix or "")
+    inv = inventory.load(write(tmp_path, GOOD), overrides=["connect_timeout=600", "command_timeout=86400"],
+                         check_files=False)
+    assert {(h.connect_timeout, h.command_timeout) for h in inv.hosts.values()} == {(600.0, 86400.0)}
+
+
+def test_a_nan_timeout_is_exit_2_not_an_internal_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    p = write(tmp_path, "defaults:\n  connect_timeout: .nan\nhosts:\n  pc1: {address: 127.0.0.1}\n")
+    r = subprocess.run([sys.executable, "-m", "cluster", "check", str(p)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert f"{p}:2: defaults.connect_timeout" in r.stderr

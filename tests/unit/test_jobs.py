@@ -26,7 +26,7 @@ def test_overrides_reach_nested_settings_and_env() -> None:
 
 
 @pytest.mark.parametrize("text, where, message", [
-    ("epochs: two\n", ":4: epochs", "expected a whole number >= 1, got 'two'"),
+    ("epochs: two\n", ":4: epochs", "expected a whole number >= 1 and <= 10000, got 'two'"),
     ("optimizer: {lr: 0}\n", ":4: optimizer.lr", "expected a number > 0"),
     ("batchsize: 32\n", ":4: batchsize", "unknown setting"),
     ("dataset: {name: imagenet}\n", ":4: dataset.name", "expected one of digits, cifar10"),
@@ -54,3 +54,45 @@ def test_unknown_job_lists_the_known_ones() -> None:
     with pytest.raises(JobError, match="cannot read the job spec") as e:
         jobs.load("resnet51")
     assert "resnet50-ddp" in (e.value.fix or "")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.lr=.nan", "optimizer.lr: expected a finite number > 0 and <= 10, got nan"),
+    ("optimizer.lr=.inf", "optimizer.lr: expected a finite number > 0 and <= 10, got inf"),
+    ("optimizer.lr=11", "optimizer.lr: expected a number <= 10, got 11"),
+    ("optimizer.momentum=.nan", "optimizer.momentum: expected a finite number >= 0 and < 1, got nan"),
+    ("optimizer.momentum=1", "optimizer.momentum: expected a number < 1, got 1"),
+    ("optimizer.weight_decay=-.inf", "optimizer.weight_decay: expected a finite number >= 0 and <= 1, got -inf"),
+    ("optimizer.warmup_epochs=.nan", "optimizer.warmup_epochs: expected a finite number"),
+    ("collective_timeout_s=.nan", "collective_timeout_s: expected a finite number >= 0 and <= 86400, got nan"),
+    ("collective_timeout_s=.inf", "collective_timeout_s: expected a finite number >= 0 and <= 86400, got inf"),
+    ("bucket_mb=.nan", "bucket_mb: expected a finite number >= 0 and <= 4096, got nan"),
+    ("batch=10000000000000000000000", "batch: expected a whole number <= 65536, got 10000000000000000000000"),
+    ("batch=.nan", "batch: expected a whole number >= 1 and <= 65536, got nan"),
+    ("epochs=.inf", "epochs: expected a whole number >= 1 and <= 10000, got inf"),
+    ("seed=4294967296", "seed: expected a whole number <= 4294967295, got 4294967296"),
+    ("port=70000", "port: expected a whole number <= 65535, got 70000"),
+    ("accumulate=1025", "accumulate: expected a whole number <= 1024, got 1025"),
+    ("procs_per_node=.nan", "procs_per_node: expected auto or a whole number >= 1 and <= 64, got nan"),
+    ("shares={pc1: .nan}", "shares.pc1: expected a whole number >= 1 and <= 65536"),
+])
+def test_numbers_must_be_finite_and_within_their_bounds(override: str, message: str) -> None:
+    """NaN compared false with every bound and passed `launch --dry-run`; infinity or 10^22 reached the nodes."""
+    with pytest.raises(JobError) as e:
+        jobs.load("resnet50-ddp", [override])
+    assert message in e.value.message and e.value.exit_code == 2 and e.value.fix
+    if e.value.field in jobs.NUMBERS and e.value.field != "procs_per_node":  # the fix: a valid value, the range
+        assert f"{e.value.field} is {jobs.NUMBERS[e.value.field]}" in e.value.fix
+
+
+def test_a_nan_in_a_spec_file_names_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("name: j\nframework: pytorch\noptimizer:\n  lr: .nan\n")
+    with pytest.raises(JobError, match=r":4: optimizer.lr: expected a finite number"):
+        jobs.load(str(f))
+
+
+def test_the_bounds_keep_the_values_people_use() -> None:
+    spec = jobs.load("resnet50-ddp", ["optimizer.lr=10", "optimizer.momentum=0.99", "batch=65536", "bucket_mb=1000",
+                                      "collective_timeout_s=86400", "seed=4294967295", "tf_bytes_per_pack=4194304"])
+    assert spec["optimizer"]["lr"] == 10 and spec["batch"] == 65536 and spec["bucket_mb"] == 1000

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cluster import cli, errors, inventory, jobs, launch, render, runs
+from cluster import cli, errors, inventory, inventory_model, jobs, launch, render, runs
 
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -104,7 +104,7 @@ def assert_clean(rc: int, stderr: str, allowed: tuple[int, ...]) -> None:
 def load_job(path: Path, overrides: list[str]) -> jobs.JobSpec | errors.ClusterError:
     """The job loader's answer: a spec, or a usage error that names the file or the command line, and a field."""
     try:
-        return jobs.load(str(path), overrides)
+        spec = jobs.load(str(path), overrides)
     except errors.ClusterError as e:
         assert e.exit_code == errors.EXIT_USAGE
         assert str(path) in e.message or "command line" in e.message, e.message
@@ -112,6 +112,13 @@ def load_job(path: Path, overrides: list[str]) -> jobs.JobSpec | errors.ClusterE
         if isinstance(e, jobs.JobError):
             assert e.field and e.field in e.message
         return e
+    for field, rng in jobs.NUMBERS.items():  # a spec that loads holds no NaN, infinity or out-of-bounds number
+        value: Any = spec.settings
+        for part in field.split("."):
+            value = value[part]
+        for v in value.values() if field == "shares" else [] if value == "auto" else [value]:
+            assert rng.accepts(v), (field, v)
+    return spec
 
 
 # --------------------------------------------------------------------------- job specs and --set
@@ -128,6 +135,9 @@ def load_job(path: Path, overrides: list[str]) -> jobs.JobSpec | errors.ClusterE
 @example(text=yaml.safe_dump(BASE_SPEC), overrides=["name={}", "name="])
 @example(text=yaml.safe_dump(BASE_SPEC), overrides=["epochs"])
 @example(text=yaml.safe_dump(BASE_SPEC), overrides=["shares={pc1: 8}"])
+@example(text=yaml.safe_dump(BASE_SPEC), overrides=["optimizer.lr=.nan", "collective_timeout_s=.nan"])
+@example(text=yaml.safe_dump(BASE_SPEC), overrides=["bucket_mb=.inf", "optimizer.momentum=.nan"])
+@example(text=yaml.safe_dump(BASE_SPEC), overrides=["batch=10000000000000000000000"])
 @example(text="name: x\nframework: pytorch\n? [a]\n: 1\n", overrides=[])
 def test_job_loader_and_render_never_raise_anything_else(tmp_path_factory: pytest.TempPathFactory,
                                                          gone_inventory: Path, text: str,
@@ -233,6 +243,9 @@ def check_inventory(path: Path, overrides: list[str] = ()) -> None:
         assert str(path) in e.message or "command line" in e.message or "environment" in e.message, e.message
         return
     assert inv.hosts and inv.rank0 in inv.hosts
+    for h in inv.hosts.values():  # an inventory that loads holds no NaN, infinity or out-of-bounds number
+        for field in ("port", "connect_timeout", "command_timeout"):
+            assert inventory_model.NUMBERS[field].accepts(getattr(h, field)), (h.name, field)
 
 
 @FAST
@@ -267,6 +280,21 @@ def test_inventory_set_values_exit_2_or_an_inventory(tmp_path_factory: pytest.Te
                                                      gone_inventory: Path, overrides: list[str]) -> None:
     """`--set` host fields on the command line."""
     check_inventory(gone_inventory, overrides)
+
+
+@pytest.mark.parametrize("field, value", [("connect_timeout", ".nan"), ("connect_timeout", ".inf"),
+                                          ("command_timeout", ".inf"), ("command_timeout", "1.0e+30")])
+def test_inventory_numbers_nan_or_infinite_are_exit_2(tmp_path: Path, field: str, value: str) -> None:
+    """A NaN connect_timeout reached a socket (exit 70, a traceback); an infinite command_timeout removed the bound."""
+    p = tmp_path / "inv.yaml"
+    p.write_text(f"defaults: {{{field}: {value}}}\nhosts:\n  pc1: {{address: 127.0.0.1, port: {closed_port()}}}\n")
+    check_inventory(p)
+    rc, _, stderr = main("exec", str(p), "--", "true")
+    assert_clean(rc, stderr, (errors.EXIT_USAGE,))
+    p.write_text(f"hosts:\n  pc1: {{address: 127.0.0.1, port: {closed_port()}}}\n")
+    rc, _, stderr = main("exec", str(p), "--set", f"{field}={value}", "--", "true")
+    assert_clean(rc, stderr, (errors.EXIT_USAGE,))
+    assert f"--set {field}: expected a finite number" in stderr or "expected a number <=" in stderr, stderr
 
 
 @pytest.mark.parametrize("value", ["{count: 1}", "{count: x}", "{bad: 1}", "[1]", "none"])
