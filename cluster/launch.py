@@ -14,7 +14,7 @@ import shlex
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from cluster import __version__, datasets, errors, render, runs, verify
 from cluster.errors import ClusterError, UsageError
@@ -24,7 +24,8 @@ from cluster.jobs import JobError, JobSpec
 from cluster.render import LaunchRequest
 from cluster.replies import agent_reply, error_tail
 from cluster.runstate import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
-                              NodeStatus, follow, judge, logs, poll, refresh, settle, stop, stop_nodes)
+                              NodeStatus, _stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
+                              stop_nodes)
 from cluster.transport import Transport
 
 __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "PROGRAM_FILES", "SILENT_STATES",
@@ -34,6 +35,7 @@ __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "
            "stop_nodes"]
 
 PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py")
+START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
 DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
 Log = Callable[[str], None]
 
@@ -172,6 +174,7 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
             log: Log = lambda s: None) -> LaunchRequest:
     """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
     and every node's rendered files. Nothing is changed on the nodes or the head."""
+    secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     hosts = select_hosts(inv, spec, limit)
     log(f"checking {len(hosts)} nodes are provisioned and identical")
     with Group(hosts, forks=forks) as group:
@@ -198,28 +201,45 @@ def execute(request: LaunchRequest, log: Log = lambda s: None, prediction: dict[
             watch: bool = True, forks: int = 32) -> runs.RunRecord:
     """Start the request on its nodes; returns the run record (saved, `running`).
     `prediction`: the `clusterctl plan` candidate this run applies, kept in the record for the report.
-    `watch`: start the head-side watcher that judges the run when no clusterctl command is running."""
+    `watch`: start the head-side watcher that judges the run when no clusterctl command is running.
+
+    Until the record says `running`, the start can be called off: by `clusterctl stop` (seen between
+    steps), by Ctrl-C or by a failed step. Either way what was started is stopped and the record says
+    which nodes confirmed it (StartAborted)."""
     secret = secret_values(request.job)  # read at the start, never kept in the request or the record
     hosts = [t.host for t in request.targets]
     with Group(hosts, forks=forks) as group:
-        record = _reserve(request, prediction)
+        record = _reserve(request, prediction, watch)
         try:
-            return _start(group, record, request, secret, log, watch)
-        except BaseException as e:
-            if runs.load(record.run_id).state == "starting":
-                _fail_start(record, f"launch interrupted: {e}" if str(e) else f"launch interrupted ({type(e).__name__})")
+            record = _start(group, record, request, secret, log)
+        except StartAborted:
             raise
+        except BaseException as e:
+            now = runs.load(record.run_id)
+            if now.state == "starting":
+                what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+                _abort_start(record, f"launch {what}: {e}" if str(e) else f"launch {what} ({type(e).__name__})",
+                             cause=what)
+            if now.state == "running" and watch:  # Ctrl-C just after the start: the run goes on, watched
+                from cluster import watch as watch_mod
+
+                watch_mod.spawn(record.run_id)
+            raise
+    if watch:
+        from cluster import watch as watch_mod  # started as its own process; imported only when wanted
+
+        watch_mod.spawn(record.run_id)
+    return record
 
 
 def launch(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32, log: Log = lambda s: None,
            prediction: dict[str, Any] | None = None, watch: bool = True) -> tuple[runs.RunRecord, LaunchRequest]:
     """prepare + execute in one call (the job's secrets are read first, before any node is contacted)."""
-    secret_values(spec)
     request = prepare(inv, spec, limit, forks, log)
     return execute(request, log, prediction, watch, forks), request
 
 
-def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None) -> runs.RunRecord:
+def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None, watch: bool) -> runs.RunRecord:
     """The busy check and the new record in one step under the launch lock: two launches on the same
     nodes cannot both pass. The record says which process is starting it (see runstate.refresh)."""
     with runs.launch_lock():
@@ -227,41 +247,51 @@ def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None) -> runs.
         record = _record(request, "starting")
         record.endpoint = None if request.port_picked_at_start else request.endpoint  # known once picked
         record.prediction = prediction
-        record.extra["launcher"] = {"pid": os.getpid(), "started": time.time()}
+        record.extra["launcher"] = {"pid": os.getpid(), "started": time.time(), "watch": watch}
         record.secrets = sorted(request.job["env_from"])
         runs.save(record)
     return record
 
 
-def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str], log: Log,
-           watch: bool) -> runs.RunRecord:
+def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str],
+           log: Log) -> runs.RunRecord:
     _stage(group, record, request, log)
+    _unless_stopped(record)
     if request.port_picked_at_start:  # the only thing that differs from what --dry-run printed
         request = _with_ports(request, _ports(group, request, record))
         record = runs.update(record.run_id, lambda r: setattr(r, "endpoint", request.endpoint))
     _keep_rendered(request)
     _upload(group, record, request, secret)
+    _unless_stopped(record)
     log(f"starting {len(request.nodes)} nodes")
     by_node = {n.node: n for n in request.nodes}
     hosts = [t.host for t in request.targets]
-    started = group.run(lambda h: by_node[h.name].start_command, timeout=60, hosts=hosts)
-    pids = {n: agent_reply(r.stdout) for n, r in started.items() if r.ok}
+    started = group.run(lambda h: by_node[h.name].start_command, timeout=START_TIMEOUT_S, hosts=hosts)
+    _unless_stopped(record)  # a stop that came meanwhile wins (the nodes it reached first refused to start)
     if not started.ok:
-        stop_nodes(record)
-        _fail_start(record, *_first_error(started, "start"))
+        lost = sorted(n for n, r in started.items() if not r.ok and r.status == "unreachable"
+                      or r.problem == "command-timeout")
+        _abort_start(record, *_first_error(started, "start"), lost=lost)
+    pids = {n: agent_reply(r.stdout) for n, r in started.items()}
 
     def running(r: runs.RunRecord) -> None:
+        if r.stopped_by_user or not r.move("running"):
+            return
         for n in r.nodes:
             n.pids = pids.get(n.node)
-        r.state, r.started = "running", time.time()
+        r.started = time.time()
         r.extra.pop("launcher", None)
 
     record = runs.update(record.run_id, running)
-    if watch:
-        from cluster import watch as watch_mod  # started as its own process; imported only when wanted
-
-        watch_mod.spawn(record.run_id)
+    if record.state != "running":  # the stop came between the last look and this update
+        _abort_start(record, "stopped by `clusterctl stop` while it was starting", cause="stopped")
     return record
+
+
+def _unless_stopped(record: runs.RunRecord) -> None:
+    """Between two steps of the start: if `clusterctl stop` came meanwhile, call the start off."""
+    if runs.load(record.run_id).stopped_by_user:
+        _abort_start(record, "stopped by `clusterctl stop` while it was starting", cause="stopped")
 
 
 def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
@@ -327,20 +357,57 @@ def _first_error(results: GroupResult, what: str) -> tuple[str, str]:
     return f"{what} failed on {', '.join(bad)}: {detail}", n
 
 
-def _fail_start(record: runs.RunRecord, reason: str, node: str | None = None) -> None:
-    """The run could not start: recorded failed (nothing was started, or what was is stopped)."""
-    node = node or record.nodes[0].node
+class StartAborted(ClusterError):
+    """The start was called off (a failed step, `clusterctl stop`, Ctrl-C); what it started is stopped."""
 
-    def failed(r: runs.RunRecord) -> None:
-        r.state, r.ended = "failed", time.time()
-        r.failure = r.failure or runs.Failure(node, reason)
+
+def _fail_start(record: runs.RunRecord, reason: str, node: str | None = None) -> NoReturn:
+    _abort_start(record, reason, node)
+
+
+def _abort_start(record: runs.RunRecord, reason: str, node: str | None = None, *, cause: str = "failed",
+                 lost: list[str] | None = None) -> NoReturn:
+    """Call the start off: every node pending until its agent confirms that nothing of the run runs there
+    (a node reached first keeps a stop request, so a start still in flight to it is refused), the record
+    `failed` (a step failed) or `stopped` (cause `stopped` or `interrupted`: the user's wish). Nodes not
+    confirmed stay in `stop_pending`: the watcher, `status` and the next launch retry them.
+    `lost`: nodes whose start reply never came (they may be running)."""
+    user = cause != "failed"
+    watch = (runs.load(record.run_id).extra.get("launcher") or {}).get("watch", True)
+
+    def begin(r: runs.RunRecord) -> None:
         r.extra.pop("launcher", None)
+        if user:
+            if r.move("stopping"):
+                r.stopped_by_user = True
+        elif r.move("failed"):
+            r.failure = r.failure or runs.Failure(node or r.nodes[0].node, reason)
+        r.stop_pending = sorted(set(r.stop_pending) | set(r.node_dirs()))
 
-    runs.update(record.run_id, failed)
-    raise ClusterError(f"run {record.run_id}: {reason}",
-                       f"nothing of it is left running; see `clusterctl status {record.run_id}`")
+    record = runs.update(record.run_id, begin)
+    try:
+        record = _stop_and_record(record, list(record.node_dirs()))
+    finally:
+        if watch and runs.load(record.run_id).stop_pending:
+            from cluster import watch as watch_mod
 
-
+            watch_mod.spawn(record.run_id)  # retries the stop as the nodes come back (bounded)
+    pending = record.stop_pending
+    confirmed = [n for n in record.node_dirs() if n not in pending]
+    said = {"stopped": "stopped while it was starting", "interrupted": "interrupted while it was starting"}
+    head = f"run {record.run_id}: {said.get(cause, reason)}" + (f" ({reason})" if cause == "failed" else "")
+    parts = []
+    if lost:
+        parts.append(f"no start reply from {', '.join(lost)}")
+    if confirmed:
+        parts.append(f"nothing of it runs on {', '.join(confirmed)}")
+    if pending:
+        parts.append(f"NOT confirmed stopped on {', '.join(pending)} (unreachable): it may still run there")
+    fix = (f"bring {', '.join(pending)} back and run `clusterctl stop {record.run_id}` (its watcher retries "
+           "meanwhile)" if pending else f"see `clusterctl status {record.run_id}`")
+    code = (errors.EXIT_UNREACHABLE if pending or lost else
+            errors.EXIT_INTERRUPTED if cause == "interrupted" else errors.EXIT_FAILED)
+    raise StartAborted(head + ": " + "; ".join(parts), fix, exit_code=code)
 
 
 def _ports(group: Group, request: LaunchRequest, record: runs.RunRecord) -> dict[str, int]:

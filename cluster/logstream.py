@@ -4,22 +4,28 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from cluster import launch, runs
+from cluster import launch, runs, runstate
 
 
 def follow(record: runs.RunRecord, node: str | None = None, interval: float = 1.0,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[tuple[str, str]]:
+           sleep: Callable[[float], None] = time.sleep,
+           unreachable: set[str] | None = None) -> Iterator[tuple[str, str]]:
     """(node, line) for every line each node's log gains, from its start; ends once a read made after the
     run stopped being active is through, so the last lines a node wrote are never lost.
 
-    The record is refreshed (asked of the nodes and judged, as `clusterctl status` does) between reads."""
+    The record is refreshed (asked of the nodes and judged, as `clusterctl status` does) between reads.
+    `unreachable` is kept equal to the nodes the last read could not reach."""
     offsets: dict[str, int] = {}
     while True:
-        for name, (text, size) in launch.logs(record, node, offsets=offsets).items():
+        got = launch.logs(record, node, offsets=offsets)
+        if unreachable is not None:
+            unreachable.clear()
+            unreachable.update(getattr(got, "unreachable", ()))
+        for name, (text, size) in got.items():
             offsets[name] = size
             for line in text.splitlines():
                 yield name, line
-        if not record.active:
+        if runstate.stop_answered(record):  # ended, or the user's stop answered (a node may stay pending)
             return
         record = launch.refresh(record)
         sleep(interval)

@@ -32,7 +32,14 @@ from cluster.inventory import GpuSpec, Host
 
 ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The only moves a run's state makes (RunRecord.move is the one place that changes it): a final state is
+# never left, and a stop the user asked for (`stopping`) only ends `stopped`, whatever a later step finds.
+MOVES: dict[str, tuple[str, ...]] = {
+    "starting": ("running", "stopping", "failed", "stopped"),
+    "running": ("stopping", "succeeded", "failed", "stopped"),
+    "stopping": ("stopped",),
+}
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # What a run folder on the head holds besides one folder per node (node names must differ from these).
 RUN_FOLDER_ENTRIES = frozenset({"run.json", "rendered", "watch.log", "report.html", "report.md"})
 LOCK_WAIT_S = 30.0  # the longest a writer waits for another (holders keep locks for milliseconds)
@@ -85,6 +92,7 @@ class RunRecord:
     last_seen: dict[str, float] = field(default_factory=dict)  # node -> last time its agent answered
     stop_pending: list[str] = field(default_factory=list)  # nodes whose processes could not be confirmed gone
     stop_results: dict[str, Any] | None = None
+    stop_tried: float | None = None  # when a stop was last sent (retries of stop_pending are spaced by it)
     stopped_by_user: bool = False
     prediction: dict[str, Any] | None = None
     collected: dict[str, Any] | None = None
@@ -95,6 +103,18 @@ class RunRecord:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    def move(self, to: str) -> bool:
+        """Change the state if MOVES allows it (True also when already there); the end time comes with a
+        final state. Every writer goes through here, so a late step never overwrites a stop or a verdict."""
+        if to == self.state:
+            return True
+        if to not in MOVES.get(self.state, ()):
+            return False
+        self.state = to
+        if to in FINAL and self.ended is None:
+            self.ended = time.time()
+        return True
 
     def node_dirs(self) -> dict[str, str]:
         return {n.node: n.run_dir for n in self.nodes}
@@ -146,7 +166,7 @@ def _check_types(r: RunRecord) -> None:
     for name in ("job", "framework", "state"):
         if not isinstance(getattr(r, name), str):
             bad(name)
-    if not number(r.created) or not all(x is None or number(x) for x in (r.started, r.ended)):
+    if not number(r.created) or not all(x is None or number(x) for x in (r.started, r.ended, r.stop_tried)):
         bad("created/started/ended")
     if not isinstance(r.inventory, dict) or not isinstance(r.inventory.get("hosts"), list) \
             or not all(isinstance(h, dict) and isinstance(h.get("name"), str) for h in r.inventory["hosts"]):

@@ -30,6 +30,7 @@ from cluster.replies import agent_reply, error_tail
 # under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).
 UNREACHABLE_GRACE_S = 30.0
 POLL_TIMEOUT_S = 20.0  # one agent `status` call
+STOP_RETRY_S = 15.0  # between two stops sent to a node not yet confirmed stopped
 FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
 SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
 AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
@@ -169,9 +170,8 @@ def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
         return
     state = judge(record, statuses)
     _remember(record, statuses)
-    if state in runs.FINAL and record.ended is None:
-        record.ended = time.time()
-    record.state = state
+    if not record.move(state):
+        return
     if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
         record.stop_pending = sorted(set(record.stop_pending) | {
             n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
@@ -179,14 +179,23 @@ def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
 
 def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
     """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
-    in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot)."""
+    in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot).
+
+    A stop not yet confirmed everywhere (a failed run's or the user's) is sent again, every
+    STOP_RETRY_S, to the pending nodes that answered this poll: whoever follows the run finishes it."""
     record = runs.update(record.run_id, lambda r: _apply(r, statuses))
-    if record.state == "failed" and record.stop_pending and not record.stopped_by_user:
-        record = _stop_and_record(record, list(record.stop_pending))
+    if not record.stop_pending:
+        return record
+    if record.state == "failed" and record.stop_tried is None:  # the verdict just came: stop them all now
+        return _stop_and_record(record, list(record.stop_pending))
+    back = [n for n in record.stop_pending if n in statuses and statuses[n].state not in SILENT_STATES]
+    if back and time.time() - (record.stop_tried or 0) >= STOP_RETRY_S:
+        record = _stop_and_record(record, back)
     return record
 
 
 def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10.0) -> runs.RunRecord:
+    runs.update(record.run_id, lambda r: setattr(r, "stop_tried", time.time()))
     results = stop_nodes(record, grace, only=nodes)
     confirmed = {n for n, r in results.items() if r.get("ok")}
     statuses = poll(record) if confirmed else {}
@@ -197,9 +206,8 @@ def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10
         if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
             r.last_status = {**(r.last_status or {}),
                              **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
-        if r.stopped_by_user and r.state in runs.ACTIVE and not r.stop_pending:
-            r.state = "stopped"
-            r.ended = r.ended or time.time()
+        if r.stopped_by_user and not r.stop_pending:
+            r.move("stopped")
 
     return runs.update(record.run_id, change)
 
@@ -230,19 +238,31 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
     return record
 
 
+def stop_answered(record: runs.RunRecord) -> bool:
+    """The run has ended, or the user's stop has had its answer from every node (confirmed or not)."""
+    return not record.active or (record.stopped_by_user and record.stop_results is not None
+                                 and set(record.stop_results) >= set(record.node_dirs()))
+
+
 def follow(record: runs.RunRecord, interval: float = 2.0,
-           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None) -> runs.RunRecord:
-    """Poll until the run ends, stopping the others when a node fails."""
+           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None,
+           retry_for: float = 0.0) -> runs.RunRecord:
+    """Poll until the run ends (or the user's stop has been answered), stopping the others when a node
+    fails. `retry_for` (the watcher): go on that long after that, retrying the stop on the nodes not
+    confirmed stopped as they come back; then leave them to `status` and the next launch's busy check."""
     hosts = record.hosts()
     group = Group(hosts)
+    settled_at: float | None = None
     try:
         while True:
             statuses = poll(record, group)
             record = settle(record, statuses)
             if on_update:
                 on_update(record, statuses)
-            if not record.active:
-                return record
+            if stop_answered(record):
+                settled_at = settled_at or time.monotonic()
+                if not record.stop_pending or time.monotonic() - settled_at >= retry_for:
+                    return record
             if any(s.state in SILENT_STATES for s in statuses.values()):
                 group.close()  # the group remembers dead nodes: a fresh one tries them again
                 group = Group(hosts)
@@ -271,15 +291,22 @@ def stop(record: runs.RunRecord, grace: float = 10.0) -> runs.RunRecord:
     confirmed it; until then it stays `stopping`, with the nodes to retry in `stop_pending`."""
 
     def mark(r: runs.RunRecord) -> None:
-        if r.state in runs.ACTIVE:
-            r.state, r.stopped_by_user = "stopping", True
+        if r.move("stopping"):  # every node pending until its agent confirms: a stop cut short is retried
+            r.stopped_by_user = True
+            r.stop_pending = sorted(set(r.stop_pending) | set(r.node_dirs()))
 
     record = runs.update(record.run_id, mark)
     return _stop_and_record(record, list(record.node_dirs()), grace)
 
 
+class LogReads(dict[str, tuple[str, int]]):
+    """node -> (text, new offset); `unreachable`: the nodes that could not be read (their text says why)."""
+
+    unreachable: set[str]
+
+
 def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
-         lines: int = 50) -> dict[str, tuple[str, int]]:
+         lines: int = 50) -> LogReads:
     """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
     hosts = [h for h in record.hosts() if node is None or h.name == node]
     if not hosts:
@@ -295,7 +322,8 @@ def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int
 
     with Group(hosts) as g:
         res = g.run(cmd, timeout=60)
-    out = {}
+    out = LogReads()
+    out.unreachable = {n for n, r in res.items() if r.status == "unreachable"}
     for h in hosts:
         r = res[h.name]
         if not r.ok:

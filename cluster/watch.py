@@ -3,7 +3,8 @@
 `launch` starts it (`python -m cluster.watch RUN_ID`, in a session of its own,
 output to runs/<id>/watch.log). It follows the run exactly as a foreground
 `launch` does (runstate.follow: poll, judge, stop the survivors of a failure)
-and exits when the run reaches a final state. A lock per run keeps it to one
+and exits when the run reaches a final state with every node confirmed stopped (a node that cannot be
+reached is retried as it comes back, for STOP_RETRY_FOR_S). A lock per run keeps it to one
 watcher however often it is started; a foreground `launch` and `status` may
 judge at the same time, which is safe (runs.update, the clock in the record).
 
@@ -26,6 +27,9 @@ from cluster import runs, runstate
 from cluster.errors import ClusterError
 
 INTERVAL_S = 5.0  # between two polls; with the grace, a silent node is judged within ~35-55 s
+# After the verdict (or the user's stop), how long the watcher goes on retrying the stop on nodes that
+# could not be reached; after that `status` and the next launch's busy check retry them.
+STOP_RETRY_FOR_S = 1800.0
 
 
 def spawn(run_id: str) -> int:
@@ -49,13 +53,13 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
         runs.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
         while True:
             try:
-                record = runstate.follow(record, interval=interval)
+                record = runstate.follow(record, interval=interval, retry_for=STOP_RETRY_FOR_S)
                 return record
             except ClusterError as e:  # e.g. a lock held too long: log it, look again
                 print(f"{time.strftime('%H:%M:%S')} {e}", flush=True)
                 time.sleep(interval)
                 record = runs.load(run_id)
-                if not record.active:
+                if not record.active and not record.stop_pending:
                     return record
 
 

@@ -19,6 +19,7 @@ so `status` never calls a stranger running and `stop` never signals it.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -26,13 +27,17 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:  # the node's system Python may be older than the head's: aliases for mypy only
     Doc = dict[str, Any]  # one JSON object: a file of the run folder, or a reply
 
 LOG = "node.log"
+STOP = "stop.json"  # a stop was asked for: the run is stopped, or never starts
+LOCK = ".agent.lock"
+ORPHAN_AGENT_S = 360.0  # see _wait_launcher
 
 
 def _write_json(path: Path, data: Doc) -> None:
@@ -123,14 +128,44 @@ def run_processes(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
+@contextmanager
+def _agent_lock(run_dir: Path, wait: float = 10.0) -> Iterator[int]:
+    """start and stop of one run folder, one at a time: a stop either comes before the start (which then
+    refuses) or sees everything the start began. Bounded: a start holds it for a fork, never longer."""
+    fd = os.open(str(run_dir / LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def start(run_dir: Path) -> Doc:
-    """Fork a session leader that runs launch.sh and records its exit; return at once."""
-    if (run_dir / "pid.json").exists():
-        return {"ok": False, "error": f"{run_dir} was already started"}
+    """Fork a session leader that runs launch.sh and records its exit; return at once. A run folder with a
+    stop request is never started: the stop may have come while the head was still uploading."""
+    with _agent_lock(run_dir) as lock_fd:
+        if (run_dir / STOP).exists():
+            return {"ok": False, "stop_requested": True,
+                    "error": f"{run_dir} has a stop request (clusterctl stop came before the start): not started"}
+        if (run_dir / "pid.json").exists():
+            return {"ok": False, "error": f"{run_dir} was already started"}
+        return _fork_leader(run_dir, lock_fd)
+
+
+def _fork_leader(run_dir: Path, lock_fd: int) -> Doc:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the session leader: pgid == its pid, outlives the SSH session
         os.close(r)
+        os.close(lock_fd)  # the lock is the parent's to release: a copy here would hold it for the whole run
         os.setsid()
         fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(fd, 0)
@@ -146,7 +181,7 @@ def start(run_dir: Path) -> Doc:
         _write_json(run_dir / "pid.json", doc)
         os.write(w, json.dumps(doc).encode())
         os.close(w)
-        code = child.wait()  # bounded: the run itself (its collective timeouts, `stop`)
+        code = _wait_launcher(run_dir, child)
         _write_json(run_dir / "exit.json", {"code": code, "ended": time.time()})
         os._exit(0)
     os.close(w)
@@ -154,6 +189,51 @@ def start(run_dir: Path) -> Doc:
     while chunk := os.read(r, 4096):
         data += chunk
     return {"ok": True, **json.loads(data)}
+
+
+def _workers(run_dir: Path) -> list[int]:
+    """The run's processes that torchrun started as workers (they carry LOCAL_RANK; its agent does not)."""
+    out = []
+    for p in run_processes(run_dir):
+        try:
+            env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(b"LOCAL_RANK=") for e in env):
+            out.append(p)
+    return out
+
+
+def _wait_launcher(run_dir: Path, child: subprocess.Popen[bytes]) -> int:
+    """launch.sh's exit code. Bounded on the node, head or no head: torchrun's agent can outlive its
+    workers, blocked in a call to the rendezvous store of a node it can no longer reach (seen: still there
+    10 minutes later). Once the run has had workers and none has lived for ORPHAN_AGENT_S (torchrun's own
+    exit barrier, 300 s, and a minute), what is left of the run is stopped here and the run fails."""
+    limit = float(os.environ.get("CLUSTERCTL_ORPHAN_AGENT_S", ORPHAN_AGENT_S))
+    last_worker: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        if _workers(run_dir):
+            last_worker = time.monotonic()
+        elif last_worker is not None and time.monotonic() - last_worker > limit:
+            break
+    sys.stderr.write(f"nodeagent: the launcher outlived its last worker by {limit:.0f} s "
+                     "(torchrun's agent blocked on an unreachable rendezvous store?): stopping it\n")
+    sys.stderr.flush()
+    left = run_processes(run_dir)
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and (left := run_processes(run_dir)):
+            time.sleep(0.2)
+    return child.wait()  # bounded: SIGKILL above
 
 
 def _tail_lines(path: Path, n: int, max_bytes: int = 65536) -> list[str]:
@@ -198,9 +278,9 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     # record is there. Read first, a leader ending between the two reads looked gone without a record
     # ("vanished"), which failed runs that had succeeded (seen on a 4-node and a 2-node lab)
     exit_doc = _read_json(run_dir / "exit.json")
-    stopped = (run_dir / "stop.json").exists()
+    stopped = (run_dir / STOP).exists()
     if pid_doc is None:
-        state = "not started"
+        state = "stopped" if stopped else "not started"  # a stop before the start: it never will
     elif alive and exit_doc is None:
         state = "running"
     elif exit_doc is not None and not alive:
@@ -217,8 +297,9 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
 
 
 def stop(run_dir: Path, grace: float = 10.0) -> Doc:
-    if not (run_dir / "stop.json").exists() and not (run_dir / "exit.json").exists():
-        _write_json(run_dir / "stop.json", {"time": time.time()})
+    with _agent_lock(run_dir):  # after a start in progress, before any later one (which then refuses)
+        if not (run_dir / STOP).exists() and not (run_dir / "exit.json").exists():
+            _write_json(run_dir / STOP, {"time": time.time()})
     sent = run_processes(run_dir)
     for p in sent:
         try:
@@ -276,7 +357,7 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
                 dirs.remove(d)
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
-            if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
+            if n.endswith(".tmp") or n == LOCK or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
                 continue
             if rel in PRIVATE_FILES:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
@@ -314,9 +395,17 @@ def main(argv: list[str]) -> int:
     else:
         run_dir = Path(argv[1]).resolve()
         if not run_dir.is_dir():
-            if argv[0] == "stop":  # never started here: nothing of the run can be running, the stop is done
+            if argv[0] == "stop":  # not uploaded yet: nothing can be running; the request stays for the start
+                try:
+                    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    _write_json(run_dir / STOP, {"time": time.time(), "before_upload": True})
+                except OSError as e:
+                    sys.stdout.write(json.dumps({"ok": False, "error": f"cannot record the stop in {run_dir}: "
+                                                                      f"{e.strerror}"}) + "\n")
+                    return 1
                 sys.stdout.write(json.dumps({"ok": True, "terminated": [], "killed": [], "left": [],
-                                             "note": f"no run folder {run_dir}"}) + "\n")
+                                             "note": f"no run folder {run_dir}: the stop is recorded, "
+                                                     "it will never start"}) + "\n")
                 return 0
             sys.stdout.write(json.dumps({"ok": False, "state": "missing", "error": f"no run folder {run_dir}"}) + "\n")
             return 1

@@ -127,11 +127,14 @@ def test_stop_while_a_node_is_unreachable_is_not_called_done(flab) -> None:
         r = clusterctl("launch", "resnet50-ddp", "--limit", "node1", *LONG, env=env, timeout=180)
         assert r.returncode == 1 and f"run {run_id} is still stopping" in r.stderr, r.stderr
         link(state, 1, True)
+        # nobody runs a command: the run's watcher retries the stop as node2 comes back
+        back = wait_for(lambda: saved(env, run_id)["state"] == "stopped", 120, "the watcher's stop on node2")
+        assert saved(env, run_id)["stop_pending"] == [] and not procs_of(run_id, "node2")
         rc, rec = clusterctl_json("stop", run_id, env=env, timeout=180)
         assert rc == 0 and rec["state"] == "stopped" and rec["stop_pending"] == [], rec
-        assert not procs_of(run_id, "node2")
         ROWS.append(("`stop` while node2 is unreachable", "stop", f"{took:.0f} s",
-                     "exit 3, stopping, launch refused; stopped once node2 is back"))
+                     f"exit 3, stopping, launch refused; the watcher stopped node2 {back:.0f} s after it came "
+                     "back, with no command run"))
     finally:
         cleanup(env, state, run_id)
 
@@ -207,3 +210,140 @@ def test_a_frozen_sshd_costs_a_timeout_at_launch_not_a_hang(flab) -> None:
         for p in sshd:
             os.kill(p, signal.SIGCONT)
     assert launch.UNREACHABLE_GRACE_S <= 60
+
+
+# --------------------------------------------------------------------------- faults in the start phase
+
+
+def agent_wrapper(tmp_path: Path, fault: str) -> tuple[str, Path]:
+    """A node interpreter that runs `fault` (shell) when node2's agent is asked to start a run, then the
+    real agent: a slow PC or a lost reply at that moment, made on purpose. Returns (path, marker prefix)."""
+    mark = tmp_path / "mark"
+    w = tmp_path / "python-wrapper"
+    w.write_text(f"""#!/bin/sh
+if [ "$(hostname)" = node2 ] && [ "$2" = start ]; then
+  touch {mark}.entered
+  {fault}
+fi
+exec {sys.executable} "$@"
+""")
+    w.chmod(0o755)
+    return str(w), mark
+
+
+def launch_in_background(env: dict[str, str], python: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cluster", "launch", "resnet50-ddp", "--host-set",
+                             f"python={python}", *LONG], cwd=ROOT, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def starting_run(env: dict[str, str]) -> str:
+    rc, listed = clusterctl_json("runs", env=env)
+    ids = [r["run_id"] for r in listed if r["state"] == "starting"]
+    assert rc == 0 and len(ids) == 1, listed
+    return ids[0]
+
+
+def nothing_left(run_id: str) -> float:
+    return wait_for(lambda: not procs_of(run_id, "node1") and not procs_of(run_id, "node2"), 30,
+                    "no process of the run on either node")
+
+
+def a_new_launch_works(env: dict[str, str], state) -> None:
+    run_id = start_detached(env, state)
+    cleanup(env, state, run_id)
+
+
+def test_stop_while_starting_wins(flab, tmp_path: Path) -> None:
+    """`clusterctl stop` while node2's start is on its way (a slow PC): the stop is confirmed, node2's start
+    arrives after it and is refused, the launcher stops what it started and returns at once, exit 1."""
+    state, env = flab
+    python, mark = agent_wrapper(tmp_path, "sleep 8")
+    launcher = launch_in_background(env, python)
+    try:
+        wait_for(lambda: Path(f"{mark}.entered").exists(), 240, "node2's start under way")
+        run_id = starting_run(env)
+        t0 = time.monotonic()
+        rc, rec = clusterctl_json("stop", run_id, env=env, timeout=120)
+        assert rc == 0 and rec["state"] == "stopped" and rec["stop_pending"] == [], rec
+        _, errs = launcher.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert launcher.returncode == 1, errs
+        assert "stopped while it was starting" in " ".join(errs.split()), errs
+        left = nothing_left(run_id)
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert rc == 1 and st["state"] == "stopped" and st["stop_pending"] == [], st
+        assert st["last_status"] is None or all(s["state"] in ("stopped", "not started", "missing")
+                                                for s in st["last_status"].values()), st["last_status"]
+        node2 = Path(state.nodes[1].dir) / "srv" / "runs" / run_id
+        assert not (node2 / "pid.json").exists(), "node2's late start was refused"
+        ROWS.append(("`stop` while node2's start is slow (8 s)", "starting", f"{took:.0f} s to launch's exit 1",
+                     f"stopped on both, node2's late start refused, nothing left ({left:.0f} s)"))
+        a_new_launch_works(env, state)
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
+    state, env = flab
+    python, mark = agent_wrapper(tmp_path, "sleep 8")
+    launcher = launch_in_background(env, python)
+    try:
+        wait_for(lambda: Path(f"{mark}.entered").exists(), 240, "node2's start under way")
+        run_id = starting_run(env)
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        _, errs = launcher.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert launcher.returncode == 130, errs
+        assert "interrupted while it was starting" in " ".join(errs.split()) and "nothing of it runs on" in errs
+        time.sleep(8)  # node2's start arrives after the cancel
+        left = nothing_left(run_id)
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert rc == 1 and st["state"] == "stopped" and st["stop_pending"] == [] and st["stopped_by_user"], st
+        ROWS.append(("Ctrl-C while node2's start is slow", "starting", f"{took:.0f} s to exit 130",
+                     f"stopped on both, nothing left ({left:.0f} s after node2's late start)"))
+        a_new_launch_works(env, state)
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_a_lost_start_reply_is_stopped_or_kept_pending(flab, tmp_path: Path) -> None:
+    """node2 starts the run, then its link goes down before the reply: launch stops node1, keeps node2 in
+    stop_pending (exit 3, saying which); once the link is back the run's watcher stops node2 by itself."""
+    state, env = flab
+    python, mark = agent_wrapper(tmp_path, f'{sys.executable} "$@" > {tmp_path}/reply; touch {tmp_path}/mark.started; '
+                                           'sleep 120; exit 0')
+    launcher = launch_in_background(env, python)
+    run_id = None
+    try:
+        wait_for(lambda: Path(f"{mark}.started").exists(), 240, "node2 started")
+        run_id = starting_run(env)
+        link(state, 1, False)
+        t0 = time.monotonic()
+        _, errs = launcher.communicate(timeout=180)
+        took = time.monotonic() - t0
+        flat = " ".join(errs.split())
+        assert launcher.returncode == 3, errs
+        assert "no start reply from node2" in flat and "nothing of it runs on node1" in flat, errs
+        assert "NOT confirmed stopped on node2" in flat, errs
+        assert procs_of(run_id, "node2") and not procs_of(run_id, "node1")
+        rec = saved(env, run_id)
+        assert rec["state"] == "failed" and rec["stop_pending"] == ["node2"] and rec["failure"]["node"] == "node2"
+        link(state, 1, True)
+        back = wait_for(lambda: not saved(env, run_id)["stop_pending"], 120, "the watcher's stop on node2")
+        left = nothing_left(run_id)
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert rc == 1 and st["state"] == "failed" and st["stop_pending"] == [], st
+        ROWS.append(("node2's start reply lost (link cut after it started)", "starting",
+                     f"{took:.0f} s to exit 3", f"node1 stopped, node2 pending; its watcher stopped it {back:.0f} s "
+                                                f"after the link came back, nothing left ({left:.0f} s)"))
+        a_new_launch_works(env, state)
+    finally:
+        link(state, 1, True)
+        launcher.kill()
+        launcher.wait()
+        if run_id:
+            cleanup(env, state, run_id)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,12 +103,36 @@ def test_usage(arg: str) -> None:
     assert r.returncode == 2 and "start" in r.stderr
 
 
-def test_stop_where_the_run_never_started_is_confirmed(tmp_path: Path) -> None:
-    """A node the run never reached has nothing to stop: its stop is done, not pending forever."""
+def test_stop_where_the_run_never_started_is_confirmed_and_the_start_never_comes(tmp_path: Path) -> None:
+    """A node the run never reached has nothing to stop: its stop is done, not pending forever. The stop
+    request stays in the folder, so an upload and a start still on their way (a launch in `starting`
+    when `clusterctl stop` came) start nothing."""
     r = subprocess.run([sys.executable, str(AGENT), "stop", str(tmp_path / "never"), "1"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True and json.loads(r.stdout)["left"] == []
-    assert agent("status", str(tmp_path / "never"))["state"] == "missing"
+    assert agent("status", str(tmp_path / "never"))["state"] == "stopped"
+    make_run(tmp_path, "touch started\nsleep 300\n", "never")  # the late upload
+    refused = agent("start", str(tmp_path / "never"))
+    assert refused["ok"] is False and refused["stop_requested"] is True
+    time.sleep(0.3)
+    st = agent("status", str(tmp_path / "never"))
+    assert st["state"] == "stopped" and st["processes"] == [] and not (tmp_path / "never" / "started").exists()
+
+
+def test_a_stop_before_the_start_wins_and_a_start_never_holds_the_lock(tmp_path: Path) -> None:
+    """stop after upload, before start: the start refuses. And a started run's leader does not keep the
+    agent's lock (a stop right after a start answers at once, not after the lock's 10 s)."""
+    d = make_run(tmp_path, "sleep 300\n", "early")
+    assert agent("stop", str(d), "1")["ok"] is True
+    assert agent("start", str(d))["stop_requested"] is True
+    assert agent("status", str(d))["state"] == "stopped"
+    late = make_run(tmp_path, "sleep 300\n", "late")
+    assert agent("start", str(late))["ok"] is True
+    t0 = time.monotonic()
+    stopped = agent("stop", str(late), "2")
+    assert stopped["ok"] is True and stopped["terminated"] and time.monotonic() - t0 < 5
+    assert agent("status", str(late))["state"] == "stopped"
+    assert ".agent.lock" not in {f["path"] for f in agent("manifest", str(late))["files"]}
 
 
 def test_a_leader_that_ends_while_status_looks_is_succeeded_not_vanished(tmp_path: Path,
@@ -126,3 +151,22 @@ def test_a_leader_that_ends_while_status_looks_is_succeeded_not_vanished(tmp_pat
 
     monkeypatch.setattr(nodeagent, "run_processes", leader_ends_now)
     assert nodeagent.status(d)["state"] == "succeeded"
+
+
+def test_a_launcher_that_outlives_its_workers_is_stopped_on_the_node(tmp_path: Path) -> None:
+    """torchrun's agent blocked on an unreachable store after its worker ended: the node agent's leader
+    stops it by itself once no worker has lived for the bound (2 s here), and the run fails."""
+    d = make_run(tmp_path, "LOCAL_RANK=0 sleep 3 &\nsleep 300\n")
+    r = subprocess.run([sys.executable, str(AGENT), "start", str(d)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CLUSTERCTL_ORPHAN_AGENT_S": "2"})
+    assert json.loads(r.stdout)["ok"]
+    st = wait_state(d, "failed", timeout=40)
+    assert st["processes"] == [] and any("outlived its last worker" in x for x in st["log"])
+
+
+def test_a_run_without_torchrun_workers_is_never_cut(tmp_path: Path) -> None:
+    d = make_run(tmp_path, "sleep 5\n")
+    r = subprocess.run([sys.executable, str(AGENT), "start", str(d)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CLUSTERCTL_ORPHAN_AGENT_S": "0.5"})
+    assert json.loads(r.stdout)["ok"]
+    assert wait_state(d, "succeeded", timeout=40)["exit"]["code"] == 0

@@ -212,3 +212,87 @@ def test_a_host_named_like_a_run_folder_entry_is_refused(tmp_path: Path, name: s
                          check_files=False)
     with pytest.raises(UsageError, match=f"host name '{name}' is the name of a file clusterctl keeps"):
         launch.select_hosts(inv, jobs.load("resnet50-ddp"), None)
+
+
+# --------------------------------------------------------------------------- the state machine
+
+
+def test_a_final_or_stopping_state_is_never_overwritten() -> None:
+    """RunRecord.move is the one place a state changes: a late step cannot undo a stop or a verdict."""
+    r = _record(state="starting")
+    assert r.move("stopping") and r.state == "stopping" and r.ended is None
+    assert not r.move("running") and not r.move("failed") and not r.move("succeeded") and r.state == "stopping"
+    assert r.move("stopped") and r.ended is not None
+    for later in ("running", "starting", "stopping", "failed", "succeeded"):
+        assert not r.move(later) and r.state == "stopped"
+    done = _record(state="failed")
+    assert not done.move("running") and not done.move("stopping") and done.move("failed")
+
+
+def _statuses(**states: str) -> dict[str, NodeStatus]:
+    return {n: NodeStatus(n, s) for n, s in states.items()}
+
+
+def test_a_users_stop_is_retried_on_the_pending_nodes_that_answer_again(home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `stopping` run (node b unreachable when the user stopped it): each poll that finds b answering
+    sends b the stop again (spaced by STOP_RETRY_S) and the run ends `stopped` once b confirms; while b
+    stays silent, nothing is sent to it."""
+    rec = _record(state="stopping")
+    rec.stopped_by_user, rec.stop_pending, rec.stop_tried = True, ["b"], time.time() - 60
+    rec.stop_results = {"a": {"ok": True}, "b": {"ok": False, "status": "unreachable"}}
+    runs.save(rec)
+    sent: list[list[str]] = []
+
+    def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict:
+        sent.append(list(only or []))
+        return {n: {"ok": True} for n in only or []}
+
+    monkeypatch.setattr(runstate, "stop_nodes", stop_nodes)
+    monkeypatch.setattr(runstate, "poll", lambda record, group=None, lines=20: _statuses(a="stopped", b="stopped"))
+    rec = runstate.settle(rec, _statuses(a="stopped", b="unreachable"))
+    assert sent == [] and rec.state == "stopping" and runstate.stop_answered(rec)
+    rec = runstate.settle(rec, _statuses(a="stopped", b="running"))
+    assert sent == [["b"]] and rec.state == "stopped" and rec.stop_pending == []
+    assert not runs.load("r1").move("running")
+
+
+def test_follow_returns_once_the_users_stop_was_answered_and_the_watcher_retries(home: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The foreground `launch` and `logs -f` return once the stop has its answer (node b pending: exit 3);
+    the watcher (retry_for) goes on until b is back and confirmed, or its bound runs out."""
+    rec = _record(state="stopping")
+    rec.stopped_by_user, rec.stop_pending, rec.stop_tried = True, ["b"], 0.0
+    rec.stop_results = {"a": {"ok": True}, "b": {"ok": False, "status": "unreachable"}}
+    runs.save(rec)
+    answers = iter(["unreachable", "unreachable", "running"])
+    monkeypatch.setattr(runstate, "poll", lambda record, group=None, lines=20:
+                        _statuses(a="stopped", b=next(answers, "stopped")))
+    monkeypatch.setattr(runstate, "stop_nodes", lambda record, grace=10.0, only=None: {n: {"ok": True} for n in only or []})
+    monkeypatch.setattr(runstate.time, "sleep", lambda s: None)
+    fg = runstate.follow(rec, interval=0)
+    assert fg.state == "stopping" and fg.stop_pending == ["b"]
+    watched = runstate.follow(rec, interval=0, retry_for=3600)
+    assert watched.state == "stopped" and watched.stop_pending == []
+    answers = iter(["unreachable"] * 1000)
+    runs.save(rec)
+    t = [0.0]
+    monkeypatch.setattr(runstate.time, "monotonic", lambda: t.__setitem__(0, t[0] + 10) or t[0])
+    bounded = runstate.follow(rec, interval=0, retry_for=100)
+    assert bounded.state == "stopping" and bounded.stop_pending == ["b"]
+
+
+def test_an_interrupted_stop_leaves_every_node_pending_not_a_silent_stopping(home: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stop` marks the run `stopping` with every node pending before it sends anything: a stop cut short
+    (Ctrl-C, a crash) leaves a record that the watcher, `status` and the busy check finish."""
+    runs.save(_record())
+
+    def interrupted(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runstate, "stop_nodes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runstate.stop(runs.load("r1"))
+    rec = runs.load("r1")
+    assert rec.state == "stopping" and rec.stopped_by_user and rec.stop_pending == ["a", "b"]
