@@ -233,16 +233,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
         got = launch.logs(record, args.node, lines=args.lines)
         if args.json:
             emit_json({n: text for n, (text, _) in got.items()})
-            return errors.EXIT_OK
-        for name, (text, _) in got.items():
-            out.rule(name)
-            out.out(text.rstrip("\n"), highlight=False)
-        return errors.EXIT_OK
+        else:
+            for name, (text, _) in got.items():
+                out.rule(name)
+                out.out(text.rstrip("\n"), highlight=False)
+        return _logs_exit(got.unreachable)
+    unreachable: set[str] = set()
     try:
-        for name, line in logstream.follow(record, args.node):
+        for name, line in logstream.follow(record, args.node, unreachable=unreachable):
             out.out(f"{name}| {line}", highlight=False)
     except KeyboardInterrupt:
         return errors.EXIT_INTERRUPTED
+    return _logs_exit(unreachable)
+
+
+def _logs_exit(unreachable: set[str]) -> int:
+    """Exit 3 when a node's log could not be read: what was printed is not the whole story."""
+    if unreachable:
+        err.print(f"[red]could not reach {', '.join(sorted(unreachable))}[/red]: their logs are not shown")
+        return errors.EXIT_UNREACHABLE
     return errors.EXIT_OK
 
 
