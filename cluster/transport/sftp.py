@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import socket
-import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -146,38 +145,32 @@ class SFTPCopies(SSHConnection):
         which after a stall would cost a second stall limit; on failure the connection goes first."""
         progress = _Progress(total, moved)
         h = self.host
-        stop, fired = threading.Event(), threading.Event()
+        silent = _silent_limit(self.stall_timeout)
 
-        def watch() -> None:
-            while not stop.wait(0.25):
-                if time.monotonic() - progress.last > _silent_limit(self.stall_timeout):
-                    fired.set()
-                    self._abort()  # the socket closes: a write paramiko retries forever fails now
-                    return
+        def left() -> float:  # seconds until the watchdog closes the connection
+            return silent - (time.monotonic() - progress.last)
 
-        threading.Thread(target=watch, name=f"stall watchdog {h.name}", daemon=True).start()
-        try:
-            yield progress
-            if progress.file is not None:
-                progress.file.close()  # reads the pipelined writes' acks: errors (disk full) surface here
-                progress.file = None
-        except (socket.timeout, TimeoutError):
-            raise self._stalled(verb, path, progress) from None
-        except (paramiko.SSHException, EOFError, OSError) as e:
-            if fired.is_set():  # the watchdog closed the connection: a stall, whatever paramiko raised
+        with self._watchdog(left, f"stall watchdog {h.name}") as fired:
+            try:
+                yield progress
+                if progress.file is not None:
+                    progress.file.close()  # reads the pipelined writes' acks: errors (disk full) surface here
+                    progress.file = None
+            except (socket.timeout, TimeoutError):
                 raise self._stalled(verb, path, progress) from None
-            if isinstance(e, OSError) and e.errno is not None:
-                self._close_quietly(progress)  # the node's answer about the file (no such file, permission)
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                if fired.is_set():  # the watchdog closed the connection: a stall, whatever paramiko raised
+                    raise self._stalled(verb, path, progress) from None
+                if isinstance(e, OSError) and e.errno is not None:
+                    self._close_quietly(progress)  # the node's answer about the file (no such file, permission)
+                    raise
+                self._abort_copy(progress)  # "Socket is closed" and friends: the channel died under us
+                raise TransportError(f"{h.name}: {verb} {path}: connection lost after {progress.describe()}: {e}",
+                                     "check the node and the network, then run the command again (copies resume)",
+                                     "unreachable") from None
+            except BaseException:
+                self._close_quietly(progress)
                 raise
-            self._abort_copy(progress)  # "Socket is closed" and friends: the channel died under us
-            raise TransportError(f"{h.name}: {verb} {path}: connection lost after {progress.describe()}: {e}",
-                                 "check the node and the network, then run the command again (copies resume)",
-                                 "unreachable") from None
-        except BaseException:
-            self._close_quietly(progress)
-            raise
-        finally:
-            stop.set()
 
     def _stalled(self, verb: str, path: str, progress: _Progress) -> TransportError:
         """A copy that stopped moving: the connection goes (abort), the error says how long and what moved."""

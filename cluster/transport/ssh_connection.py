@@ -9,8 +9,9 @@ import logging
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import paramiko
 
@@ -20,6 +21,7 @@ from cluster.inventory import Host
 from cluster.transport.base import Transport
 
 KEEPALIVE_S = 15
+_WATCH_POLL_S = 0.25  # how often a watchdog looks at its limit (the limit may move: a copy's progress)
 # paramiko logs failed handshakes from its own threads; we report them as results instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _keys: dict[Path, paramiko.PKey] = {}
@@ -163,6 +165,30 @@ class SSHConnection(Transport):
             timer.cancel()
         if fired.is_set():
             raise socket.timeout(f"no reply within {bound:g}s")
+
+    @contextmanager
+    def _watchdog(self, left: Callable[[], float], name: str) -> Iterator[threading.Event]:
+        """A thread that closes the connection under the caller once `left()` (seconds to the limit, read
+        again at each look) reaches 0; yields the event it sets when it fired.
+
+        NOTE: the one wait paramiko cannot bound: Packetizer.write_all retries a write the kernel will not
+        take forever (a frozen node whose TCP buffers filled before the SSH window did). A channel timeout
+        does not reach it; only a closed socket ends it. Copies (sftp.py) and commands (ssh.py) share this."""
+        stop, fired = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while (remaining := left()) > 0:
+                if stop.wait(min(remaining, _WATCH_POLL_S)):
+                    return
+            if not stop.is_set():
+                fired.set()
+                self._abort()  # the socket closes: a write paramiko retries forever fails now
+
+        threading.Thread(target=watch, name=name, daemon=True).start()
+        try:
+            yield fired
+        finally:
+            stop.set()
 
     def close(self) -> None:
         """Drop the connection. The SFTP channel is not closed politely first: that sends a message, and a
