@@ -19,7 +19,9 @@ class LocalTransport(Transport):
     def run(self, command: str, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
         timeout = timeout or self.host.command_timeout
         start = time.monotonic()
-        # Own session so a timeout can end the whole process group, as closing an SSH channel would.
+        # Own session so a timeout can end the whole process group, as SSHTransport does on the node (its
+        # kill after a timeout; sshd makes each command a session leader too). A process that left the group
+        # (setsid: the node agent's `start`) is spared in both. No node-side bound here: the head is the node.
         proc = subprocess.Popen(  # bounded: communicate(timeout) below
             ["/bin/sh", "-c", command],
             stdin=subprocess.PIPE,
@@ -31,7 +33,10 @@ class LocalTransport(Transport):
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended just now: nothing left to kill
+                pass
             try:  # a daemon that left the group may still hold our pipes open: do not wait for it
                 proc.communicate(timeout=5)
             except subprocess.TimeoutExpired:

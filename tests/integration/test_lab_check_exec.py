@@ -1,8 +1,12 @@
 """check / exec / trust against a real 3-node simulated lab (real sshd in network namespaces)."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +14,9 @@ import yaml
 
 from cluster import diskspace, inventory, lab
 from cluster.fanout import Group
-from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark  # noqa: F401
+from cluster.transport import ssh
+from tests.conftest import ROOT
+from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark, wait_until  # noqa: F401
 
 
 def test_check_reports_three_healthy_nodes_with_their_facts(lab3) -> None:
@@ -169,3 +175,73 @@ def test_the_disk_check_sees_the_three_nodes_on_one_machine_and_one_disk(lab3) -
     out = diskspace.shortfalls(disks, {n: need for n in disks})
     assert set(out) == set(disks) and "3 nodes on this machine (node1, node2, node3)" in out["node1"]
     assert diskspace.shortfalls(disks, {"node1": need}) == {}  # one of them alone fits
+
+
+def _on_node(node: lab.NodeState, argv: list[str]) -> list[int]:
+    """Live processes running `argv` in a session of this node's sshd: the lab's nodes share this machine's
+    process table, so /proc shows them, told apart by the node's address in $SSH_CONNECTION."""
+    want = "\0".join(argv).encode() + b"\0"
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if (p / "cmdline").read_bytes() != want or (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            env = (p / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(b"SSH_CONNECTION=") and f" {node.address} ".encode() in e for e in env):
+            found.append(int(p.name))
+    return found
+
+
+def test_a_command_past_its_timeout_is_killed_on_the_node(lab3) -> None:
+    """The head gives up after 2 s and kills the command's process group on the node (sshd without a pty
+    would leave it running): nothing of it remains, and what it would have written 8 s later never appears."""
+    node = lab3.nodes[0]
+    late = Path(node.dir) / "srv" / "late"  # /srv/cluster/late on the node
+    late.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    rc, data = clusterctl_json("exec", lab3.inventory, "--limit", node.name, "--timeout", "2", "--",
+                               "sleep 8; echo x > /srv/cluster/late")
+    took = time.monotonic() - t0
+    assert rc == 1 and [(n["host"], n["problem"]) for n in data["nodes"]] == [(node.name, "command-timeout")], data
+    # gone at once: the head's kill, not the node's own bound (2 + 5 s)
+    gone = wait_until(lambda: not _on_node(node, ["sleep", "8"]), 1.0, "no `sleep 8` left on the node")
+    time.sleep(max(0.0, 10 - (time.monotonic() - t0)))
+    assert not late.exists(), "the command went on after its timeout"
+    print(f"exec --timeout 2: verdict {took:.1f} s, nothing left {gone:.2f} s later, nothing written at 10 s")
+
+
+def test_a_command_cut_off_from_the_head_ends_on_the_node_by_itself(lab3) -> None:
+    """The node's link goes down while a command with a 2 s timeout runs: the head gives up and cannot reach
+    the node to stop it; the node's own bound (timeout + margin) ends it there."""
+    node = lab3.nodes[1]
+    cut = Path(node.dir) / "srv" / "cut"
+    cut.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", "exec", lab3.inventory, "--json", "--limit", node.name,
+                             "--timeout", "2", "--", "sleep 30; echo x > /srv/cluster/cut"],
+                            cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _on_node(node, ["sleep", "30"]), 20, "the command running on the node")
+        started = time.monotonic()
+        subprocess.run(["ip", "link", "set", node.veth, "down"], check=True)
+        out, _ = proc.communicate(timeout=60)
+        verdict = time.monotonic() - started
+        data = json.loads(out)
+        assert proc.returncode == 1 and data["nodes"][0]["problem"] == "command-timeout", out
+        bound = ssh.node_bound(2)
+        died = wait_until(lambda: not _on_node(node, ["sleep", "30"]), bound + 3, "the command gone by itself")
+        died += verdict
+        assert bound - 1 <= died <= bound + 3, f"ended {died:.1f} s after it started (node bound {bound} s)"
+        print(f"link cut, exec --timeout 2: head's verdict {verdict:.1f} s, ended on the node {died:.1f} s "
+              f"after it started (bound {bound} s)")
+    finally:
+        subprocess.run(["ip", "link", "set", node.veth, "up"], check=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in _on_node(node, ["sleep", "30"]):
+            os.kill(p, signal.SIGKILL)
+    assert not cut.exists()
