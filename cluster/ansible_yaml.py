@@ -32,7 +32,7 @@ from cluster.yamlfile import line_of as _line
 INSTALL_FIX = "install clusterctl[ansible] to read this inventory with Ansible's own rules"
 YAML_EXTENSIONS = ("", ".yaml", ".yml", ".json")
 # Host names the subset takes verbatim (Ansible's parse_address leaves these unchanged).
-PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+PLAIN_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*\Z")
 JINJA = ("{{", "{%", "{#")
 # The ssh connection plugin's variables per option, in its own order (the last one set wins).
 SSH_OPTION_VARS = {
@@ -318,7 +318,7 @@ def _typed(path: Path, answer: Answer) -> None:
         conn = h["conn"]
         port = conn["port"]
         if port is not None:
-            if isinstance(port, str) and port.strip().isdigit():
+            if isinstance(port, str) and port.strip().isascii() and port.strip().isdigit():  # int('²') raises
                 port = int(port)
             if isinstance(port, bool) or not isinstance(port, int):
                 line = (h["origins"].get("ansible_port") or h["origins"].get("ansible_ssh_port") or [None, None])[1]

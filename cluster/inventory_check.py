@@ -22,7 +22,7 @@ from cluster.yamlfile import line_of as _line
 Layers = list[tuple[dict[str, Any], int | None, str]]
 
 # A name clusterctl uses as a file name on the head and as a word in files that shells source.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 _EXAMPLES = {
     "address": "192.168.1.11",

@@ -7,6 +7,7 @@ running it is cluster.launch. Every error names the file, line, field and fix.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, NoReturn
@@ -22,6 +23,9 @@ JOBS_DIR = paths.PROJECT_ROOT / "playbooks"
 WORKLOADS_DIR = paths.PROJECT_ROOT / "cluster" / "workloads"
 FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
 DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")
+# A job's name starts its run ids (runs.RUN_ID_RE), which are folder names on the head and the nodes: ASCII only
+# (str.isalnum accepts 'é', whose run id is then refused), \Z not $ (which accepts a trailing newline).
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 # Every key a spec may hold, with its default; a spec file gives some, --set overrides any.
@@ -278,8 +282,9 @@ class _Checks:
 
     def program(self, s: dict[str, Any]) -> None:
         """Name, framework and the program that trains."""
-        if not isinstance(s["name"], str) or not s["name"] or not all(c.isalnum() or c in "-_." for c in s["name"]):
-            self.fail("name", f"expected a name of letters, digits, '-', '_' or '.', got {s['name']!r}",
+        if not isinstance(s["name"], str) or not JOB_NAME_RE.match(s["name"]):
+            self.fail("name", "expected a name of ASCII letters, digits, '-', '_' or '.', starting with a letter or "
+                      f"a digit, at most 128 characters (it starts the run ids, folder names), got {s['name']!r}",
                       "e.g. name: resnet50-ddp")
         if not isinstance(s["framework"], str) or s["framework"] not in FRAMEWORKS:
             self.fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
@@ -303,7 +308,7 @@ class _Checks:
             self.fail("dataset.path", f"{ds['name']} needs an existing path on the head, got {ds['path']!r}"
                       if ds["name"] in ("cifar10", "imagefolder") else f"no such file or folder on the head: {ds['path']!r}",
                       "--set dataset.path=/data/cifar-10-python.tar.gz (the head prepares it and stages it)")
-        if not isinstance(s["model"], str) or not s["model"].isidentifier():
+        if not isinstance(s["model"], str) or not (s["model"].isascii() and s["model"].isidentifier()):
             self.fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
         if s["model"] != "resnet50" and s["framework"] != "pytorch":
             self.fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")

@@ -31,7 +31,7 @@ from cluster.lab_state import LabState, NodeState, NodeStatus, default_dir, load
 __all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
            "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
 SSHD = "/usr/sbin/sshd"
 MOUNT_POINT = Path("/srv/cluster")
 SSHD_CONFIG = """\

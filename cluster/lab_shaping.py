@@ -11,7 +11,7 @@ from pathlib import Path
 from cluster.errors import LabError
 from cluster.lab_net import sh
 
-RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
+RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\Z")
 
 
 def shape_link(netns: str, veth: str, bandwidth: str) -> None:

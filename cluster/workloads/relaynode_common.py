@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 Doc = Dict[str, Any]  # a JSON object, as the head sends and receives it (typing.Dict: Python 3.8 on nodes)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,254}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,254}\Z")
 MANIFEST = ".clusterctl-manifest.json"
 REQUEST_MAX = 65536
 CHUNK = 1 << 20

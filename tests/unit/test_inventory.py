@@ -351,3 +351,28 @@ def test_a_nan_timeout_is_exit_2_not_an_internal_error(tmp_path: Path) -> None:
                        timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     assert f"{p}:2: defaults.connect_timeout" in r.stderr
+
+
+@pytest.mark.parametrize("text, field", [
+    ('hosts:\n  "pc1\\n": {address: a}\n', "hosts.pc1\n"),
+    ('name: "lab\\n"\nhosts:\n  pc1: {address: a}\n', "name"),
+])
+def test_a_name_ending_in_a_newline_is_refused(tmp_path: Path, text: str, field: str) -> None:
+    """`$` in a re.match pattern accepts a final newline: SAFE_NAME anchors with \\Z."""
+    e = _error(tmp_path, text, check_files=False)
+    assert e.field == field and "cannot be used as a name" in str(e)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_host_name_ending_in_a_newline_is_refused(tmp_path: Path, reader: str) -> None:
+    e = _error(tmp_path, 'all:\n  hosts:\n    "pc1\\n":\n      ansible_host: 10.0.0.1\n',
+               check_files=False, reader=reader)
+    assert "cannot be used as a name" in str(e) or "install clusterctl[ansible]" in str(e)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_port_in_non_ascii_digits_is_exit_2(tmp_path: Path, reader: str) -> None:
+    """'²'.isdigit() is true but int('²') raises: the built-in reader gave a traceback (exit 70)."""
+    e = _error(tmp_path, 'all:\n  hosts:\n    pc1:\n      ansible_host: 10.0.0.1\n      ansible_port: "\u00b2"\n',
+               check_files=False, reader=reader)
+    assert e.exit_code == 2 and ("ansible_port" in str(e) or "port" in str(e))

@@ -197,6 +197,22 @@ def test_commit_and_adopt_check_sha256(tmp_path: Path) -> None:
     assert json.loads((d / relay.MANIFEST).read_text()) == {"g.whl": sums["g.whl"]}
 
 
+def test_a_name_ending_in_a_newline_is_no_plain_file_name(tmp_path: Path, served) -> None:
+    """NAME_RE anchors with \\Z: with `$`, "g.whl\\n" passed and became a file of that name on the node."""
+    d = tmp_path / "d"
+    d.mkdir()
+    data = os.urandom(100)
+    (d / ".g.whl\n.part").write_bytes(data)
+    rc, doc = node("commit", {"dir": str(d), "files": {"g.whl\n": hashlib.sha256(data).hexdigest()}})
+    assert doc["files"]["g.whl\n"] == {"ok": False, "error": "not a plain file name"} and rc != 0
+    assert sorted(p.name for p in d.iterdir()) == [".g.whl\n.part"]
+    port, _, _, token, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.settimeout(5)
+        s.sendall(json.dumps({"token": token, "name": "a.whl\n", "offset": 0, "size": 10}).encode() + b"\n")
+        assert s.recv(100) == b"ERR request\n"
+
+
 def test_plan_sources_and_head_bytes() -> None:
     sizes = {"a": 10, "b": 20}
     p = relay.Plan("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
