@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ from paramiko.pkey import UnknownKeyType
 
 from cluster.errors import HostKeyError, TransportError
 from cluster.inventory import Host
+from cluster.inventory_check import known_hosts_problem
+from cluster.inventory_model import KNOWN_HOSTS_MAX_BYTES
 
 _cache: dict[tuple[Path, int, int], KnownHosts] = {}
 _lock = threading.Lock()
@@ -105,6 +108,32 @@ def parse_known_hosts(path: Path, text: bytes) -> KnownHosts:
     return kh
 
 
+def _unusable(path: Path, problem: str, verb: str = "read") -> TransportError:
+    return TransportError(f"cannot {verb} known_hosts file {path}: it {problem}",
+                          "point `known_hosts:` in the inventory at a regular file (default ~/.ssh/known_hosts; "
+                          "`clusterctl trust` creates it)", "known-hosts")
+
+
+def _read_capped(path: Path) -> bytes:
+    """The file's bytes, read only if it is a regular file of at most KNOWN_HOSTS_MAX_BYTES. Opened without
+    blocking and checked on the open descriptor, so a FIFO or device (or one swapped in after a stat) is
+    refused at once: /dev/zero never ends, and a FIFO with no writer blocks its reader forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
+                             "fix its permissions or point `known_hosts:` in the inventory elsewhere",
+                             "known-hosts") from None
+    with os.fdopen(fd, "rb") as f:
+        problem = known_hosts_problem(os.fstat(fd))
+        if problem is not None:
+            raise _unusable(path, problem)
+        text = f.read(KNOWN_HOSTS_MAX_BYTES + 1)  # it may have grown since the fstat
+    if len(text) > KNOWN_HOSTS_MAX_BYTES:
+        raise _unusable(path, f"is more than {KNOWN_HOSTS_MAX_BYTES >> 20} MiB, more than a known_hosts file holds")
+    return text
+
+
 def parsed(path: Path) -> KnownHosts:
     """The known_hosts file, parsed once per invocation (re-read when it changes)."""
     try:
@@ -115,16 +144,13 @@ def parsed(path: Path) -> KnownHosts:
         raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
                              "fix its permissions or point `known_hosts:` in the inventory elsewhere",
                              "known-hosts") from None
+    problem = known_hosts_problem(st)
+    if problem is not None:  # before the lock: a refused file costs no other thread a wait
+        raise _unusable(path, problem)
     stamp = (path, st.st_mtime_ns, st.st_size)
     with _lock:
         if stamp not in _cache:
-            try:
-                text = path.read_bytes()
-            except OSError as e:
-                raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
-                                     "fix its permissions or point `known_hosts:` in the inventory elsewhere",
-                                     "known-hosts") from None
-            _cache[stamp] = parse_known_hosts(path, text)
+            _cache[stamp] = parse_known_hosts(path, _read_capped(path))
         return _cache[stamp]
 
 
@@ -226,8 +252,25 @@ def record(host: Host, key: paramiko.PKey) -> None:
     path = host.known_hosts_path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     line = f"{host.host_key_name} {key.get_name()} {key.get_base64()}\n"
-    with _lock, open(path, "a") as f:
-        f.write(line)
+    with _lock:
+        try:
+            problem = known_hosts_problem(path.stat())
+        except OSError:  # absent: created below
+            problem = None
+        if problem is not None:
+            raise _unusable(path, problem, "write")
+        try:  # without blocking, checked again once open: appending to a FIFO with no reader waits forever
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                         0o666)  # as open(path, "a"): the umask decides
+        except OSError as e:
+            raise TransportError(f"cannot write known_hosts file {path}: {e.strerror}",
+                                 "fix its permissions or point `known_hosts:` in the inventory elsewhere",
+                                 "known-hosts") from None
+        with os.fdopen(fd, "w") as f:
+            problem = known_hosts_problem(os.fstat(fd))
+            if problem is not None:
+                raise _unusable(path, problem, "write")
+            f.write(line)
 
 
 

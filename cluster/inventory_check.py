@@ -9,12 +9,14 @@ import difflib
 import math
 import os
 import re
+import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import InventoryError
-from cluster.inventory_model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, NUMBERS, GpuSpec, Host, Inventory
+from cluster.inventory_model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, KNOWN_HOSTS_MAX_BYTES, NUMBERS, GpuSpec,
+                                     Host, Inventory)
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
 
@@ -198,8 +200,30 @@ def _resolve_workdir(chk: Checker, host: Host, layers: Layers) -> Host:
     return host
 
 
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, in an error message's words."""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def known_hosts_problem(st: os.stat_result) -> str | None:
+    """Why a known_hosts file cannot be read whole on every command (a device or a FIFO never ends or
+    blocks the reader: every command hung), or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {file_kind(st.st_mode)}, not a known_hosts file"
+    if st.st_size > KNOWN_HOSTS_MAX_BYTES:
+        return (f"is {st.st_size / 2**20:.0f} MiB, more than a known_hosts file holds "
+                f"(at most {KNOWN_HOSTS_MAX_BYTES >> 20} MiB)")
+    return None
+
+
 def check_files(chk: Checker, inv: Inventory, raw: dict[str, Layers]) -> None:
-    """Each SSH host's key file readable, and its known_hosts file if it exists."""
+    """Each SSH host's key file readable, and its known_hosts file, if it exists, a readable regular file of
+    sane size."""
     for host in inv.hosts.values():
         if host.connection != "ssh":
             continue
@@ -210,6 +234,15 @@ def check_files(chk: Checker, inv: Inventory, raw: dict[str, Layers]) -> None:
             raise chk.fail(line, f"{where}.identity_file", f"key file {key} {why}",
                            "create one with `ssh-keygen -t ed25519` or fix the path")
         kh = host.known_hosts_path
+        try:
+            problem = known_hosts_problem(kh.stat())
+        except OSError:  # absent (trust creates it), or unreachable: the access check below says which
+            problem = None
+        if problem is not None:
+            line, where = origin(raw[host.name], "known_hosts")
+            raise chk.fail(line, f"{where}.known_hosts", f"{kh} {problem}",
+                           "point known_hosts at a regular file (default ~/.ssh/known_hosts; "
+                           "`clusterctl trust` creates it)")
         if kh.exists() and not os.access(kh, os.R_OK):
             line, where = origin(raw[host.name], "known_hosts")
             raise chk.fail(line, f"{where}.known_hosts", f"{kh} is not readable by this user",

@@ -31,6 +31,9 @@ HOST_FIELDS = (
 TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
 GPU_KEYS = ("count", "model", "compute_capability")
 CONNECTIONS = ("ssh", "local")
+# A known_hosts file is read whole on every command: one line per key (~100-700 bytes), so 16 MiB is tens of
+# thousands of hosts. Larger, it is not a known_hosts file (or it is /dev/zero under another name).
+KNOWN_HOSTS_MAX_BYTES = 16 << 20
 # The numbers an inventory gives, and what each accepts (docs/inventory.md says the same beside each field).
 # connect_timeout: 10 minutes is already a node no one should wait for; command_timeout: a day, the longest
 # step (an install over a slow link) with room to spare. Both finite: an infinite one removes the bound.

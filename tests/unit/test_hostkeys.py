@@ -1,13 +1,21 @@
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
+import sys
+import threading
 from pathlib import Path
+from typing import Callable
 
 import paramiko
+import pytest
 
-from cluster import hostkeys
-from cluster.errors import HostKeyError
+from cluster import hostkeys, inventory
+from cluster.errors import HostKeyError, InventoryError, TransportError
 from cluster.inventory import Host
+from cluster.inventory_model import KNOWN_HOSTS_MAX_BYTES
+from tests.conftest import ROOT, write
 
 
 def _keypair(tmp_path: Path, name: str) -> tuple[Path, paramiko.PKey]:
@@ -132,3 +140,114 @@ def test_an_unreadable_known_hosts_is_a_clear_error(tmp_path: Path) -> None:
         assert f"cannot read known_hosts file {tmp_path / 'kh'}" in e.message and e.problem == "known-hosts"
     else:
         raise AssertionError("a directory is not a known_hosts file")
+
+
+def _at_once(fn: Callable[[], object], seconds: float = 10,
+             release: Callable[[], None] | None = None) -> BaseException | None:
+    """What fn raised (None if it returned), run in a thread: a regression that blocks fails here, not hangs
+    (`release` then unblocks the thread, which may hold hostkeys' lock the other tests need)."""
+    box: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box.append(e)
+        else:
+            box.append(None)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive() and release is not None:
+        release()
+        t.join(seconds)
+        raise AssertionError(f"still blocked after {seconds} s")
+    assert not t.is_alive(), f"still blocked after {seconds} s"
+    return box[0]
+
+
+def _child(*args: str) -> subprocess.CompletedProcess[str]:
+    """A python child with its memory capped: in a regression its endless read of /dev/zero ends in a
+    MemoryError, or at the timeout, not in the machine's memory."""
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          preexec_fn=cap)
+
+
+def _fifo(tmp_path: Path) -> Path:
+    p = tmp_path / "known_hosts.fifo"
+    os.mkfifo(p)
+    return p
+
+
+_THREE_CALLS = """
+import sys
+from pathlib import Path
+from cluster import hostkeys
+from cluster.errors import TransportError
+from cluster.inventory import Host
+from tests.unit.test_hostkeys import _keypair
+path, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+host = Host(name="pc1", address="10.1.2.3", known_hosts=str(path))
+_, key = _keypair(tmp, "k")
+for fn in (lambda: hostkeys.known_hosts(path), lambda: hostkeys.check_key(host, key),
+           lambda: hostkeys.record(host, key)):
+    try:
+        fn()
+        print("returned")
+    except TransportError as e:
+        print(e.problem, e.exit_code, e.message, "|", e.fix)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_known_hosts_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """`known_hosts: /dev/zero` (never ends) or a FIFO (blocks its reader) hung every command. In a child
+    process with a timeout: a regression fails here, and its endless read of /dev/zero is killed with it."""
+    path = _fifo(tmp_path) if kind == "fifo" else Path("/dev/zero")
+    what = "a named pipe (FIFO)" if kind == "fifo" else "a character device"
+    r = _child("-c", _THREE_CALLS, str(path), str(tmp_path))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 3, r.stderr
+    for line in lines:  # known_hosts, check_key, record: each refuses, naming the file, what it is and the fix
+        assert line.startswith("known-hosts 3 cannot ") and f"known_hosts file {path}: it is {what}, " \
+            "not a known_hosts file" in line and "point `known_hosts:` in the inventory at a regular file" in line
+
+
+def test_a_fifo_known_hosts_returns_at_once_in_this_process(tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path)
+
+    def release() -> None:  # a writer that opens and closes: the blocked reader gets its end of file
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    e = _at_once(lambda: hostkeys.known_hosts(fifo), release=release)
+    assert isinstance(e, TransportError) and "named pipe" in e.message
+
+
+def test_a_known_hosts_larger_than_the_cap_is_refused(tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    with open(kh, "wb") as f:
+        f.truncate(KNOWN_HOSTS_MAX_BYTES + 1)  # sparse: no disk used
+    e = _at_once(lambda: hostkeys.known_hosts(kh))
+    assert isinstance(e, TransportError) and "more than a known_hosts file holds (at most 16 MiB)" in e.message
+    with open(kh, "r+b") as f:
+        f.truncate(KNOWN_HOSTS_MAX_BYTES)  # at the cap: read (all NUL bytes, one line not used)
+    assert _at_once(lambda: hostkeys.known_hosts(kh)) is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "big"])
+def test_the_inventory_refuses_such_a_known_hosts_naming_its_line(tmp_path: Path, kind: str) -> None:
+    path = _fifo(tmp_path) if kind == "fifo" else Path("/dev/zero") if kind == "/dev/zero" else tmp_path / "kh"
+    if kind == "big":
+        with open(path, "wb") as f:
+            f.truncate(KNOWN_HOSTS_MAX_BYTES + 1)
+    inv = write(tmp_path, f"defaults:\n  known_hosts: {path}\nhosts:\n  pc1: {{address: 127.0.0.1}}\n")
+    e = _at_once(lambda: inventory.load(inv))
+    assert isinstance(e, InventoryError) and (e.line, e.field, e.exit_code) == (2, "defaults.known_hosts", 2), e
+    assert ("not a known_hosts file" in e.message or "more than a known_hosts file holds" in e.message) \
+        and "regular file" in (e.fix or "")
+    r = _child("-m", "cluster", "exec", str(inv), "--", "true")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and f"{inv}:2: defaults.known_hosts" in r.stderr
