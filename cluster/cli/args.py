@@ -38,6 +38,8 @@ def _number(kind: Callable[[str], N], minimum: float, strict: bool,
 
 
 POSITIVE_INT, POSITIVE_FLOAT = _number(int, 0, strict=True), _number(float, 0, strict=True)
+# a wait given in seconds: at most a day, as the inventory's command_timeout (docs/inventory.md)
+TIMEOUT_S, GRACE_S = _number(float, 0, strict=True, maximum=86400), _number(float, 0, strict=False, maximum=3600)
 NON_NEGATIVE_INT, NON_NEGATIVE_FLOAT = _number(int, 0, strict=False), _number(float, 0, strict=False)
 FRACTION = _number(float, 0, strict=True, maximum=1)  # a share such as an accuracy: 0.9, not 90
 

@@ -8,7 +8,7 @@ import time
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import POSITIVE_FLOAT, add_inventory_args
+from cluster.cli.args import TIMEOUT_S, add_inventory_args
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
 
 
@@ -20,7 +20,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "check":
         p.set_defaults(fn=cmd_check)
     else:
-        p.add_argument("--timeout", type=POSITIVE_FLOAT, help="per-node command timeout in seconds")
+        p.add_argument("--timeout", type=TIMEOUT_S, help="per-node command timeout in seconds (at most 86400)")
         p.set_defaults(fn=cmd_exec)
 
 

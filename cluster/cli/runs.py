@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cluster import errors
-from cluster.cli.args import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_run
+from cluster.cli.args import GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_run
 from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
         p.add_argument("-n", "--lines", type=NON_NEGATIVE_INT, default=50, help="last lines per node (default 50)")
     if name == "stop":
-        p.add_argument("--grace", type=NON_NEGATIVE_FLOAT, default=10.0,
-                       help="seconds between SIGTERM and SIGKILL (default 10)")
+        p.add_argument("--grace", type=GRACE_S, default=10.0,
+                       help="seconds between SIGTERM and SIGKILL (default 10, at most 3600)")
     p.set_defaults(fn={"status": cmd_status, "logs": cmd_logs, "stop": cmd_stop}[name])
 
 

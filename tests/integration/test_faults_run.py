@@ -124,6 +124,8 @@ def test_stop_while_a_node_is_unreachable_is_not_called_done(flab) -> None:
         took = time.monotonic() - t0
         assert rc == 3 and rec["state"] == "stopping" and rec["stop_pending"] == ["node2"], rec
         assert not procs_of(run_id, "node1") and procs_of(run_id, "node2")
+        r = clusterctl("logs", run_id, env=env, timeout=120)  # node1's log is shown, node2's cannot be
+        assert r.returncode == 3 and "[unreachable:" in r.stdout and "could not reach node2" in r.stderr, r
         r = clusterctl("launch", "resnet50-ddp", "--limit", "node1", *LONG, env=env, timeout=180)
         assert r.returncode == 1 and f"run {run_id} is still stopping" in r.stderr, r.stderr
         link(state, 1, True)

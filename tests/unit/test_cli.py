@@ -174,6 +174,10 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "argument --forks: expected a whole number, got 'many'" in r.stderr
     r = run("nosuchcommand")
     assert r.returncode == 2 and "invalid choice" in r.stderr
+    for args in (("exec", "--timeout", "1e300", "--", "true"), ("exec", "--timeout", "nan", "--", "true"),
+                 ("stop", "--grace", "1e300")):  # a wait past a day, or not a number: refused, never sent
+        r = run(*args)
+        assert r.returncode == 2 and "expected" in r.stderr and "<=" in r.stderr, (args, r.stderr)
     r = run("launch", "resnet50-ddp", "-i", str(mixed_inventory(tmp_path)), "--set", "epochs=zero", "--dry-run")
     assert r.returncode == 2 and "epochs: expected a whole number >= 1 and <= 10000, got 'zero'" in r.stderr
     assert "Traceback" not in r.stderr
@@ -187,7 +191,7 @@ def test_nan_and_infinity_are_usage_errors_on_the_command_line(tmp_path: Path) -
         r = run("launch", "resnet50-ddp", "-i", inv, "--set", setting, "--dry-run")
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run("exec", inv, "--timeout", "nan", "--", "true")
-    assert r.returncode == 2 and "argument --timeout: expected a finite number > 0, got 'nan'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "argument --timeout: expected a finite number > 0 and <= 86400, got 'nan'" in r.stderr, r.stderr
     r = run("report", "--target-acc", "inf")
     assert r.returncode == 2 and "expected a finite number > 0 and <= 1, got 'inf'" in r.stderr, r.stderr
 
