@@ -342,3 +342,13 @@ def test_report_writes_the_pages_asked_for_with_the_target_accuracy(tmp_path: Pa
     assert doc["runs"][0]["target_acc"] == 0.5 and doc["written"] == [str(md.resolve())] and md.exists()
     r = run("report", "one", "--target-acc", "90")  # a percentage where a fraction is meant
     assert r.returncode == 2 and "expected a number > 0 and <= 1, got '90'" in r.stderr
+
+
+def test_dry_run_checks_the_env_from_sources_before_any_node(tmp_path: Path) -> None:
+    """`launch --dry-run` reads every env_from source as launch would (and says which one is missing),
+    before contacting a node: the unreachable node of this inventory would give exit 3 otherwise."""
+    inv = mixed_inventory(tmp_path)
+    r = run("launch", "resnet50-ddp", "-i", str(inv), "--dry-run", "--set", f"env_from.TOKEN={{file: {tmp_path / 'nope'}}}")
+    assert r.returncode == 2 and "env_from.TOKEN: cannot read" in r.stderr, r.stderr
+    r = run("launch", "resnet50-ddp", "-i", str(inv), "--dry-run", "--set", "env_from.TOKEN={env: CLUSTERCTL_NO_SUCH_VAR}")
+    assert r.returncode == 2 and "has no CLUSTERCTL_NO_SUCH_VAR" in r.stderr, r.stderr
