@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
-from cluster import inventory, lab  # noqa: E402
+from cluster import lab  # noqa: E402
+from cluster.inventory import loader
 from cluster.fanout import Group  # noqa: E402
 
 
@@ -127,7 +128,7 @@ def fanout(args: argparse.Namespace) -> Timings:
     env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
     state = lab.up(args.nodes, name=args.name, subnet=args.subnet, directory=home / "lab")
     try:
-        inv = inventory.load(state.inventory)
+        inv = loader.load(state.inventory)
         hosts = list(inv.hosts.values())
         d = Path(state.dir)
         ssh_opts = ["-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster import ansible_inventory, inventory
+from cluster.inventory import ansible_core, loader
 
 
 def write_inventory(d: Path, hosts: int) -> Path:
@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    if not ansible_inventory.available():
+    if not ansible_core.available():
         print("ansible-core is not installed: pip install 'clusterctl[ansible]'")
         return 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,9 +64,9 @@ def main() -> int:
         for _ in range(args.repeats):
             for f in (Path(tmp) / "home").glob("cache/ansible/*.json"):
                 f.unlink()
-            cold.append(timed(lambda: inventory.load(src, check_files=False, reader="ansible")))
-            cached.append(timed(lambda: inventory.load(src, check_files=False, reader="ansible")))
-        inv = inventory.load(src, check_files=False, reader="ansible")
+            cold.append(timed(lambda: loader.load(src, check_files=False, reader="ansible")))
+            cached.append(timed(lambda: loader.load(src, check_files=False, reader="ansible")))
+        inv = loader.load(src, check_files=False, reader="ansible")
         assert len(inv.hosts) == args.hosts, len(inv.hosts)
         first = next(iter(inv.hosts.values()))
         print(f"{args.hosts} hosts, {args.repeats} repeats; first host: {first.name} {first.user}@{first.address}"

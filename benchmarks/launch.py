@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
-from cluster import inventory, lab  # noqa: E402
+from cluster import lab  # noqa: E402
+from cluster.inventory import loader
 
 PY = sys.executable
 AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
@@ -80,7 +81,7 @@ def by_launch(env: dict[str, str], state: lab.LabState, n: int) -> tuple[float, 
     return took, run_id
 
 
-def by_hand(state: lab.LabState, inv: inventory.Inventory, n: int, template_run: str, k: int) -> float:
+def by_hand(state: lab.LabState, inv: loader.Inventory, n: int, template_run: str, k: int) -> float:
     """Copy a launched run's folder to a new one on each node (files in place, as a user who prepared
     them by hand), then time one ssh per node running its launch.sh."""
     new_id = f"{template_run}-hand{k}"
@@ -125,7 +126,7 @@ def main() -> int:
                 timeout=1800)
         if r.returncode != 0:
             raise RuntimeError(f"provision failed:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
-        inv = inventory.load(state.inventory)
+        inv = loader.load(state.inventory)
         rows = []
         for n in sizes:
             launch_times, hand_times = [], []

@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 import jinja2  # noqa: E402
 
-from cluster import compat, inventory, lab, provision, relay, wheelhouse  # noqa: E402
+from cluster import compat, lab, provision, relay, wheelhouse  # noqa: E402
+from cluster.inventory import loader
 from cluster.fanout import Group  # noqa: E402
 
 FP_KEYS = ("python", "torch", "torchvision", "tensorflow", "numpy", "gloo")
@@ -117,7 +118,7 @@ def standin(wh: wheelhouse.Wheelhouse, mib: int) -> dict[str, dict[str, Any]]:
 
 def distribution(state: lab.LabState, wh: wheelhouse.Wheelhouse, files: dict[str, Any], sizes: list[int],
                  rate: str) -> list[dict[str, Any]]:
-    hosts = list(inventory.load(state.inventory).hosts.values())
+    hosts = list(loader.load(state.inventory).hosts.values())
     items = relay.items(wh.dir, files)
     rows, sampler = [], CpuSampler()
     for n in sizes:
@@ -146,7 +147,7 @@ def distribution(state: lab.LabState, wh: wheelhouse.Wheelhouse, files: dict[str
 
 def node_sh(state: lab.LabState, node: str, cmd: str, timeout: float = 3600) -> str:
     """A command in the node's namespaces (its /srv/cluster): through its sshd, as clusterctl would."""
-    inv = inventory.load(state.inventory)
+    inv = loader.load(state.inventory)
     with Group([inv.hosts[node]]) as g:
         r = g.run(cmd, timeout=timeout)[node]
     if not r.ok:
@@ -253,7 +254,7 @@ def install(state: lab.LabState, env: dict[str, str]) -> dict[str, Any]:
     record = "cat /srv/cluster/clusterctl/install.json"
     uv = {n: json.loads(node_sh(state, n, record)) for n in nodes}
     fp_uv = {n: fingerprint(state, n) for n in nodes}
-    hosts = [inventory.load(inv).hosts[n] for n in nodes]
+    hosts = [loader.load(inv).hosts[n] for n in nodes]
     with Group(hosts) as g:  # the same wheels with pip, both nodes at once, into a fresh venv each
         res = g.run("rm -rf /srv/cluster/venv && python3 -m venv /srv/cluster/venv && "
                     "CLUSTERCTL_INSTALLER=pip sh /srv/cluster/clusterctl/install_wheels.sh install", timeout=7200)

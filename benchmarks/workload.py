@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
-from cluster import inventory, lab  # noqa: E402
+from cluster import lab  # noqa: E402
+from cluster.inventory import loader
 from cluster.fanout import Group  # noqa: E402
 
 PY = sys.executable
@@ -93,7 +94,7 @@ def main() -> int:
     wldata.save(wldata.load("digits"), tmp / "digits.npz")
     state = lab.up(nodes, name=args.name, subnet=args.subnet, directory=tmp / "lab")
     try:
-        inv = inventory.load(state.inventory)
+        inv = loader.load(state.inventory)
         master = state.nodes[0].address
         workers = json.dumps([f"{n.address}:23471" for n in state.nodes])
         rank = 'R=$(( ${HOSTNAME#node} - 1 )); cd /srv/cluster && export GLOO_SOCKET_IFNAME=eth0; '

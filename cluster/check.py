@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from cluster import facts, health
 from cluster.fanout import Group, GroupResult, HostResult
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 
 
 @dataclass

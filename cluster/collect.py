@@ -22,7 +22,7 @@ from cluster import facts, render, runs
 from cluster.wheelhouse import sha256_file
 from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.replies import agent_reply, error_tail
 from cluster.transport import Transport
 

@@ -22,7 +22,7 @@ from cluster.wheelhouse import distribution_mode, sha256_file
 
 if TYPE_CHECKING:
     from cluster.fanout import Group, GroupResult
-    from cluster.inventory import Host
+    from cluster.inventory.loader import Host
 
 
 @dataclass(frozen=True)

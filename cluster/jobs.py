@@ -17,7 +17,7 @@ import yaml
 from cluster import paths, yamlfile
 from cluster.bounds import Range
 from cluster.errors import UsageError
-from cluster.inventory import parse_override
+from cluster.inventory.loader import parse_override
 
 JOBS_DIR = paths.PROJECT_ROOT / "playbooks"
 WORKLOADS_DIR = paths.PROJECT_ROOT / "cluster" / "workloads"

@@ -19,7 +19,7 @@ from typing import Any, Callable, NoReturn
 from cluster import __version__, datasets, errors, render, runs, verify
 from cluster.errors import ClusterError, UsageError
 from cluster.fanout import Group, GroupResult
-from cluster.inventory import Host, Inventory
+from cluster.inventory.loader import Host, Inventory
 from cluster.jobs import JobError, JobSpec
 from cluster.render import LaunchRequest
 from cluster.replies import agent_reply, error_tail

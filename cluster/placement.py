@@ -22,7 +22,7 @@ from cluster import bench, commmodel, jobs, launch, paths
 from cluster.bench import NetworkBench, NodeBench
 from cluster.commmodel import Scheme
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory import Inventory
+from cluster.inventory.loader import Inventory
 from cluster.workloads import wlcommon
 
 

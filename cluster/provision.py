@@ -18,7 +18,7 @@ from typing import Any, Callable
 from cluster import compat, diskspace, facts, playbook, wheelhouse
 from cluster.errors import ClusterError
 from cluster.fanout import Group
-from cluster.inventory import Host, Inventory
+from cluster.inventory.loader import Host, Inventory
 from cluster.playbook import Playbook, RenderedStep
 from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, settle
 from cluster.relay_progress import StatusFn

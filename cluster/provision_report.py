@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from cluster import compat, playbook
 from cluster.fanout import Group, GroupResult
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 
 LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), then re-run provision: "
             "it repeats only what is not done")

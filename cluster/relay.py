@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from cluster.fanout import OK, Group, GroupResult, HostResult
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.relay_plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
                                 items, parse_survey, pidfile, plan, survey)
 from cluster.relay_progress import NodeProgress, ProgressFn, StatusFn, Tracker

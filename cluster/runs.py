@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from cluster import paths
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory import GpuSpec, Host
+from cluster.inventory.loader import GpuSpec, Host
 
 ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")

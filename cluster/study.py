@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from cluster import collect, jobs, launch, paths, report, runs
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory import Inventory
+from cluster.inventory.loader import Inventory
 
 
 @dataclass

@@ -26,7 +26,7 @@ from cluster.transport import Transport
 
 if TYPE_CHECKING:
     from cluster.fanout import Group
-    from cluster.inventory import Host
+    from cluster.inventory.loader import Host
     from cluster.playbook import Playbook
 
 MANIFEST = ".clusterctl-manifest.json"  # on the node: files verified there, with their sha256

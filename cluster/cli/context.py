@@ -1,10 +1,11 @@
-"""`clusterctl context`: show or set the inventory commands use when none is given (cluster.context)."""
+"""`clusterctl context`: show or set the inventory commands use when none is given (cluster.inventory.context)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from cluster import context, errors, inventory
+from cluster import errors
+from cluster.inventory import context, loader
 from cluster.cli.output import emit_json, out
 
 
@@ -16,7 +17,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 def cmd_context(args: argparse.Namespace) -> int:
     path: Path | None
     if args.inventory_pos:
-        inv = inventory.load(args.inventory_pos)
+        inv = loader.load(args.inventory_pos)
         path = context.set_current(inv.path)
         msg = f"current inventory: {path} ({len(inv.hosts)} hosts)"
     else:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from cluster import context, errors, lab
+from cluster import errors, lab
+from cluster.inventory import context
 from cluster.cli.args import POSITIVE_INT, add_json
 from cluster.cli.output import emit_json, err, out, table
 

@@ -43,7 +43,7 @@ def _confirmed(args: argparse.Namespace, count: int) -> bool:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    from cluster import hostkeys
+    from cluster.inventory import hostkeys
 
     hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
     with err.status(f"contacting {len(hosts)} nodes for their host keys"):

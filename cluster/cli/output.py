@@ -13,12 +13,12 @@ from rich.console import Console, OverflowMethod
 from rich.markup import escape
 from rich.table import Table
 
-from cluster import context
+from cluster.inventory import context
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from cluster.inventory import Inventory
+    from cluster.inventory.loader import Inventory
 
 # Piped output is read by people later (logs, CI): don't squeeze it into 80 columns.
 _WIDE = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
@@ -69,9 +69,9 @@ def bar(label: str) -> Progress:
 
 def load_inventory(given: str | None, overrides: list[str] | None = None) -> Inventory:
     """The inventory named on the command line, else the current context's (said on stderr)."""
-    from cluster import inventory
+    from cluster.inventory import loader
 
     path, why = context.resolve(given)
     if why != "given":
         err.print(f"[dim]inventory: {escape(str(path))} ({why})[/dim]")
-    return inventory.load(path, overrides=overrides or ())
+    return loader.load(path, overrides=overrides or ())

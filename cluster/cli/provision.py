@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from cluster import context, errors
+from cluster import errors
+from cluster.inventory import context
 from cluster.cli.args import add_inventory_args
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, table
 

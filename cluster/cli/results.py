@@ -61,10 +61,11 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
 def cmd_collect(args: argparse.Namespace) -> int:
     from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from cluster import collect, inventory
+    from cluster import collect
+    from cluster.inventory import loader
 
     records = collect.chosen_runs(args.run, args.all)
-    override = inventory.load(args.inventory).hosts if args.inventory else None
+    override = loader.load(args.inventory).hosts if args.inventory else None
     prog = Progress(TextColumn("{task.description}"), DownloadColumn(), TransferSpeedColumn(), console=err,
                     transient=True, disable=not err.is_terminal or args.json)
     tasks = {(r.run_id, n.node): prog.add_task(f"{r.run_id} {n.node}", total=None) for r in records for n in r.nodes}

@@ -1,7 +1,7 @@
 """How to talk to one node. `transport_for(host)` picks the transport the inventory asks for."""
 from __future__ import annotations
 
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport.base import CommandResult, Transport
 
 

@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 
 import paramiko
 
-from cluster import hostkeys
+from cluster.inventory import hostkeys
 from cluster.errors import TransportError
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport.base import Transport
 
 KEEPALIVE_S = 15

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import ansible_inventory, lab
+from cluster import lab
+from cluster.inventory import ansible_core
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_up
 
-pytestmark = pytest.mark.skipif(not ansible_inventory.available(),
+pytestmark = pytest.mark.skipif(not ansible_core.available(),
                                 reason="ansible-core is not installed (pip install clusterctl[ansible])")
 
 

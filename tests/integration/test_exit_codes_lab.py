@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, lab, provision
+from cluster import lab, provision
+from cluster.inventory import loader
 from tests.integration.conftest import lab_up, pytestmark  # noqa: F401
 
 # node2's second step kills the sshd serving its own connection ($PPID) and, with `listener`, sshd's
@@ -36,7 +37,7 @@ def lab2(tmp_path_factory: pytest.TempPathFactory):
 def provision_losing_node2(state: lab.LabState, d: Path, kill: str) -> provision.ProvisionReport:
     pb = d / "losing.yaml"
     pb.write_text(PLAYBOOK.replace("KILL", kill))
-    inv = inventory.load(state.inventory, overrides=[f"python={sys.executable}", "vars.python_env=existing"])
+    inv = loader.load(state.inventory, overrides=[f"python={sys.executable}", "vars.python_env=existing"])
     return provision.run(inv, list(inv.hosts.values()), pb_path=str(pb))
 
 
@@ -58,7 +59,7 @@ def test_a_command_killed_by_a_signal_is_a_failed_command_not_a_lost_node(lab2) 
     from cluster.transport.ssh import SSHTransport
 
     state, _ = lab2
-    host = inventory.load(Path(state.inventory)).hosts["node1"]
+    host = loader.load(Path(state.inventory)).hosts["node1"]
     with SSHTransport(host) as t:
         r = t.run("kill -9 $$", timeout=30)
         assert r.exit_code == -1 and not r.ok

@@ -27,7 +27,7 @@ import pytest
 
 from cluster import lab, runs
 from cluster.errors import TransportError
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport.base import STALL_ENV
 from cluster.transport.ssh import SSHTransport
 from tests.conftest import ROOT

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster import diskspace, inventory, lab
+from cluster import diskspace, lab
+from cluster.inventory import loader
 from cluster.fanout import Group
 from cluster.transport import ssh
 from tests.conftest import ROOT
@@ -162,7 +163,7 @@ def test_trust_records_new_keys_only_when_confirmed(lab3, tmp_path: Path) -> Non
 def test_the_disk_check_sees_the_three_nodes_on_one_machine_and_one_disk(lab3) -> None:
     """provision's disk check (cluster/diskspace.py) over real SSH: the lab's nodes share this machine's
     kernel (one boot_id) and disk, so a need that fits each node alone but not the three is refused for all."""
-    hosts = list(inventory.load(lab3.inventory).hosts.values())
+    hosts = list(loader.load(lab3.inventory).hosts.values())
     with Group(hosts) as g:
         res = g.run(lambda h: diskspace.command(h.workdir, f"{h.workdir}/no-wheels", f"{h.workdir}/no-venv"),
                     timeout=60)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, lab, relay
+from cluster import lab, relay
+from cluster.inventory import loader
 from cluster.fanout import Group
 from tests.conftest import ROOT
 from tests.integration.conftest import lab_up, pytestmark, wait_until  # noqa: F401
@@ -49,8 +50,8 @@ def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_TRANSFER_STALL_S", STALL_S)
 
 
-def hosts(state: lab.LabState) -> list[inventory.Host]:
-    return list(inventory.load(state.inventory).hosts.values())
+def hosts(state: lab.LabState) -> list[loader.Host]:
+    return list(loader.load(state.inventory).hosts.values())
 
 
 def node_dir(state: lab.LabState, node: str, sub: str) -> Path:
@@ -222,9 +223,10 @@ def test_corrupted_file_on_a_relay_is_refused_and_fetched_again(rlab) -> None:
 
 INTERRUPTED = """
 import sys
-from cluster import inventory, relay
+from cluster import relay
+from cluster.inventory import loader
 from cluster.fanout import Group
-hs = list(inventory.load(sys.argv[1]).hosts.values())
+hs = list(loader.load(sys.argv[1]).hosts.values())
 items = relay.items(__import__("pathlib").Path(sys.argv[2]), __import__("json").loads(sys.argv[3]))
 with Group(hs) as g:
     relay.distribute(g, hs, items, {h.name: "/srv/cluster/w4" for h in hs})

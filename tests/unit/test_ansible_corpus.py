@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import ansible_inventory, inventory, inventory_ansible
+from cluster.inventory import ansible as inventory_ansible, ansible_core, loader
 from cluster.errors import InventoryError
 from tests.conftest import FIXTURES
 
 CORPUS = FIXTURES / "ansible"
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.yaml"))
 CONSUMED = inventory_ansible.CONSUMED
-needs_ansible = pytest.mark.skipif(not ansible_inventory.available(),
+needs_ansible = pytest.mark.skipif(not ansible_core.available(),
                                    reason="ansible-core is not installed (pip install clusterctl[ansible])")
 
 
@@ -45,8 +45,8 @@ def _connection(value: Any) -> str:
     return "ssh" if value in (None, "ssh", "smart", "paramiko") else str(value)
 
 
-def assert_same_as_ansible(inv: inventory.Inventory, answer: dict[str, Any]) -> None:
-    """Every field clusterctl takes from the inventory, compared with Ansible's answer."""
+def assert_same_as_ansible(inv: loader.Inventory, answer: dict[str, Any]) -> None:
+    """Every field clusterctl takes from the loader, compared with Ansible's answer."""
     assert list(inv.hosts) == answer["order"]
     assert {g: set(m) for g, m in inv.groups.items()} == {g: set(m) for g, m in answer["groups"].items()}
     for name, want in answer["hosts"].items():
@@ -88,9 +88,9 @@ def test_ansible_path_equals_ansible(name: str) -> None:
     source, spec, answer = _case(name)
     if spec.get("refuse"):
         with pytest.raises(InventoryError, match=spec["refuse"]):
-            inventory.load(source, check_files=False, reader="ansible")
+            loader.load(source, check_files=False, reader="ansible")
         return
-    inv = inventory.load(source, check_files=False, reader="ansible")
+    inv = loader.load(source, check_files=False, reader="ansible")
     assert inv.format == "ansible"
     assert_same_as_ansible(inv, answer)
 
@@ -99,7 +99,7 @@ def test_ansible_path_equals_ansible(name: str) -> None:
 def test_builtin_path_equals_ansible_or_refuses(name: str) -> None:
     source, spec, answer = _case(name)
     try:
-        inv = inventory.load(source, check_files=False, reader="builtin")
+        inv = loader.load(source, check_files=False, reader="builtin")
     except InventoryError as e:
         assert spec["builtin"] == "refuse" or spec.get("refuse"), f"{name}: refused unexpectedly: {e}"
         if spec.get("refuse") and "install clusterctl[ansible]" not in str(e):
@@ -117,13 +117,13 @@ def test_builtin_path_equals_ansible_or_refuses(name: str) -> None:
 def test_cache_is_used_and_invalidated(tmp_path: Path) -> None:
     src = tmp_path / "hosts.ini"
     src.write_text("[lab]\npc01 ansible_host=10.99.30.1\n")
-    first = ansible_inventory.resolve([src])
-    again = ansible_inventory.resolve([src])
+    first = ansible_core.resolve([src])
+    again = ansible_core.resolve([src])
     assert (first["cached"], again["cached"]) == (False, True)
     gv = tmp_path / "group_vars"
     gv.mkdir()
     (gv / "lab.yml").write_text("ansible_user: changed\n")  # a new file beside it: read again
-    third = ansible_inventory.resolve([src])
+    third = ansible_core.resolve([src])
     assert third["cached"] is False and third["hosts"][0]["conn"]["user"] == "changed"
     (gv / "lab.yml").write_text("ansible_user: changed2\n")
-    assert ansible_inventory.resolve([src])["hosts"][0]["conn"]["user"] == "changed2"
+    assert ansible_core.resolve([src])["hosts"][0]["conn"]["user"] == "changed2"

@@ -9,7 +9,7 @@ import pytest
 
 from cluster.bounds import Range
 from cluster.cli import args
-from cluster.inventory_model import NUMBERS as INVENTORY_NUMBERS
+from cluster.inventory.model import NUMBERS as INVENTORY_NUMBERS
 from cluster.jobs import DEFAULTS
 from cluster.jobs import NUMBERS as JOB_NUMBERS
 

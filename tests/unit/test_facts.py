@@ -4,7 +4,7 @@ from __future__ import annotations
 from cluster import facts, health
 from cluster.facts import NodeFacts
 from cluster.gpus import compute_capability_for
-from cluster.inventory import GpuSpec, Host
+from cluster.inventory.loader import GpuSpec, Host
 from tests.conftest import FIXTURES
 
 F = FIXTURES / "facts"

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from cluster.fanout import Group
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport import Transport
 
 

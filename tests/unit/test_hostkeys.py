@@ -11,10 +11,10 @@ from typing import Callable
 import paramiko
 import pytest
 
-from cluster import hostkeys, inventory
+from cluster.inventory import hostkeys, loader
 from cluster.errors import HostKeyError, InventoryError, TransportError
-from cluster.inventory import Host
-from cluster.inventory_model import KNOWN_HOSTS_MAX_BYTES
+from cluster.inventory.loader import Host
+from cluster.inventory.model import KNOWN_HOSTS_MAX_BYTES
 from tests.conftest import ROOT, write
 
 
@@ -186,9 +186,9 @@ def _fifo(tmp_path: Path) -> Path:
 _THREE_CALLS = """
 import sys
 from pathlib import Path
-from cluster import hostkeys
+from cluster.inventory import hostkeys
 from cluster.errors import TransportError
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from tests.unit.test_hostkeys import _keypair
 path, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 host = Host(name="pc1", address="10.1.2.3", known_hosts=str(path))
@@ -245,7 +245,7 @@ def test_the_inventory_refuses_such_a_known_hosts_naming_its_line(tmp_path: Path
         with open(path, "wb") as f:
             f.truncate(KNOWN_HOSTS_MAX_BYTES + 1)
     inv = write(tmp_path, f"defaults:\n  known_hosts: {path}\nhosts:\n  pc1: {{address: 127.0.0.1}}\n")
-    e = _at_once(lambda: inventory.load(inv))
+    e = _at_once(lambda: loader.load(inv))
     assert isinstance(e, InventoryError) and (e.line, e.field, e.exit_code) == (2, "defaults.known_hosts", 2), e
     assert ("not a known_hosts file" in e.message or "more than a known_hosts file holds" in e.message) \
         and "regular file" in (e.fix or "")

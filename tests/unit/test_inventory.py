@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cluster import ansible_inventory, inventory
+from cluster.inventory import ansible_core, loader
 from cluster.errors import InventoryError
 from tests.conftest import ROOT, write
 
@@ -38,27 +38,27 @@ hosts:
 
 
 def test_layers_defaults_group_host_cli(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, GOOD), overrides=["vars.epochs=9", "port=2200"])
+    inv = loader.load(write(tmp_path, GOOD), overrides=["vars.epochs=9", "port=2200"])
     pc1, pc2, pc3 = inv.hosts["pc1"], inv.hosts["pc2"], inv.hosts["pc3"]
     assert (pc1.user, pc2.user, pc3.user) == ("gpuuser", "alice", "student")  # group < host
     assert pc1.workdir == "/srv/cluster"  # defaults
     assert pc1.vars == {"dataset": "digits", "epochs": 9}  # command line wins over everything
     assert {h.port for h in inv.hosts.values()} == {2200}
-    assert pc1.gpu == inventory.GpuSpec(1, "GTX 1050 Ti", "6.1")
-    assert pc3.gpu == inventory.GpuSpec(0)
+    assert pc1.gpu == loader.GpuSpec(1, "GTX 1050 Ti", "6.1")
+    assert pc3.gpu == loader.GpuSpec(0)
     assert inv.rank0 == "pc2"
     assert [h.name for h in inv.ordered(inv.hosts.values())] == ["pc2", "pc1", "pc3"]
     assert pc1.groups == ("gpu",)
 
 
 def test_layers_without_cli(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, GOOD))
+    inv = loader.load(write(tmp_path, GOOD))
     assert inv.hosts["pc1"].vars["epochs"] == 5 and inv.hosts["pc2"].vars["epochs"] == 7
     assert inv.hosts["pc3"].vars["epochs"] == 3 and inv.hosts["pc3"].port == 2222
 
 
 def test_select_limit(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, GOOD))
+    inv = loader.load(write(tmp_path, GOOD))
     assert [h.name for h in inv.select("gpu")] == ["pc1", "pc2"]
     assert [h.name for h in inv.select("pc3,pc1")] == ["pc1", "pc3"]
     assert [h.name for h in inv.select("pc*")] == ["pc1", "pc2", "pc3"]
@@ -68,7 +68,7 @@ def test_select_limit(tmp_path: Path) -> None:
 
 def _error(tmp_path: Path, text: str, **kw: Any) -> InventoryError:
     with pytest.raises(InventoryError) as exc:
-        inventory.load(write(tmp_path, text), **kw)
+        loader.load(write(tmp_path, text), **kw)
     return exc.value
 
 
@@ -112,7 +112,7 @@ def test_unreadable_key_file(tmp_path: Path) -> None:
         e = _error(tmp_path, f"hosts:\n  a:\n    address: x\n    identity_file: {key}\n")
         assert "not readable" in str(e)
     # parsing alone (as tests of example inventories do) does not look at key files
-    inventory.load(write(tmp_path, "defaults:\n  identity_file: /nonexistent/k\nhosts:\n  a: {address: x}\n"),
+    loader.load(write(tmp_path, "defaults:\n  identity_file: /nonexistent/k\nhosts:\n  a: {address: x}\n"),
                    check_files=False)
 
 
@@ -132,9 +132,9 @@ def test_other_errors(tmp_path: Path) -> None:
     e = _error(tmp_path, "hosts:\n  pc1: {address: a, gpu: {count: two}}\n")
     assert e.field == "hosts.pc1.gpu.count"
     with pytest.raises(InventoryError, match="cannot read inventory"):
-        inventory.load(tmp_path / "missing.yaml")
+        loader.load(tmp_path / "missing.yaml")
     with pytest.raises(InventoryError, match="unknown field"):
-        inventory.load(write(tmp_path, "hosts:\n  a: {address: x}\n"), overrides=["colour=red"])
+        loader.load(write(tmp_path, "hosts:\n  a: {address: x}\n"), overrides=["colour=red"])
 
 
 ANSIBLE = """\
@@ -168,12 +168,12 @@ all:
 
 
 READERS = ["builtin", pytest.param("ansible", marks=pytest.mark.skipif(
-    not ansible_inventory.available(), reason="ansible-core is not installed (pip install clusterctl[ansible])"))]
+    not ansible_core.available(), reason="ansible-core is not installed (pip install clusterctl[ansible])"))]
 
 
 @pytest.mark.parametrize("reader", READERS)
 def test_ansible_inventory(tmp_path: Path, reader: str) -> None:
-    inv = inventory.load(write(tmp_path, ANSIBLE), check_files=False, reader=reader)
+    inv = loader.load(write(tmp_path, ANSIBLE), check_files=False, reader=reader)
     assert inv.format == "ansible"
     assert list(inv.hosts) == ["head", "pc1", "pc2", "pc3"]  # the order hosts first appear
     assert inv.rank0 == "head"
@@ -197,7 +197,7 @@ def test_ansible_bad_clusterctl_field(tmp_path: Path, reader: str) -> None:
 
 def test_example_lab_inventory_parses() -> None:
     """The example of a real lab is parsed, never connected to."""
-    inv = inventory.load(ROOT / "inventory" / "lab.yaml", check_files=False)
+    inv = loader.load(ROOT / "inventory" / "lab.yaml", check_files=False)
     assert len(inv.hosts) == 4 and inv.rank0 == "pc1"
     assert [h.gpu.count if h.gpu else None for h in inv.hosts.values()] == [1, 1, 1, 0]
     assert all(h.gpu and h.gpu.compute_capability == "6.1" for h in inv.select("gpu"))
@@ -205,14 +205,14 @@ def test_example_lab_inventory_parses() -> None:
 
 
 def test_local_inventory_parses() -> None:
-    inv = inventory.load(ROOT / "inventory" / "local.yaml")
+    inv = loader.load(ROOT / "inventory" / "local.yaml")
     assert {h.connection for h in inv.hosts.values()} == {"local"}
     assert all(os.path.isabs(h.workdir) for h in inv.hosts.values())
     assert len({h.workdir for h in inv.hosts.values()}) == 2
 
 
 def test_ssh_home_relative_workdir(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, "hosts:\n  a: {address: x, workdir: ~/cluster}\n"))
+    inv = loader.load(write(tmp_path, "hosts:\n  a: {address: x, workdir: ~/cluster}\n"))
     assert inv.hosts["a"].workdir == "cluster"  # remote commands start in the login directory
 
 
@@ -243,14 +243,14 @@ def test_unsafe_file_name_gives_no_default_name(tmp_path: Path) -> None:
     bad = tmp_path / "my lab.yaml"
     bad.write_text("hosts:\n  pc1: {address: a}\n")
     with pytest.raises(InventoryError, match="rename the inventory file"):
-        inventory.load(bad)
+        loader.load(bad)
 
 
 def test_non_utf8_inventory_is_exit_2_with_its_line(tmp_path: Path) -> None:
     p = tmp_path / "inv.yaml"
     p.write_bytes(b"hosts:\n  pc1:\n    address: caf\xe9\n")
     with pytest.raises(InventoryError) as exc:
-        inventory.load(p)
+        loader.load(p)
     assert exc.value.line == 3 and "not UTF-8" in str(exc.value) and exc.value.exit_code == 2
 
 
@@ -273,7 +273,7 @@ def test_cli_gives_exit_2_not_a_traceback(tmp_path: Path) -> None:
 
 
 def test_workdir_in_the_login_users_home(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, "hosts:\n  a: {address: x, user: student, workdir: ~student/cluster}\n"))
+    inv = loader.load(write(tmp_path, "hosts:\n  a: {address: x, user: student, workdir: ~student/cluster}\n"))
     assert inv.hosts["a"].workdir == "cluster"  # the login directory of student: not `student/cluster`
 
 
@@ -287,7 +287,7 @@ def test_workdir_tilde_user_on_a_local_node_is_that_users_home(tmp_path: Path) -
     import pwd
 
     me = pwd.getpwuid(os.getuid())
-    inv = inventory.load(write(tmp_path, f"hosts:\n  a: {{address: x, connection: local, workdir: ~{me.pw_name}/c}}\n"))
+    inv = loader.load(write(tmp_path, f"hosts:\n  a: {{address: x, connection: local, workdir: ~{me.pw_name}/c}}\n"))
     assert inv.hosts["a"].workdir == os.path.join(me.pw_dir, "c")
 
 
@@ -306,10 +306,10 @@ def test_builtin_reader_refuses_what_it_cannot_read_exactly(tmp_path: Path) -> N
         assert feature in str(e) and "install clusterctl[ansible]" in str(e) and e.line, text
     (tmp_path / "hosts.ini").write_text("[lab]\npc1\n")
     with pytest.raises(InventoryError, match="INI"):
-        inventory.load(tmp_path / "hosts.ini", reader="builtin")
+        loader.load(tmp_path / "hosts.ini", reader="builtin")
     (tmp_path / "host_vars").mkdir()
     with pytest.raises(InventoryError, match="host_vars/ beside the inventory"):
-        inventory.load(write(tmp_path, "all:\n  hosts:\n    pc1:\n"), reader="builtin")
+        loader.load(write(tmp_path, "all:\n  hosts:\n    pc1:\n"), reader="builtin")
 
 
 @pytest.mark.parametrize("text, field, message", [
@@ -335,9 +335,9 @@ def test_numbers_must_be_finite_and_within_their_bounds(tmp_path: Path, text: st
 def test_numbers_set_on_the_command_line_pass_the_same_check(tmp_path: Path) -> None:
     for value in (".nan", ".inf", "0", "1e9"):
         with pytest.raises(InventoryError) as exc:
-            inventory.load(write(tmp_path, GOOD), overrides=[f"command_timeout={value}"], check_files=False)
+            loader.load(write(tmp_path, GOOD), overrides=[f"command_timeout={value}"], check_files=False)
         assert exc.value.field == "--set command_timeout" and "--set command_timeout=600" in (exc.value.fix or "")
-    inv = inventory.load(write(tmp_path, GOOD), overrides=["connect_timeout=600", "command_timeout=86400"],
+    inv = loader.load(write(tmp_path, GOOD), overrides=["connect_timeout=600", "command_timeout=86400"],
                          check_files=False)
     assert {(h.connect_timeout, h.command_timeout) for h in inv.hosts.values()} == {(600.0, 86400.0)}
 

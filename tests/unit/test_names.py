@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import ansible_yaml, inventory_check, jobs, lab, lab_shaping, runs
+from cluster import jobs, lab, lab_shaping, runs
+from cluster.inventory import ansible_yaml, check as inventory_check
 from cluster.errors import UsageError
 from cluster.jobs import JobError
 from cluster.workloads import relaynode_common

@@ -19,7 +19,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cluster import cli, errors, inventory, inventory_model, jobs, launch, render, runs
+from cluster import cli, errors, jobs, launch, render, runs
+from cluster.inventory import loader as inventory, model
 
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -245,7 +246,7 @@ def check_inventory(path: Path, overrides: list[str] = ()) -> None:
     assert inv.hosts and inv.rank0 in inv.hosts
     for h in inv.hosts.values():  # an inventory that loads holds no NaN, infinity or out-of-bounds number
         for field in ("port", "connect_timeout", "command_timeout"):
-            assert inventory_model.NUMBERS[field].accepts(getattr(h, field)), (h.name, field)
+            assert model.NUMBERS[field].accepts(getattr(h, field)), (h.name, field)
 
 
 @FAST

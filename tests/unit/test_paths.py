@@ -1,11 +1,12 @@
-"""Per-inventory state on the head: one file per inventory, never shared by two that share a name."""
+"""Per-inventory state on the head: one file per loader, never shared by two that share a name."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from cluster import bench, inventory, paths, placement
+from cluster import bench, paths, placement
+from cluster.inventory import loader
 from cluster.errors import InventoryError
 from tests.conftest import write
 
@@ -16,8 +17,8 @@ def test_two_inventories_with_one_name_keep_separate_state(tmp_path: Path, monke
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = inventory.load(write(tmp_path / "a", INV, "lab.yaml"), check_files=False)
-    b = inventory.load(write(tmp_path / "b", INV, "lab.yaml"), check_files=False)
+    a = loader.load(write(tmp_path / "a", INV, "lab.yaml"), check_files=False)
+    b = loader.load(write(tmp_path / "b", INV, "lab.yaml"), check_files=False)
     assert a.name == b.name == "lab"
     assert bench.bench_path(a) != bench.bench_path(b)
     assert placement.choice_path(a, "j") != placement.choice_path(b, "j")
@@ -31,5 +32,5 @@ def test_an_inventory_name_that_is_not_path_safe_is_refused(tmp_path: Path, name
     import json
 
     with pytest.raises(InventoryError, match="name"):
-        inventory.load(write(tmp_path, f"name: {json.dumps(name)}\n" + INV.split("\n", 1)[1], "lab.yaml"),
+        loader.load(write(tmp_path, f"name: {json.dumps(name)}\n" + INV.split("\n", 1)[1], "lab.yaml"),
                        check_files=False)

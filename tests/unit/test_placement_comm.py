@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, commmodel, inventory, placement
+from cluster import bench, commmodel, placement
+from cluster.inventory import loader
 from cluster.commmodel import Comm, Link, Scheme
 from cluster.placement import NodeSpeed, Workload
 
@@ -108,7 +109,7 @@ def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
     f = tmp_path / "lab.yaml"
     f.write_text("name: lab\nhosts:\n" + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in SPEEDS))
-    inv = inventory.load(f, check_files=False)
+    inv = loader.load(f, check_files=False)
     work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
     cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
     choice = placement.PlacementChoice("resnet18-ddp", "pytorch", str(inv.path), 1.0, 0.0, SPEEDS, SLOW, 32, cands,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, inventory, placement
+from cluster import bench, placement
+from cluster.inventory import loader
 from cluster.bench import NetworkBench, StepRate
 from cluster.errors import UsageError
 from cluster.placement import NodeSpeed
@@ -84,7 +85,7 @@ OLD_BENCH = {
 
 def test_a_saved_benchmark_loads_typed_and_saves_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
-    inv = inventory.load(_inventory(tmp_path), check_files=False)
+    inv = loader.load(_inventory(tmp_path), check_files=False)
     p = bench.bench_path(inv)
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(OLD_BENCH, indent=1))
@@ -99,7 +100,7 @@ def test_a_saved_benchmark_loads_typed_and_saves_unchanged(tmp_path: Path, monke
 def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
-    inv = inventory.load(_inventory(tmp_path), check_files=False)
+    inv = loader.load(_inventory(tmp_path), check_files=False)
     b = bench.BenchResult.from_dict(OLD_BENCH)
     speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
     cands = placement.candidates(speeds, 16, b.network, train_samples=1600)

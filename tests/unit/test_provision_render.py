@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from cluster import facts, inventory, playbook, provision
-from cluster.inventory import Host
+from cluster import facts, playbook, provision
+from cluster.inventory import loader
+from cluster.inventory.loader import Host
 from tests import goldens
 from tests.conftest import ROOT
 
@@ -36,7 +37,7 @@ def node_facts(h: Host, base: dict[str, Any]) -> facts.NodeFacts:
 
 def request() -> provision.ProvisionRequest:
     """The request provision prepares for the mixed lab, from the recorded facts."""
-    inv = inventory.load(MIXED, check_files=False)
+    inv = loader.load(MIXED, check_files=False)
     hosts = inv.ordered(inv.hosts.values())
     base = facts.parse_all(RECORDED.read_text())
     return provision.request_for(inv, hosts, {h.name: node_facts(h, base) for h in hosts}, playbook.load("provision"))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, jobs, launch, render
+from cluster import jobs, launch, render
+from cluster.inventory import loader
 from cluster.jobs import JobError
 from tests import goldens
 from tests.conftest import ROOT
@@ -21,7 +22,7 @@ RUN_ID, DATA_FILE = "resnet50-20261129-120000-abcd", "digits-0123456789abcdef.np
 
 
 def mixed_targets() -> list[render.Target]:
-    inv = inventory.load(MIXED, check_files=False)
+    inv = loader.load(MIXED, check_files=False)
     return [render.Target(h, h.gpu.count if h.gpu else 0, "gloo") for h in inv.ordered(inv.hosts.values())]
 
 
@@ -33,7 +34,7 @@ def plan_for(job: str) -> render.LaunchRequest:
 
 def request_for(job: str) -> render.LaunchRequest:
     """What `launch JOB --dry-run` prints for the mixed lab, the job as shipped (its port picked at start)."""
-    inv = inventory.load(MIXED, check_files=False)
+    inv = loader.load(MIXED, check_files=False)
     return launch.request_for(inv, jobs.load(job), mixed_targets(), RUN_ID, DATA_FILE)
 
 
@@ -60,7 +61,7 @@ def test_request_says_whether_the_port_is_chosen_or_picked_at_start() -> None:
     request = request_for("resnet50-ddp")
     assert request.port_picked_at_start and request.endpoint == "192.168.1.11:29400"  # the default, shown
     assert "picked when the run starts" in request.to_text()
-    inv = inventory.load(MIXED, check_files=False)
+    inv = loader.load(MIXED, check_files=False)
     chosen = launch.request_for(inv, jobs.load("resnet50-ddp", ["port=29555"]), mixed_targets(), RUN_ID, DATA_FILE)
     assert not chosen.port_picked_at_start and chosen.endpoint == "192.168.1.11:29555"
     assert "the job's `port:` is used" in chosen.to_text()
@@ -114,7 +115,7 @@ def test_hostile_values_arrive_literally_and_run_nothing(job: str, tmp_path: Pat
     evil = EVIL.format(canary=canary)
     workdir = tmp_path / f"work {evil[:20]}".replace("\n", " ").replace("/", "_")
     workdir = tmp_path / workdir.name
-    host = inventory.Host(name=f"pc1{evil}", address="127.0.0.1", workdir=str(workdir))
+    host = loader.Host(name=f"pc1{evil}", address="127.0.0.1", workdir=str(workdir))
     spec = jobs.load(job, [f"env.NOTE={json.dumps(evil)}"])
     plan = render.render(spec, [render.Target(host)], "run1", f"data {evil}.npz", {host.name: 29400})
     node = plan.nodes[0]
@@ -158,7 +159,7 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
     spec = jobs.load("resnet50-ddp", ["env_from.API_TOKEN={env: LAB_TOKEN}", f"env_from.HF_TOKEN={{file: {tmp_path / 'hf'}}}"])
     values = launch.secret_values(spec)
     assert values == {"API_TOKEN": f"tok-{evil}", "HF_TOKEN": "hf-secret-123"}
-    host = inventory.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
+    host = loader.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
     node = render.render(spec, [render.Target(host)], "run1", "d.npz", {"pc1": 29400}).nodes[0]
     for name, content in node.files.items():
         assert "hf-secret-123" not in content and "tok-" not in content, name

@@ -204,11 +204,12 @@ def test_a_record_with_a_wrong_type_is_refused_naming_the_field(change: dict) ->
 @pytest.mark.parametrize("name", sorted(runs.RUN_FOLDER_ENTRIES))
 def test_a_host_named_like_a_run_folder_entry_is_refused(tmp_path: Path, name: str) -> None:
     """Each node's results are collected into runs/<id>/<node>/, beside run.json and rendered/."""
-    from cluster import inventory, jobs
+    from cluster import jobs
+    from cluster.inventory import loader
     from cluster.errors import UsageError
     from tests.conftest import write
 
-    inv = inventory.load(write(tmp_path, f"hosts:\n  {name}: {{address: 127.0.0.1}}\n", "inv.yaml"),
+    inv = loader.load(write(tmp_path, f"hosts:\n  {name}: {{address: 127.0.0.1}}\n", "inv.yaml"),
                          check_files=False)
     with pytest.raises(UsageError, match=f"host name '{name}' is the name of a file clusterctl keeps"):
         launch.select_hosts(inv, jobs.load("resnet50-ddp"), None)

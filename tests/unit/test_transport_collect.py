@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster import collect, render
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport.local import LocalTransport
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from cluster import wheelhouse
 from cluster.errors import ClusterError
-from cluster.inventory import Host
+from cluster.inventory.loader import Host
 from cluster.transport.local import LocalTransport
 
 

@@ -1,6 +1,6 @@
 """Ansible inventories -> hosts: the answer of either reader mapped to clusterctl's host fields.
 
-Both readers give one answer shape (cluster.ansible_inventory.child_main): per host its groups,
+Both readers give one answer shape (cluster.inventory.ansible_core.child_main): per host its groups,
 the connection fields as Ansible's connection plugin resolves them, and its templated variables.
 `finish` maps that answer to hosts, the same for both, so they cannot drift apart.
 """
@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cluster import ansible_inventory, ansible_yaml
-from cluster.ansible_answer import Answer, AnsweredHost
+from cluster.inventory import ansible_core, ansible_yaml
+from cluster.inventory.ansible_answer import Answer, AnsweredHost
 from cluster.errors import InventoryError
-from cluster.inventory_check import Checker, Layers, build_host, check_files, check_name, default_name
-from cluster.inventory_model import HOST_FIELDS, Inventory
+from cluster.inventory.check import Checker, Layers, build_host, check_files, check_name, default_name
+from cluster.inventory.model import HOST_FIELDS, Inventory
 from cluster.yamlfile import Map
 
 # Variables that become host fields (consumed: they are not copied into `vars`).
@@ -36,17 +36,17 @@ _CLUSTERCTL_FIELDS = [f for f in HOST_FIELDS if f not in ("address", "connection
 
 def answer(chk: Checker, path: Path, data: Any, reader: str) -> Answer:
     """The answer of the reader chosen (ansible-core, or the built-in YAML subset), or the refusal."""
-    if reader == "ansible" or (reader == "auto" and ansible_inventory.available()):
-        if not ansible_inventory.available():
+    if reader == "ansible" or (reader == "auto" and ansible_core.available()):
+        if not ansible_core.available():
             raise chk.fail(None, None, "ansible-core is not installed (CLUSTERCTL_INVENTORY_READER=ansible)",
-                           ansible_inventory.INSTALL_FIX)
-        return ansible_inventory.resolve([path])
+                           ansible_core.INSTALL_FIX)
+        return ansible_core.resolve([path])
     if path.is_dir():
         raise chk.fail(None, None, "an inventory directory: not in the subset read without Ansible",
-                       ansible_inventory.INSTALL_FIX)
+                       ansible_core.INSTALL_FIX)
     if path.suffix not in ansible_yaml.YAML_EXTENSIONS or data is None or isinstance(data, str):
         raise chk.fail(None, None, "not a YAML inventory (Ansible reads it as INI): INI inventories are not "
-                       "in the subset read without Ansible", ansible_inventory.INSTALL_FIX)
+                       "in the subset read without Ansible", ansible_core.INSTALL_FIX)
     return ansible_yaml.read(path, data)
 
 

@@ -2,8 +2,8 @@
 
 Layering: defaults < group (in file order) < host < command line (`--set`).
 Every error names the file, the line, the dotted field and the fix (docs/inventory.md).
-This module reads the file and clusterctl's own schema; the host model is in cluster.inventory_model,
-value validation and layering in cluster.inventory_check, Ansible's answers in cluster.inventory_ansible.
+This module reads the file and clusterctl's own schema; the host model is in cluster.inventory.model,
+value validation and layering in cluster.inventory.check, Ansible's answers in cluster.inventory.ansible.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any, Iterable
 
 import yaml
 
-from cluster import inventory_ansible
+from cluster.inventory import ansible as inventory_ansible
 from cluster.errors import InventoryError
-from cluster.inventory_check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
-from cluster.inventory_check import check_files as _check_files
-from cluster.inventory_model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory
+from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
+from cluster.inventory.check import check_files as _check_files
+from cluster.inventory.model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory
 from cluster.yamlfile import Loader as _Loader
 from cluster.yamlfile import Map as _Map
 from cluster.yamlfile import line_of as _line
@@ -46,7 +46,7 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
     """Read and validate an inventory. `check_files` verifies key files are readable.
 
     `reader` (default: $CLUSTERCTL_INVENTORY_READER, else `auto`) chooses how an Ansible inventory is
-    read: `ansible` through ansible-core, `builtin` with the exact subset of cluster.ansible_yaml,
+    read: `ansible` through ansible-core, `builtin` with the exact subset of cluster.inventory.ansible_yaml,
     `auto` through ansible-core where it is installed. clusterctl's own schema is always read here.
     """
     path = Path(path)

@@ -32,8 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from cluster import ansible_yaml, paths
-from cluster.ansible_answer import Answer, AnsweredHost, Conn
+from cluster import paths
+from cluster.inventory import ansible_yaml
+from cluster.inventory.ansible_answer import Answer, AnsweredHost, Conn
 from cluster.errors import InventoryError
 
 FORMAT_VERSION = 1  # bump when the child's answer changes shape: old cache entries are then ignored
@@ -120,7 +121,7 @@ def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = T
     # the child imports this module by name, wherever the command runs from
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "cluster.ansible_inventory", *(str(s) for s in sources)]
+    cmd = [sys.executable, "-m", "cluster.inventory.ansible_core", *(str(s) for s in sources)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                               cwd=os.getcwd(), stdin=subprocess.DEVNULL, check=False)

@@ -1,6 +1,6 @@
 """The built-in reader of Ansible YAML inventories: a small subset, read exactly as Ansible reads it.
 
-Used where ansible-core is not installed. It gives the same answer as cluster.ansible_inventory
+Used where ansible-core is not installed. It gives the same answer as cluster.inventory.ansible_core
 (Ansible itself) or refuses with exit 2, file:line, the feature by name and the fix "install
 clusterctl[ansible]"; it never guesses. What it reads, with Ansible's own rules (ansible-core 2.19:
 plugins/inventory/yaml.py, inventory/data.py, group.py, vars/manager.py):
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.ansible_answer import Answer, AnsweredHost, Conn
+from cluster.inventory.ansible_answer import Answer, AnsweredHost, Conn
 from cluster.errors import InventoryError
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
@@ -265,7 +265,7 @@ class _Reader:
         return memo[name]
 
     def answer(self) -> Answer:
-        """The same shape as cluster.ansible_inventory's answer."""
+        """The same shape as cluster.inventory.ansible_core's answer."""
         memo: dict[str, int] = {}
         order = list(self.hosts)
         hosts_out: list[AnsweredHost] = []

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import InventoryError
-from cluster.inventory_model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, KNOWN_HOSTS_MAX_BYTES, NUMBERS, GpuSpec,
+from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, KNOWN_HOSTS_MAX_BYTES, NUMBERS, GpuSpec,
                                      Host, Inventory)
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line

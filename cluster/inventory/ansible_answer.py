@@ -1,6 +1,6 @@
 """The answer both Ansible readers give (ansible-core in a child process, or the built-in YAML subset).
 
-One shape, so cluster.inventory_ansible maps either to hosts the same way; the child sends it as JSON.
+One shape, so cluster.inventory.ansible maps either to hosts the same way; the child sends it as JSON.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The inventory as the rest of clusterctl sees it: hosts, their GPUs, groups and rank 0.
 
-Plain frozen values, built and validated by cluster.inventory (which re-exports them).
+Plain frozen values, built and validated by cluster.inventory.loader (which re-exports them).
 """
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ import paramiko
 from paramiko.pkey import UnknownKeyType
 
 from cluster.errors import HostKeyError, TransportError
-from cluster.inventory import Host
-from cluster.inventory_check import known_hosts_problem
-from cluster.inventory_model import KNOWN_HOSTS_MAX_BYTES
+from cluster.inventory.loader import Host
+from cluster.inventory.check import known_hosts_problem
+from cluster.inventory.model import KNOWN_HOSTS_MAX_BYTES
 
 _cache: dict[tuple[Path, int, int], KnownHosts] = {}
 _lock = threading.Lock()
