@@ -11,7 +11,7 @@ Rows:
   clusterctl exec (cold)   `clusterctl exec INV -- true` as a new process: start, connect, run, exit
   serial ssh loop          OpenSSH `ssh node true`, one node after the other
   pdsh -R ssh              pdsh (Debian package), fan-out 32, same key and known_hosts
-  library: 1 command       cluster.fanout.Group in one process: connect all + `true` once
+  library: 1 command       cluster.nodes.fanout.Group in one process: connect all + `true` once
   library: 8 commands      the same, then 7 more `true` on the reused connections (provision's path)
 
 --cold-start (no lab, no root): `python -m cluster --help` and `python -m cluster exec --help` as new
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
 from cluster import lab  # noqa: E402
 from cluster.inventory import loader
-from cluster.fanout import Group  # noqa: E402
+from cluster.nodes.fanout import Group  # noqa: E402
 
 
 

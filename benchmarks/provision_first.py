@@ -51,7 +51,7 @@ import jinja2  # noqa: E402
 
 from cluster import compat, lab, provision, relay, wheelhouse  # noqa: E402
 from cluster.inventory import loader
-from cluster.fanout import Group  # noqa: E402
+from cluster.nodes.fanout import Group  # noqa: E402
 
 FP_KEYS = ("python", "torch", "torchvision", "tensorflow", "numpy", "gloo")
 FIRST_IMPORT = "import torch, torchvision"

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import lab_parser  # noqa: E402
 from cluster import lab  # noqa: E402
 from cluster.inventory import loader
-from cluster.fanout import Group  # noqa: E402
+from cluster.nodes.fanout import Group  # noqa: E402
 
 PY = sys.executable
 WL = ROOT / "cluster" / "workloads"

@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 from cluster import commmodel, datasets, jobs, launch, paths, provision
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
-from cluster.fanout import Group, GroupResult
+from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host, Inventory
-from cluster.replies import agent_reply, error_tail
+from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 
 WARMUP_STEPS = 2

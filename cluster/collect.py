@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from cluster import facts, render, runs
+from cluster import render, runs
+from cluster.nodes import facts
 from cluster.wheelhouse import sha256_file
 from cluster.errors import ClusterError, UsageError
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
-from cluster.replies import agent_reply, error_tail
+from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 
 

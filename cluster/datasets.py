@@ -21,7 +21,7 @@ from cluster.transport import Transport
 from cluster.wheelhouse import distribution_mode, sha256_file
 
 if TYPE_CHECKING:
-    from cluster.fanout import Group, GroupResult
+    from cluster.nodes.fanout import Group, GroupResult
     from cluster.inventory.loader import Host
 
 

@@ -18,11 +18,11 @@ from typing import Any, Callable, NoReturn
 
 from cluster import __version__, datasets, errors, render, runs, verify
 from cluster.errors import ClusterError, UsageError
-from cluster.fanout import Group, GroupResult
+from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host, Inventory
 from cluster.jobs import JobError, JobSpec
 from cluster.render import LaunchRequest
-from cluster.replies import agent_reply, error_tail
+from cluster.nodes.replies import agent_reply, error_tail
 from cluster.runstate import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
                               NodeStatus, _stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
                               stop_nodes)

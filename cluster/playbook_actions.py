@@ -14,7 +14,7 @@ from cluster import wheelhouse
 from cluster.errors import ClusterError
 from cluster.playbook_model import CHANGED, UNCHANGED, WOULD_CHANGE, Step
 from cluster.playbook_render import Renderer
-from cluster.replies import error_tail
+from cluster.nodes.replies import error_tail
 from cluster.transport import Transport
 
 

@@ -15,9 +15,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import compat, diskspace, facts, playbook, wheelhouse
+from cluster import compat, diskspace, playbook, wheelhouse
+from cluster.nodes import facts
 from cluster.errors import ClusterError
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host, Inventory
 from cluster.playbook import Playbook, RenderedStep
 from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, settle

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from cluster import compat, playbook
-from cluster.fanout import Group, GroupResult
+from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host
 
 LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), then re-run provision: "

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from cluster.fanout import OK, Group, GroupResult, HostResult
+from cluster.nodes.fanout import OK, Group, GroupResult, HostResult
 from cluster.inventory.loader import Host
 from cluster.relay_plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
                                 items, parse_survey, pidfile, plan, survey)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.errors import ClusterError
-from cluster.fanout import Group, GroupResult
+from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host
 from cluster.transport import Transport
 

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Callable
 
 from cluster.errors import ClusterError, CommandTimeout, TransportError
-from cluster.fanout import FAILED, OK, UNREACHABLE, Group, HostResult
+from cluster.nodes.fanout import FAILED, OK, UNREACHABLE, Group, HostResult
 from cluster.inventory.loader import Host
 from cluster.relay_plan import PIECE, Delivery, Item, Plan, batches, pidfile
 from cluster.relay_progress import Tracker

@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 from cluster import render, runs
 from cluster.errors import UsageError
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
-from cluster.replies import agent_reply, error_tail
+from cluster.nodes.replies import agent_reply, error_tail
 
 # A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd
 # under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).

@@ -14,10 +14,10 @@ from typing import Any
 
 from cluster import __version__, paths
 from cluster.errors import ClusterError
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host, Inventory
 from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, lost, settle
-from cluster.replies import agent_reply, error_tail
+from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 
 FINGERPRINT_ALL = ("python", "torch", "torchvision", "tensorflow")

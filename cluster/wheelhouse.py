@@ -25,7 +25,7 @@ from cluster.errors import ClusterError, UsageError
 from cluster.transport import Transport
 
 if TYPE_CHECKING:
-    from cluster.fanout import Group
+    from cluster.nodes.fanout import Group
     from cluster.inventory.loader import Host
     from cluster.playbook import Playbook
 

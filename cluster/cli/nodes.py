@@ -77,8 +77,8 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from cluster import check, facts
-    from cluster.fanout import Group
+    from cluster.nodes import check, facts
+    from cluster.nodes.fanout import Group
 
     inv = load_inventory(args.inventory_pos or args.inventory, args.set)
     hosts = inv.select(args.limit)
@@ -114,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from cluster.fanout import Group
+    from cluster.nodes.fanout import Group
 
     if not args.command:
         raise errors.UsageError("no command given", "put it after --: clusterctl exec [INVENTORY] -- uptime")

@@ -14,7 +14,7 @@ import yaml
 
 from cluster import diskspace, lab
 from cluster.inventory import loader
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.transport import ssh
 from tests.conftest import ROOT
 from tests.integration.conftest import clusterctl, clusterctl_json, pytestmark, wait_until  # noqa: F401

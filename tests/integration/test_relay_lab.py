@@ -21,7 +21,7 @@ import pytest
 
 from cluster import lab, relay
 from cluster.inventory import loader
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from tests.conftest import ROOT
 from tests.integration.conftest import lab_up, pytestmark, wait_until  # noqa: F401
 
@@ -225,7 +225,7 @@ INTERRUPTED = """
 import sys
 from cluster import relay
 from cluster.inventory import loader
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 hs = list(loader.load(sys.argv[1]).hosts.values())
 items = relay.items(__import__("pathlib").Path(sys.argv[2]), __import__("json").loads(sys.argv[3]))
 with Group(hs) as g:

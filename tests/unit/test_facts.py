@@ -1,9 +1,9 @@
 """Fact parsers on recorded real outputs (tests/fixtures/facts/README.md says where each came from)."""
 from __future__ import annotations
 
-from cluster import facts, health
-from cluster.facts import NodeFacts
-from cluster.gpus import compute_capability_for
+from cluster.nodes import facts, health
+from cluster.nodes.facts import NodeFacts
+from cluster.nodes.gpus import compute_capability_for
 from cluster.inventory.loader import GpuSpec, Host
 from tests.conftest import FIXTURES
 

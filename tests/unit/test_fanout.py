@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
 from cluster.transport import Transport
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from cluster import facts, playbook, provision
+from cluster import playbook, provision
+from cluster.nodes import facts
 from cluster.inventory import loader
 from cluster.inventory.loader import Host
 from tests import goldens

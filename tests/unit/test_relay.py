@@ -18,7 +18,7 @@ import pytest
 
 from cluster import relay, relay_progress, relay_run
 from cluster.errors import ClusterError
-from cluster.fanout import Group
+from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
 from cluster.transport import CommandResult
 from cluster.workloads import relaynode

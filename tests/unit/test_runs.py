@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster import launch, runs, runstate
-from cluster.replies import agent_reply
+from cluster.nodes.replies import agent_reply
 from cluster.runstate import NodeStatus, judge
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cluster.facts import NodeFacts
-from cluster.fanout import HostResult
+from cluster.nodes.facts import NodeFacts
+from cluster.nodes.fanout import HostResult
 from cluster.inventory.loader import Host
 
 MIN_PYTHON = (3, 10)  # torch 2.14 and TF 2.21 wheels need 3.10+

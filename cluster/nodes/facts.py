@@ -10,8 +10,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.fanout import Group, GroupResult
-from cluster.gpus import compute_capability_for
+from cluster.nodes.fanout import Group, GroupResult
+from cluster.nodes.gpus import compute_capability_for
 from cluster.inventory.loader import Host
 from cluster.transport import Transport
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cluster import facts, health
-from cluster.fanout import Group, GroupResult, HostResult
+from cluster.nodes import facts, health
+from cluster.nodes.fanout import Group, GroupResult, HostResult
 from cluster.inventory.loader import Host
 
 
