@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
-from cluster import compat, lab, provision, wheelhouse  # noqa: E402
+from cluster import compat, provision, wheelhouse  # noqa: E402
+from cluster.lab import lifecycle
 
 ANSIBLE_PLAYBOOK = """\
 - hosts: lab
@@ -79,7 +80,7 @@ def main() -> int:
     sh([str(shared / "bin/pip"), "install", "-q", "--no-index", "--find-links", str(wh.dir), "-r",
         str(tmp / "lock.txt")], what="shared env install")
 
-    state = lab.up(args.nodes, name=args.name, subnet=args.subnet, directory=tmp / "lab")
+    state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, directory=tmp / "lab")
     try:
         inv = yaml.safe_load(Path(state.inventory).read_text())
         inv["defaults"]["python"] = str(shared / "bin/python")
@@ -122,7 +123,7 @@ def main() -> int:
         results = {"ansible-playbook (baseline)": median_time(ansible, args.repeats),
                    "clusterctl provision": median_time(clusterctl, args.repeats)}
     finally:
-        lab.down(args.name, tmp / "lab")
+        lifecycle.down(args.name, tmp / "lab")
         shutil.rmtree(tmp, ignore_errors=True)
 
     base = results["ansible-playbook (baseline)"][0]

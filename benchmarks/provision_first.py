@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 import jinja2  # noqa: E402
 
-from cluster import compat, lab, provision, relay, wheelhouse  # noqa: E402
+from cluster import compat, provision, relay, wheelhouse  # noqa: E402
+from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group  # noqa: E402
 
@@ -116,7 +117,7 @@ def standin(wh: wheelhouse.Wheelhouse, mib: int) -> dict[str, dict[str, Any]]:
     return chosen
 
 
-def distribution(state: lab.LabState, wh: wheelhouse.Wheelhouse, files: dict[str, Any], sizes: list[int],
+def distribution(state: lifecycle.LabState, wh: wheelhouse.Wheelhouse, files: dict[str, Any], sizes: list[int],
                  rate: str) -> list[dict[str, Any]]:
     hosts = list(loader.load(state.inventory).hosts.values())
     items = relay.items(wh.dir, files)
@@ -145,7 +146,7 @@ def distribution(state: lab.LabState, wh: wheelhouse.Wheelhouse, files: dict[str
     return rows
 
 
-def node_sh(state: lab.LabState, node: str, cmd: str, timeout: float = 3600) -> str:
+def node_sh(state: lifecycle.LabState, node: str, cmd: str, timeout: float = 3600) -> str:
     """A command in the node's namespaces (its /srv/cluster): through its sshd, as clusterctl would."""
     inv = loader.load(state.inventory)
     with Group([inv.hosts[node]]) as g:
@@ -155,7 +156,7 @@ def node_sh(state: lab.LabState, node: str, cmd: str, timeout: float = 3600) -> 
     return r.stdout
 
 
-def fingerprint(state: lab.LabState, node: str) -> dict[str, Any]:
+def fingerprint(state: lifecycle.LabState, node: str) -> dict[str, Any]:
     out = node_sh(state, node, "/srv/cluster/venv/bin/python /srv/cluster/clusterctl/envcheck.py", 900)
     fp = json.loads(out.strip().splitlines()[-1])
     return {k: fp.get(k) for k in FP_KEYS}
@@ -166,7 +167,7 @@ TIMED = ("import json,resource,subprocess,sys,time; t=time.monotonic(); rc=subpr
          "'wall_s': round(time.monotonic()-t, 2), 'cpu_s': round(ru.ru_utime+ru.ru_stime, 2)}))")
 
 
-def timed_python(state: lab.LabState, node: str, *argv: str) -> dict[str, Any]:
+def timed_python(state: lifecycle.LabState, node: str, *argv: str) -> dict[str, Any]:
     """A new interpreter of the node's venv with `argv`: wall and CPU time measured on the node, and the
     last line it printed (`out`)."""
     cmd = f"python3 -c {shlex.quote(TIMED)} /srv/cluster/venv/bin/python {' '.join(shlex.quote(a) for a in argv)}"
@@ -186,7 +187,7 @@ def install_script(wheel_dir: str) -> str:
                                        host={"workdir": "/srv/cluster"})
 
 
-def first_import_variant(state: lab.LabState, node: str, env: str) -> dict[str, Any]:
+def first_import_variant(state: lifecycle.LabState, node: str, env: str) -> dict[str, Any]:
     """A fresh venv, the install (install.json), two imports, the fingerprint and the stamp's stability."""
     node_sh(state, node, "rm -rf /srv/cluster/venv && python3 -m venv /srv/cluster/venv && "
             f"{env} sh /srv/cluster/clusterctl/install_wheels.sh install", 7200)
@@ -215,7 +216,7 @@ VARIANTS = (("uv, --compile-bytecode", "CLUSTERCTL_BYTECODE=compile"),
 
 def first_import(wh: wheelhouse.Wheelhouse, tmp: Path, subnet: str) -> dict[str, Any]:
     """One node, the full wheelhouse hard-linked into its /srv/cluster/wheels: the three ways, in turn."""
-    state = lab.up(1, name="pfimp", subnet=subnet, directory=tmp / "lab-imp")
+    state = lifecycle.up(1, name="pfimp", subnet=subnet, directory=tmp / "lab-imp")
     try:
         node = state.nodes[0]
         srv = Path(node.dir) / "srv"
@@ -236,10 +237,10 @@ def first_import(wh: wheelhouse.Wheelhouse, tmp: Path, subnet: str) -> dict[str,
             print(f"  {label}: {json.dumps(out[label])}", file=sys.stderr)
         return out
     finally:
-        lab.down(state.name, tmp / "lab-imp")
+        lifecycle.down(state.name, tmp / "lab-imp")
 
 
-def install(state: lab.LabState, env: dict[str, str]) -> dict[str, Any]:
+def install(state: lifecycle.LabState, env: dict[str, str]) -> dict[str, Any]:
     """`clusterctl provision` (uv) on 2 nodes, then pip into fresh venvs, then a copy of the tree (disk)."""
     nodes = [n.name for n in state.nodes[:2]]
     inv = str(state.inventory)
@@ -354,22 +355,22 @@ def main() -> int:
             print(f"{rate}: stand-in set of {sets[rate][0]} wheels, {sets[rate][1] / 2**20:.0f} MiB: "
                   f"{', '.join(sorted(files))}", file=sys.stderr)
             # a lab of its own per rate (name, subnet, keys): nothing of the previous one is reused
-            state = lab.up(max(sizes), name=f"{args.name[:6]}{k}", subnet=args.subnet.replace(".0.0/", f".{10 + k}.0/"),
+            state = lifecycle.up(max(sizes), name=f"{args.name[:6]}{k}", subnet=args.subnet.replace(".0.0/", f".{10 + k}.0/"),
                            directory=tmp / f"lab{k}", bandwidth=rate, uplink=rate)
             try:
                 rows += distribution(state, wh, files, sizes, rate)
             finally:
-                lab.down(state.name, tmp / f"lab{k}")
+                lifecycle.down(state.name, tmp / f"lab{k}")
                 shutil.rmtree(tmp / f"lab{k}", ignore_errors=True)
         if "install" in parts:
             env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home"),
                    "CLUSTERCTL_WHEELHOUSE": str(wheelhouse.cache_dir())}
-            state = lab.up(2, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth="1gbit",
+            state = lifecycle.up(2, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth="1gbit",
                            uplink="1gbit")
             try:
                 inst = install(state, env)
             finally:
-                lab.down(state.name, tmp / "lab")
+                lifecycle.down(state.name, tmp / "lab")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"distribution": rows, "first_import": imports, "install": inst}), file=sys.stderr)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.plan import ctl  # noqa: E402  (clusterctl as a user runs it, its JSON answer)
 from cluster import lab  # noqa: E402
-from cluster.lab_shaping import unshape_link  # noqa: E402
+from cluster.lab.shaping import unshape_link  # noqa: E402
 
 PY = sys.executable
 JOB, TF_JOB, TARGET = "resnet18-ddp", "resnet50-tf", 0.9

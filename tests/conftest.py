@@ -27,11 +27,11 @@ def can_run_lab() -> str | None:
     """None when the simulated lab can start here, else the reason it cannot."""
     if os.geteuid() != 0:
         return "the simulated lab needs root"
-    from cluster import lab
+    from cluster.lab import lifecycle
     from cluster.errors import LabError
 
     try:
-        lab.preflight()
+        lifecycle.preflight()
     except LabError as e:
         return str(e)
     return None

@@ -1,4 +1,4 @@
-"""`clusterctl lab up|down|status`: the simulated lab (cluster.lab)."""
+"""`clusterctl lab up|down|status`: the simulated lab (cluster.lab.lifecycle)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from cluster import errors, lab
+from cluster import errors
+from cluster.lab import lifecycle
 from cluster.inventory import context
 from cluster.cli.args import POSITIVE_INT, add_json
 from cluster.cli.output import emit_json, err, out, table
@@ -28,7 +29,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
                             help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
         if action == "up":
             _declare_up(sp)
-        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lab)")
+        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lifecycle)")
         sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
         add_json(sp)
 
@@ -57,7 +58,7 @@ def _quotas(text: str | None) -> list[float] | None:
 
 def cmd_lab_up(args: argparse.Namespace) -> int:
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
-        state = lab.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
+        state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
                        cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink)
     context.set_current(Path(state.inventory))
     if args.json:
@@ -78,8 +79,8 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_down(args: argparse.Namespace) -> int:
-    state = lab.load_state(args.name, _directory(args))
-    removed = lab.down(args.name, _directory(args), purge=args.purge)
+    state = lifecycle.load_state(args.name, _directory(args))
+    removed = lifecycle.down(args.name, _directory(args), purge=args.purge)
     if state is not None and context.current() == Path(state.inventory):
         context.clear()  # don't leave the current context pointing at nodes that are gone
     if args.json:
@@ -91,7 +92,7 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_status(args: argparse.Namespace) -> int:
-    state, rows = lab.status(args.name, _directory(args))
+    state, rows = lifecycle.status(args.name, _directory(args))
     if args.json:
         emit_json({"name": args.name, "up": state is not None,
                    "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows]})

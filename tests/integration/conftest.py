@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from cluster import lab
+from cluster.lab import lifecycle
 from tests.conftest import ROOT, can_run_lab
 
 REASON = can_run_lab()
@@ -47,17 +47,17 @@ def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:
 
 @contextmanager
 def lab_up(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offset: int,
-           **up: Any) -> Iterator[tuple[lab.LabState, Path]]:
+           **up: Any) -> Iterator[tuple[lifecycle.LabState, Path]]:
     """A lab of its own (name from `tag`, subnet from `offset`) in a fresh folder `d` (the lab in d/lab);
     yields (state, d) and removes the lab at the end, whatever happened."""
     if REASON is not None:
         pytest.skip(REASON)
     d = tmp_path_factory.mktemp(tag)
-    state = lab.up(nodes, name=lab_name(tag), subnet=lab_subnet(offset), directory=d / "lab", **up)
+    state = lifecycle.up(nodes, name=lab_name(tag), subnet=lab_subnet(offset), directory=d / "lab", **up)
     try:
         yield state, d
     finally:
-        lab.down(state.name, d / "lab")
+        lifecycle.down(state.name, d / "lab")
         # the lab's files (venvs, checkpoints, logs) are the test's: CI's disk holds the suite only if each
         # module's lab leaves nothing behind
         shutil.rmtree(d, ignore_errors=True)

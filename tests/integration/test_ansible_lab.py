@@ -1,4 +1,4 @@
-"""Ansible inventories, written as an Ansible user would for the simulated lab, work with `trust`,
+"""Ansible inventories, written as an Ansible user would for the simulated lifecycle, work with `trust`,
 `check`, `provision` and `launch` through the CLI: an INI file, and a YAML file with a group_vars/ directory
 and templated vars.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab
+from cluster.lab import lifecycle
 from cluster.inventory import ansible_core
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_up
 
@@ -24,7 +24,7 @@ def lab2(tmp_path_factory: pytest.TempPathFactory):
         yield state
 
 
-def _ini(state: lab.LabState, d: Path) -> Path:
+def _ini(state: lifecycle.LabState, d: Path) -> Path:
     key = Path(state.dir) / "id_ed25519"  # the lab's login key (its own inventory uses it too)
     hosts = "\n".join(f"{n.name} ansible_host={n.address}" for n in state.nodes)
     src = d / "hosts.ini"
@@ -35,7 +35,7 @@ def _ini(state: lab.LabState, d: Path) -> Path:
     return src
 
 
-def _yaml_with_group_vars(state: lab.LabState, d: Path) -> Path:
+def _yaml_with_group_vars(state: lifecycle.LabState, d: Path) -> Path:
     hosts = "".join(f"        {n.name}:\n          ansible_host: {n.address}\n" for n in state.nodes)
     src = d / "hosts.yml"
     src.write_text(f"all:\n  children:\n    lab:\n      hosts:\n{hosts}")
@@ -50,7 +50,7 @@ def _yaml_with_group_vars(state: lab.LabState, d: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["ini", "yaml"])
-def test_trust_check_provision_launch_with_an_ansible_inventory(lab2: lab.LabState, tmp_path: Path,
+def test_trust_check_provision_launch_with_an_ansible_inventory(lab2: lifecycle.LabState, tmp_path: Path,
                                                                kind: str) -> None:
     inv = _ini(lab2, tmp_path) if kind == "ini" else _yaml_with_group_vars(lab2, tmp_path)
     # first contact: no known_hosts yet, so check refuses the unknown keys (exit 3) until trust

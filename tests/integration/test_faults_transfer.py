@@ -25,7 +25,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from cluster import lab, runs
+from cluster import runs
+from cluster.lab import lifecycle
 from cluster.errors import TransportError
 from cluster.inventory.loader import Host
 from cluster.transport.base import STALL_ENV
@@ -46,7 +47,7 @@ ROWS: list[tuple[str, str, float, str]] = []
 
 
 @pytest.fixture(scope="module")
-def tlab(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[lab.LabState]:
+def tlab(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[lifecycle.LabState]:
     try:
         with lab_up(tmp_path_factory, "x", 1, 8, bandwidth=LINK) as (state, _):
             yield state
@@ -72,26 +73,26 @@ def _print_table(config: pytest.Config) -> None:
             tr.write_line(line)
 
 
-def _host(state: lab.LabState) -> Host:
+def _host(state: lifecycle.LabState) -> Host:
     d, n = Path(state.dir), state.nodes[0]
     return Host(name=n.name, address=n.address, user="root", identity_file=str(d / "id_ed25519"),
-                known_hosts=str(d / "known_hosts"), workdir=str(lab.MOUNT_POINT), python=sys.executable,
+                known_hosts=str(d / "known_hosts"), workdir=str(lifecycle.MOUNT_POINT), python=sys.executable,
                 connect_timeout=3)
 
 
-def _node_dir(state: lab.LabState) -> Path:
+def _node_dir(state: lifecycle.LabState) -> Path:
     """The node's /srv/cluster, seen from the head (the lab bind-mounts it from here)."""
     return Path(state.nodes[0].dir) / "srv"
 
 
-def _pids(state: lab.LabState) -> list[int]:
+def _pids(state: lifecycle.LabState) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", state.nodes[0].netns], capture_output=True, text=True,
                          timeout=10).stdout
     return [int(p) for p in out.split()]
 
 
 @contextmanager
-def frozen(state: lab.LabState) -> Iterator[list[int]]:
+def frozen(state: lifecycle.LabState) -> Iterator[list[int]]:
     """SIGSTOP every process of the node (sshd, its sessions, internal-sftp): TCP stays up, nothing answers.
     Always resumed, whatever the test does."""
     pids = _pids(state)
@@ -129,7 +130,7 @@ def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def test_a_slow_link_that_keeps_moving_is_never_cut(tlab: lab.LabState, tmp_path: Path) -> None:
+def test_a_slow_link_that_keeps_moving_is_never_cut(tlab: lifecycle.LabState, tmp_path: Path) -> None:
     src = tmp_path / "slow.bin"
     src.write_bytes(os.urandom(SIZE))
     t = SSHTransport(_host(tlab))
@@ -150,7 +151,7 @@ def test_a_slow_link_that_keeps_moving_is_never_cut(tlab: lab.LabState, tmp_path
                  "completed, not cut"))
 
 
-def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path) -> None:
+def test_sshd_frozen_mid_upload_then_resumed(tlab: lifecycle.LabState, tmp_path: Path) -> None:
     src = tmp_path / "data.npz"
     src.write_bytes(os.urandom(SIZE))
     part = _node_dir(tlab) / "datasets" / ".data.npz.part"
@@ -197,7 +198,7 @@ def test_sshd_frozen_mid_upload_then_resumed(tlab: lab.LabState, tmp_path: Path)
     ROWS.append(("after SIGCONT", "upload resumed", resumed, f"sent {sent} of {SIZE} bytes, sha256 equal"))
 
 
-def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall(tlab: lab.LabState,
+def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall(tlab: lifecycle.LabState,
                                                                                   tmp_path: Path) -> None:
     """The wait paramiko cannot bound: TCP buffers smaller than the SSH window left, so a write to a frozen
     node blocks in the kernel, where paramiko's Packetizer.write_all retries forever (it hung a CI run).
@@ -241,7 +242,7 @@ def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall
                  "TransportError timeout (watchdog), exit 3"))
 
 
-def _agent(state: lab.LabState) -> None:
+def _agent(state: lifecycle.LabState) -> None:
     from cluster import render
     from importlib import resources
 
@@ -250,14 +251,14 @@ def _agent(state: lab.LabState) -> None:
     p.write_text(resources.files("cluster.workloads").joinpath("nodeagent.py").read_text())
 
 
-def _record(state: lab.LabState, run_id: str) -> runs.RunRecord:
+def _record(state: lifecycle.LabState, run_id: str) -> runs.RunRecord:
     host = _host(state)
     return runs.RunRecord(run_id=run_id, job="faults", framework="pytorch", state="failed", created=time.time(),
                           nodes=[runs.RunNode(host.name, 0, 1, f"/srv/cluster/runs/{run_id}")],
                           inventory={"path": str(state.inventory), "name": state.name, "hosts": [host.to_dict()]})
 
 
-def test_sshd_frozen_mid_collect_then_resumed(tlab: lab.LabState, tmp_path: Path) -> None:
+def test_sshd_frozen_mid_collect_then_resumed(tlab: lifecycle.LabState, tmp_path: Path) -> None:
     run_id = "faults-collect-1"
     home = Path(os.environ["CLUSTERCTL_HOME"])
     env = {"CLUSTERCTL_HOME": str(home), STALL_ENV: f"{STALL_S:g}"}
@@ -311,7 +312,7 @@ def test_sshd_frozen_mid_collect_then_resumed(tlab: lab.LabState, tmp_path: Path
     ROWS.append(("after SIGCONT", "collect resumed", resumed, f"fetched {node['bytes']} of {SIZE} bytes, verified"))
 
 
-def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lab.LabState, tmp_path: Path) -> None:
+def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lifecycle.LabState, tmp_path: Path) -> None:
     d = Path(tlab.dir)
     kind, b64 = (Path(tlab.nodes[0].dir) / "hostkey.pub").read_text().split()[:2]
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "ca")], check=True)
@@ -336,7 +337,7 @@ def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lab.La
     ROWS.append(("node's host key @revoked", "exec", time.monotonic() - start, "refused, exit 3"))
 
 
-def test_sshd_frozen_before_a_command_and_before_connecting(tlab: lab.LabState) -> None:
+def test_sshd_frozen_before_a_command_and_before_connecting(tlab: lifecycle.LabState) -> None:
     host = _host(tlab)
     t = SSHTransport(host)
     try:
@@ -365,7 +366,7 @@ def test_sshd_frozen_before_a_command_and_before_connecting(tlab: lab.LabState) 
         t.close()
 
 
-def test_the_nodes_answer_about_a_file_is_not_a_lost_node(tlab: lab.LabState) -> None:
+def test_the_nodes_answer_about_a_file_is_not_a_lost_node(tlab: lifecycle.LabState) -> None:
     """No such file, permission denied: the node answered, so the error is about the file (OSError) and the
     connection stays up for the next call."""
     t = SSHTransport(_host(tlab))

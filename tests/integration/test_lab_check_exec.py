@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster import diskspace, lab
+from cluster import diskspace
+from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group
 from cluster.transport import ssh
@@ -69,13 +70,13 @@ def test_exec_failure_and_limit(lab3) -> None:
 
 
 def test_stopped_sshd_is_unreachable_within_the_timeout_others_reported_in_full(lab3) -> None:
-    lab.stop_sshd(lab3, "node2")
+    lifecycle.stop_sshd(lab3, "node2")
     try:
         start = time.monotonic()
         rc, data = clusterctl_json("check", lab3.inventory)
         wall = time.monotonic() - start
     finally:
-        lab.restart_sshd(lab3, "node2")
+        lifecycle.restart_sshd(lab3, "node2")
     nodes = {n["host"]: n for n in data["nodes"]}
     assert rc != 0
     assert nodes["node2"]["status"] == "unreachable" and nodes["node2"]["facts"] is None
@@ -105,7 +106,7 @@ def test_silent_node_is_unreachable_after_the_connect_timeout(lab3) -> None:
 def test_changed_host_key_is_refused_with_its_fingerprint_then_fixed_as_told(lab3) -> None:
     node = lab3.nodes[2]
     kh = Path(lab3.dir, "known_hosts")
-    lab.restart_sshd(lab3, node.name, new_host_key=True)  # as if the PC had been reinstalled
+    lifecycle.restart_sshd(lab3, node.name, new_host_key=True)  # as if the PC had been reinstalled
     new_fp = subprocess.run(["ssh-keygen", "-lf", str(Path(node.dir) / "hostkey.pub")], capture_output=True,
                             text=True, check=True).stdout.split()[1]
     rc, data = clusterctl_json("check", lab3.inventory)
@@ -178,7 +179,7 @@ def test_the_disk_check_sees_the_three_nodes_on_one_machine_and_one_disk(lab3) -
     assert diskspace.shortfalls(disks, {"node1": need}) == {}  # one of them alone fits
 
 
-def _on_node(node: lab.NodeState, argv: list[str]) -> list[int]:
+def _on_node(node: lifecycle.NodeState, argv: list[str]) -> list[int]:
     """Live processes running `argv` in a session of this node's sshd: the lab's nodes share this machine's
     process table, so /proc shows them, told apart by the node's address in $SSH_CONNECTION."""
     want = "\0".join(argv).encode() + b"\0"

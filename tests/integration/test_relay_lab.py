@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import lab, relay
+from cluster import relay
+from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group
 from tests.conftest import ROOT
@@ -50,22 +51,22 @@ def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_TRANSFER_STALL_S", STALL_S)
 
 
-def hosts(state: lab.LabState) -> list[loader.Host]:
+def hosts(state: lifecycle.LabState) -> list[loader.Host]:
     return list(loader.load(state.inventory).hosts.values())
 
 
-def node_dir(state: lab.LabState, node: str, sub: str) -> Path:
+def node_dir(state: lifecycle.LabState, node: str, sub: str) -> Path:
     return Path(next(n.dir for n in state.nodes if n.name == node)) / "srv" / sub
 
 
-def assert_complete(state: lab.LabState, node: str, sub: str, files: dict) -> None:
+def assert_complete(state: lifecycle.LabState, node: str, sub: str, files: dict) -> None:
     d = node_dir(state, node, sub)
     for name, meta in files.items():
         assert hashlib.sha256((d / name).read_bytes()).hexdigest() == meta["sha256"], f"{node}: {name}"
     assert json.loads((d / relay.MANIFEST).read_text()) == {n: m["sha256"] for n, m in files.items()}
 
 
-def listening(state: lab.LabState) -> list[str]:
+def listening(state: lifecycle.LabState) -> list[str]:
     """TCP ports listening in the nodes' namespaces, other than sshd's."""
     out = []
     for n in state.nodes:
@@ -75,7 +76,7 @@ def listening(state: lab.LabState) -> list[str]:
     return out
 
 
-def distribute(state: lab.LabState, src: Path, files: dict, sub: str, **kw):
+def distribute(state: lifecycle.LabState, src: Path, files: dict, sub: str, **kw):
     hs = hosts(state)
     with Group(hs) as g:
         return relay.distribute(g, hs, relay.items(src, files), {h.name: f"/srv/cluster/{sub}" for h in hs}, **kw)
@@ -109,7 +110,7 @@ def test_uplink_is_shared_by_nodes(rlab) -> None:
               "if sys.argv[3]=='down':\n  while s.recv(65536): pass\n  s.sendall(b'k')\n"
               f"else:\n  s.sendall(b'x'*{n})\n  s.shutdown(socket.SHUT_WR)\n  s.recv(1)\n")
 
-    def once(nodes: list[lab.NodeState], mode: str) -> float:
+    def once(nodes: list[lifecycle.NodeState], mode: str) -> float:
         with socket.create_server((state.gateway, 0)) as srv:
             srv.settimeout(30)
             port = srv.getsockname()[1]
@@ -182,11 +183,11 @@ def test_relay_node_killed_mid_transfer_the_others_complete(rlab) -> None:
     part = node_dir(state, "node3", "w2") / ".big-1.0-py3-none-any.whl.part"
     wait_until(lambda: part_size(part) >= 3 << 20, 60, "node3 to be relaying the big file")
     victim = next(n for n in state.nodes if n.name == "node2")
-    lab._kill_netns(victim.netns)  # the PC dies: its relay, its sshd, its fetch
+    lifecycle._kill_netns(victim.netns)  # the PC dies: its relay, its sshd, its fetch
     th.join(timeout=120)
     assert not th.is_alive()
     _, res = box["r"]
-    lab.restart_sshd(state, "node2")
+    lifecycle.restart_sshd(state, "node2")
     assert res["node2"].status == "unreachable"
     assert res["node1"].ok and res["node3"].ok, {n: r.error for n, r in res.items()}
     for n in ("node1", "node3"):

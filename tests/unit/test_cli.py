@@ -207,9 +207,10 @@ def test_numbers_out_of_range_exit_2_before_anything_runs(argv: list[str]) -> No
 def test_lab_without_root_exits_4(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`lab up` as a user without root: exit 4, the reason and the way out (the euid is the only thing
     changed: this interpreter lives under /root, out of reach of a real unprivileged user)."""
-    from cluster import cli, lab
+    from cluster import cli
+    from cluster.lab import lifecycle
 
-    monkeypatch.setattr(lab.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(lifecycle.os, "geteuid", lambda: 1000)
     assert cli.main(["lab", "up", "1", "--name", "tnoroot"]) == 4
     e = capsys.readouterr().err
     assert "needs root" in e and "inventory/local.yaml" in e and "Traceback" not in e
@@ -314,7 +315,7 @@ IMPORTED = ("import sys, json; from cluster.cli import main; main({argv!r}); "
 GROUPS = {"cluster.cli.lab", "cluster.cli.nodes", "cluster.cli.provision", "cluster.cli.runs", "cluster.cli.results",
           "cluster.cli.bench", "cluster.cli.context"}
 HEAVY = {"rich.live", "rich.progress", "cluster.launch", "cluster.report", "cluster.provision", "cluster.bench",
-         "cluster.placement", "cluster.study", "cluster.lab"}
+         "cluster.placement", "cluster.study", "cluster.lab.lifecycle"}
 
 
 @pytest.mark.parametrize("argv, own", [(["--help"], None), (["exec", "--help"], "cluster.cli.nodes"),

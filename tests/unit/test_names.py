@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import jobs, lab, lab_shaping, runs
+from cluster import jobs, runs
+from cluster.lab import lifecycle, shaping
 from cluster.inventory import ansible_yaml, check as inventory_check
 from cluster.errors import UsageError
 from cluster.jobs import JobError
@@ -19,8 +20,8 @@ from cluster.workloads import relaynode_common
 
 PATTERNS = [
     (inventory_check.SAFE_NAME, "pc1"), (runs.RUN_ID_RE, "resnet50-ddp-20250101-120000-ab12"),
-    (relaynode_common.NAME_RE, "torch-2.3.1+cpu-cp311-linux_x86_64.whl"), (lab.NAME_RE, "lab"),
-    (ansible_yaml.PLAIN_HOST, "pc1.lab"), (lab_shaping.RATE_RE, "100mbit"), (jobs.JOB_NAME_RE, "resnet50-ddp"),
+    (relaynode_common.NAME_RE, "torch-2.3.1+cpu-cp311-linux_x86_64.whl"), (lifecycle.NAME_RE, "lab"),
+    (ansible_yaml.PLAIN_HOST, "pc1.lab"), (shaping.RATE_RE, "100mbit"), (jobs.JOB_NAME_RE, "resnet50-ddp"),
 ]
 
 
@@ -40,7 +41,7 @@ def test_a_run_id_with_a_newline_names_no_folder(tmp_path: Path, monkeypatch: py
 
 def test_a_lab_name_with_a_newline_is_refused_before_anything_is_made() -> None:
     with pytest.raises(UsageError, match="lab name 'lab\\\\n' is not valid"):
-        lab._validate("lab\n", 3, "10.77.0.0/24")  # noqa: SLF001 - the check `up` runs first
+        lifecycle._validate("lab\n", 3, "10.77.0.0/24")  # noqa: SLF001 - the check `up` runs first
 
 
 @pytest.mark.parametrize("name", ["é", "résnet", "ｊｏｂ", "job\n", "-job", ".job", "_job", "j" * 129, "a/b", ""])

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from cluster.errors import LabError
-from cluster.lab_net import sh
+from cluster.lab.net import sh
 
 RATE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\Z")
 

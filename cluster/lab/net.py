@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from cluster.errors import LabError
-from cluster.lab_state import NodeState
+from cluster.lab.state import NodeState
 
 
 def sh(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 
 from cluster.errors import LabError, UsageError
-from cluster.lab_net import kill_netns as _kill_netns
-from cluster.lab_net import links, netns_list, sh, start_links, subnet_in_use
-from cluster.lab_shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
-from cluster.lab_state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
+from cluster.lab.net import kill_netns as _kill_netns
+from cluster.lab.net import links, netns_list, sh, start_links, subnet_in_use
+from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
+from cluster.lab.state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
 
 __all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
            "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
