@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 import jinja2  # noqa: E402
 
-from cluster import compat, provision, relay, wheelhouse  # noqa: E402
+from cluster import compat, provision, wheelhouse  # noqa: E402
+from cluster.relay import distribute as relay
 from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group  # noqa: E402

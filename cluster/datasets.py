@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cluster import paths, relay
+from cluster import paths
+from cluster.relay import distribute
 from cluster.errors import ClusterError
 from cluster.jobs import WORKLOADS_DIR, JobSpec
 from cluster.transport import Transport
@@ -104,9 +105,9 @@ def stage_all(group: Group, hosts: list[Host], prepared: Prepared,
     """The prepared file on every node at once: the head sends it once, the nodes relay it to each other
     (a node's copy is re-hashed every launch, as `stage` does). One HostResult per node, ok when its copy
     is in place and verified; the plan and what each node received are in the results' values."""
-    items = relay.items(prepared.path.parent, {prepared.file_name: {"sha256": prepared.sha256,
+    items = distribute.items(prepared.path.parent, {prepared.file_name: {"sha256": prepared.sha256,
                                                                     "size": prepared.size}})
     mode = distribution_mode(hosts[0]) if hosts else "relay"
-    _, results = relay.distribute(group, hosts, items, {h.name: f"{h.workdir}/datasets" for h in hosts},
+    _, results = distribute.distribute(group, hosts, items, {h.name: f"{h.workdir}/datasets" for h in hosts},
                                   mode=mode, rehash=True, progress=progress, log=log)
     return results

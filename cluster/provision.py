@@ -22,7 +22,7 @@ from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host, Inventory
 from cluster.playbook import Playbook, RenderedStep
 from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, settle
-from cluster.relay_progress import StatusFn
+from cluster.relay.progress import StatusFn
 from cluster.transport import Transport
 from cluster.verify import (FINGERPRINT_ALL, FINGERPRINT_GPU, allreduce_command, env_python, fingerprint_diff,
                             record_state, stamp_command, state_dir, verify)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cluster import paths, relay
-from cluster.relay_progress import StatusFn
+from cluster import paths
+from cluster.relay import distribute as relay
+from cluster.relay.progress import StatusFn
 from cluster.errors import ClusterError, UsageError
 from cluster.transport import Transport
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from cluster.compat import BuildPlan
     from cluster.playbook import StepResult
     from cluster.provision import ProvisionReport
-    from cluster.relay import NodeProgress
+    from cluster.relay.distribute import NodeProgress
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import relay
+from cluster.relay import distribute as relay
 from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group
@@ -224,7 +224,7 @@ def test_corrupted_file_on_a_relay_is_refused_and_fetched_again(rlab) -> None:
 
 INTERRUPTED = """
 import sys
-from cluster import relay
+from cluster.relay import distribute as relay
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group
 hs = list(loader.load(sys.argv[1]).hosts.values())

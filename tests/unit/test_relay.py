@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import relay, relay_progress, relay_run
+from cluster.relay import distribute, progress as relay_progress, run as relay_run
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
@@ -71,7 +71,7 @@ def test_fetch_verifies_names_and_records_the_file(tmp_path: Path, served) -> No
     assert r["received"] == len(data) and r["resumed_from"] == 0 and r["source"] == f"127.0.0.1:{port}"
     assert (tmp_path / "dst" / "a.whl").read_bytes() == data
     assert not (tmp_path / "dst" / ".a.whl.part").exists()
-    manifest = json.loads((tmp_path / "dst" / relay.MANIFEST).read_text())
+    manifest = json.loads((tmp_path / "dst" / distribute.MANIFEST).read_text())
     assert manifest == {"a.whl": hashlib.sha256(data).hexdigest()}
 
 
@@ -194,7 +194,7 @@ def test_commit_and_adopt_check_sha256(tmp_path: Path) -> None:
     (d / "o.whl").write_bytes(other)
     rc, doc = node("adopt", {"dir": str(d), "files": sums, "drop_bad": True})
     assert doc["verified"] == ["g.whl"] and doc["bad"] == ["o.whl"] and not (d / "o.whl").exists()
-    assert json.loads((d / relay.MANIFEST).read_text()) == {"g.whl": sums["g.whl"]}
+    assert json.loads((d / distribute.MANIFEST).read_text()) == {"g.whl": sums["g.whl"]}
 
 
 def test_a_name_ending_in_a_newline_is_no_plain_file_name(tmp_path: Path, served) -> None:
@@ -215,22 +215,22 @@ def test_a_name_ending_in_a_newline_is_no_plain_file_name(tmp_path: Path, served
 
 def test_plan_sources_and_head_bytes() -> None:
     sizes = {"a": 10, "b": 20}
-    p = relay.Plan("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
+    p = distribute.Plan("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
     assert p.edges() == [("head", "n1", 2, 30), ("n1", "n2", 2, 30), ("n2", "n3", 1, 20)]
     assert p.head_bytes == 30  # each file once
-    push = relay.Plan("push", p.chain, p.needs, sizes)
+    push = distribute.Plan("push", p.chain, p.needs, sizes)
     assert push.head_bytes == 80 and all(a == "head" for a, *_ in push.edges())
     # the first node has a file already: the others get it from peers, the head sends nothing of it
-    q = relay.Plan("relay", ["n1", "n2"], {"n1": [], "n2": ["a"]}, sizes)
+    q = distribute.Plan("relay", ["n1", "n2"], {"n1": [], "n2": ["a"]}, sizes)
     assert q.head_bytes == 0 and q.edges() == [("n1", "n2", 1, 10)]
     assert "node" not in " ".join(p.lines()) and p.lines()[-1] == "relay: the head sends 0 MiB in all"
 
 
 def test_batches_group_small_files_and_keep_order() -> None:
-    mk = lambda n, s: relay.Item(n, Path(n), s, "0")  # noqa: E731
-    files = [mk("big", relay.BATCH_BYTES), *(mk(f"s{i}", 1) for i in range(40))]
-    b = relay.batches(files)
-    assert [len(x) for x in b] == [1, relay.BATCH_FILES, 40 - relay.BATCH_FILES]
+    mk = lambda n, s: distribute.Item(n, Path(n), s, "0")  # noqa: E731
+    files = [mk("big", distribute.BATCH_BYTES), *(mk(f"s{i}", 1) for i in range(40))]
+    b = distribute.batches(files)
+    assert [len(x) for x in b] == [1, distribute.BATCH_FILES, 40 - distribute.BATCH_FILES]
     assert [i.name for x in b for i in x] == [i.name for i in files]
 
 
@@ -266,10 +266,10 @@ class FakeTransport:
 
 
 def test_progress_is_per_byte_monotonic_and_ends_at_the_total() -> None:
-    a, b = relay.Item("a.whl", Path("a.whl"), 100, "0"), relay.Item("b.whl", Path("b.whl"), 200, "0")
+    a, b = distribute.Item("a.whl", Path("a.whl"), 100, "0"), distribute.Item("b.whl", Path("b.whl"), 200, "0")
     t = FakeTransport()
     got: list[tuple[str, int]] = []
-    states: list[relay.NodeProgress] = []
+    states: list[distribute.NodeProgress] = []
     tracker = relay_progress.Tracker(lambda n: t, {"n2": "/srv/w"}, {"n2": (300, 2)},
                                      progress=lambda n, k: got.append((n, k)), status=states.append)
     tracker.begin("n2", [a, b], "n1")
@@ -294,16 +294,16 @@ def test_distribute_on_loopback_relays_along_the_chain(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     files = {}
-    for name, size in (("big-1.0-py3-none-any.whl", relay.PIECE + 12345), ("small-1.0-py3-none-any.whl", 777)):
+    for name, size in (("big-1.0-py3-none-any.whl", distribute.PIECE + 12345), ("small-1.0-py3-none-any.whl", 777)):
         data = os.urandom(size)
         (src / name).write_bytes(data)
         files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size}
     hosts = [Host(name=f"n{i}", address="127.0.0.1", connection="local", workdir=str(tmp_path / f"w{i}"))
              for i in (1, 2, 3)]
     got: dict[str, int] = {}
-    states: list[relay.NodeProgress] = []
+    states: list[distribute.NodeProgress] = []
     with Group(hosts) as g:
-        plan, res = relay.distribute(g, hosts, relay.items(src, files), {h.name: h.workdir + "/wheels" for h in hosts},
+        plan, res = distribute.distribute(g, hosts, distribute.items(src, files), {h.name: h.workdir + "/wheels" for h in hosts},
                                      progress=lambda n, k: got.__setitem__(n, got.get(n, 0) + k),
                                      status=states.append)
     total = sum(int(m["size"]) for m in files.values())
@@ -314,19 +314,19 @@ def test_distribute_on_loopback_relays_along_the_chain(tmp_path: Path) -> None:
     assert got == {"n1": total, "n2": total, "n3": total}
     assert {s.node for s in states if s.state == "done"} == {"n1", "n2", "n3"}
     for h in hosts:
-        assert not Path(relay.pidfile(h)).exists()
+        assert not Path(distribute.pidfile(h)).exists()
         for name, meta in files.items():
             assert hashlib.sha256((Path(h.workdir) / "wheels" / name).read_bytes()).hexdigest() == meta["sha256"]
 
 
 def test_the_head_lists_pieces_only_for_a_file_that_is_its_manifests(tmp_path: Path) -> None:
     """Nodes check pieces only: the piece list is made in the pass that checks the file's sha256."""
-    data = os.urandom(3 * relay.PIECE + 5)
+    data = os.urandom(3 * distribute.PIECE + 5)
     (tmp_path / "a.whl").write_bytes(data)
     good = {"a.whl": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}
-    [item] = relay.items(tmp_path, good)
-    assert list(item.pieces) == [hashlib.sha256(data[i:i + relay.PIECE]).hexdigest()
-                                 for i in range(0, len(data), relay.PIECE)]
+    [item] = distribute.items(tmp_path, good)
+    assert list(item.pieces) == [hashlib.sha256(data[i:i + distribute.PIECE]).hexdigest()
+                                 for i in range(0, len(data), distribute.PIECE)]
     (tmp_path / "a.whl").write_bytes(data[:-1] + b"!")  # changed on disk after the manifest was written
     with pytest.raises(ClusterError, match="not the one recorded"):
-        relay.items(tmp_path, good)
+        distribute.items(tmp_path, good)

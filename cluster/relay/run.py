@@ -17,8 +17,8 @@ from typing import Any, Callable
 from cluster.errors import ClusterError, CommandTimeout, TransportError
 from cluster.nodes.fanout import FAILED, OK, UNREACHABLE, Group, HostResult
 from cluster.inventory.loader import Host
-from cluster.relay_plan import PIECE, Delivery, Item, Plan, batches, pidfile
-from cluster.relay_progress import Tracker
+from cluster.relay.plan import PIECE, Delivery, Item, Plan, batches, pidfile
+from cluster.relay.progress import Tracker
 from cluster.transport import Transport
 
 SCRIPT_DIR = "clusterctl"  # under the node's workdir

@@ -24,10 +24,10 @@ from typing import Callable
 
 from cluster.nodes.fanout import OK, Group, GroupResult, HostResult
 from cluster.inventory.loader import Host
-from cluster.relay_plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
+from cluster.relay.plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
                                 items, parse_survey, pidfile, plan, survey)
-from cluster.relay_progress import NodeProgress, ProgressFn, StatusFn, Tracker
-from cluster.relay_run import NODE_FILES, SCRIPT, Run, node_cmd, ship
+from cluster.relay.progress import NodeProgress, ProgressFn, StatusFn, Tracker
+from cluster.relay.run import NODE_FILES, SCRIPT, Run, node_cmd, ship
 from cluster.transport import Transport
 
 __all__ = ["BATCH_BYTES", "BATCH_FILES", "MANIFEST", "MODES", "NODE_FILES", "PIECE", "SCRIPT", "Delivery", "Item",
