@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
-from cluster import compat, provision, wheelhouse  # noqa: E402
+from cluster import wheelhouse  # noqa: E402
+from cluster.provision import apply, compat
 from cluster.lab import lifecycle
 
 ANSIBLE_PLAYBOOK = """\
@@ -72,7 +73,7 @@ def main() -> int:
     ansible_version = sh([str(tmp / "ansible/bin/ansible"), "--version"]).stdout.splitlines()[0]
 
     build = compat.build_plan([compat.node_options("x", [])], torch_index=None).builds["x"]
-    reqs = build.requirements() + list(provision.EXTRA_PACKAGES)
+    reqs = build.requirements() + list(apply.EXTRA_PACKAGES)
     wh = wheelhouse.build(reqs, "3.11")
     shared = tmp / "sharedenv"
     sh(["/usr/bin/python3", "-m", "venv", str(shared)])

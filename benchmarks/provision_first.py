@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 import jinja2  # noqa: E402
 
-from cluster import compat, provision, wheelhouse  # noqa: E402
+from cluster import wheelhouse  # noqa: E402
+from cluster.provision import apply, compat
 from cluster.relay import distribute as relay
 from cluster.lab import lifecycle
 from cluster.inventory import loader
@@ -202,7 +203,7 @@ def first_import_variant(state: lifecycle.LabState, node: str, env: str) -> dict
     doc["load_import"] = load()
     doc["fingerprint"] = {k: json.loads(check["out"]).get(k) for k in FP_KEYS}
     purelib = "$(ls -d /srv/cluster/venv/lib/python3*/site-packages)"
-    stamp = provision.stamp_command("PURELIB").replace("PURELIB", purelib)
+    stamp = apply.stamp_command("PURELIB").replace("PURELIB", purelib)
     before = node_sh(state, node, stamp).split()[0]
     timed_python(state, node, "-c", TRAINING_IMPORT)
     doc["stamp_stable"] = node_sh(state, node, stamp).split()[0] == before
@@ -340,7 +341,7 @@ def main() -> int:
     parts, sizes = args.parts.split(","), [int(x) for x in args.sizes.split(",")]
     build = compat.build_plan([compat.node_options("x", [])], torch_index=None).builds["x"]
     print("the framework wheelhouse (downloaded once into the head's cache)", file=sys.stderr)
-    wh = wheelhouse.build(build.requirements() + list(provision.EXTRA_PACKAGES), "3.11",
+    wh = wheelhouse.build(build.requirements() + list(apply.EXTRA_PACKAGES), "3.11",
                           log=lambda s: print(s, file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="clusterctl-pfirst-"))
     rows: list[dict[str, Any]] = []

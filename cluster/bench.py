@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import commmodel, datasets, jobs, launch, paths, provision
+from cluster import commmodel, datasets, jobs, launch, paths
+from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host, Inventory
@@ -324,7 +325,7 @@ def _require_reachable(results: GroupResult, what: str) -> None:
 def _allreduce(group: Group, hosts: list[Host], backend: str, what: str, mb: float) -> dict[str, dict[str, Any]]:
     """Every node's reply to one all-reduce test (cluster/workloads/allreduce.py)."""
     port = int(hosts[0].vars.get("allreduce_port", 29499))
-    res = group.run(lambda h: provision.allreduce_command(h, hosts, port, backend, mb), timeout=300, hosts=hosts)
+    res = group.run(lambda h: apply.allreduce_command(h, hosts, port, backend, mb), timeout=300, hosts=hosts)
     _require_reachable(res, f"the network test ({what})")
     docs = {}
     for n, r in res.items():

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from cluster import render, runs
 from cluster.nodes import facts
-from cluster.wheelhouse import sha256_file
+from cluster.provision.wheelhouse import sha256_file
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host

@@ -19,7 +19,7 @@ from cluster.relay import distribute
 from cluster.errors import ClusterError
 from cluster.jobs import WORKLOADS_DIR, JobSpec
 from cluster.transport import Transport
-from cluster.wheelhouse import distribution_mode, sha256_file
+from cluster.provision.wheelhouse import distribution_mode, sha256_file
 
 if TYPE_CHECKING:
     from cluster.nodes.fanout import Group, GroupResult

@@ -16,7 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from cluster import __version__, datasets, errors, render, runs, verify
+from cluster import __version__, datasets, errors, render, runs
+from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host, Inventory

@@ -16,7 +16,7 @@ from typing import Any
 from cluster import __version__
 from cluster.inventory.loader import Host
 from cluster.jobs import JobError, JobSpec
-from cluster.playbook import SCRIPT_ENV
+from cluster.provision.playbook import SCRIPT_ENV
 
 TEMPLATES = {"pytorch": "torchrun.sh.j2", "tensorflow": "tf_worker.sh.j2"}
 AGENT = "clusterctl/nodeagent.py"  # under the node's workdir

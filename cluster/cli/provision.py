@@ -1,4 +1,4 @@
-"""`clusterctl provision`: the same verified training environment on every node (cluster.provision)."""
+"""`clusterctl provision`: the same verified training environment on every node (cluster.provision.apply)."""
 from __future__ import annotations
 
 import argparse
@@ -15,9 +15,9 @@ from cluster.cli.output import emit_json, err, error_line, load_inventory, notes
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from cluster.compat import BuildPlan
-    from cluster.playbook import StepResult
-    from cluster.provision import ProvisionReport
+    from cluster.provision.compat import BuildPlan
+    from cluster.provision.playbook import StepResult
+    from cluster.provision.apply import ProvisionReport
     from cluster.relay.distribute import NodeProgress
 
 
@@ -61,14 +61,14 @@ class _Live:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from cluster import provision
+    from cluster.provision import apply
 
     inv = load_inventory(args.inventory_pos or args.inventory, args.set)
     hosts = inv.select(args.limit)
     live = _Live(args.json)
     with live.progress:
-        request = provision.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
-        report = provision.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
+        request = apply.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
+        report = apply.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
                                    log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes,
                                    on_relay=live.on_relay)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):

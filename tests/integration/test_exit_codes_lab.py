@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import provision
+from cluster.provision import apply
 from cluster.lab import lifecycle
 from cluster.inventory import loader
 from tests.integration.conftest import lab_up, pytestmark  # noqa: F401
@@ -35,14 +35,14 @@ def lab2(tmp_path_factory: pytest.TempPathFactory):
         yield state, d
 
 
-def provision_losing_node2(state: lifecycle.LabState, d: Path, kill: str) -> provision.ProvisionReport:
+def provision_losing_node2(state: lifecycle.LabState, d: Path, kill: str) -> apply.ProvisionReport:
     pb = d / "losing.yaml"
     pb.write_text(PLAYBOOK.replace("KILL", kill))
     inv = loader.load(state.inventory, overrides=[f"python={sys.executable}", "vars.python_env=existing"])
-    return provision.run(inv, list(inv.hosts.values()), pb_path=str(pb))
+    return apply.run(inv, list(inv.hosts.values()), pb_path=str(pb))
 
 
-def check_outcome(report: provision.ProvisionReport, state: lifecycle.LabState) -> None:
+def check_outcome(report: apply.ProvisionReport, state: lifecycle.LabState) -> None:
     n1, n2 = report.nodes["node1"], report.nodes["node2"]
     assert n2.status == "unreachable", n2.to_dict()
     assert "connection lost during the playbook" in (n2.error or "") and "re-run provision" in (n2.fix or "")

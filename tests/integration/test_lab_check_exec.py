@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster import diskspace
+from cluster.provision import diskspace
 from cluster.lab import lifecycle
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group

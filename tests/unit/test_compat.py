@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from cluster import compat
+from cluster.provision import compat
 from cluster.errors import ClusterError
 
 GPUS = {

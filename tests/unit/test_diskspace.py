@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import diskspace
-from cluster.diskspace import GIB, Need, NodeDisk
-from cluster.wheelhouse import Wheelhouse
+from cluster.provision import diskspace
+from cluster.provision.diskspace import GIB, Need, NodeDisk
+from cluster.provision.wheelhouse import Wheelhouse
 
 # diskspace.command() as run on the development machine (the test wheelhouse, the project's .venv);
 # pip freeze cut to three of its lines

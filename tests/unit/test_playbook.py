@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from cluster import playbook
+from cluster.provision import playbook
 from cluster.inventory.loader import Host
-from cluster.playbook import CHANGED, FAILED, SKIPPED, UNCHANGED, WOULD_CHANGE, PlaybookError
+from cluster.provision.playbook import CHANGED, FAILED, SKIPPED, UNCHANGED, WOULD_CHANGE, PlaybookError
 from cluster.transport.local import LocalTransport
 from tests.conftest import write
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cluster import playbook, provision
+from cluster.provision import apply, playbook
 from cluster.nodes import facts
 from cluster.inventory import loader
 from cluster.inventory.loader import Host
@@ -36,12 +36,12 @@ def node_facts(h: Host, base: dict[str, Any]) -> facts.NodeFacts:
     return facts.NodeFacts(h.name, values, address_nic="eth0")
 
 
-def request() -> provision.ProvisionRequest:
+def request() -> apply.ProvisionRequest:
     """The request provision prepares for the mixed lab, from the recorded facts."""
     inv = loader.load(MIXED, check_files=False)
     hosts = inv.ordered(inv.hosts.values())
     base = facts.parse_all(RECORDED.read_text())
-    return provision.request_for(inv, hosts, {h.name: node_facts(h, base) for h in hosts}, playbook.load("provision"))
+    return apply.request_for(inv, hosts, {h.name: node_facts(h, base) for h in hosts}, playbook.load("provision"))
 
 
 def rendered() -> dict[str, list[playbook.RenderedStep]]:

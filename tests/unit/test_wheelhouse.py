@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import wheelhouse
+from cluster.provision import wheelhouse
 from cluster.errors import ClusterError
 from cluster.inventory.loader import Host
 from cluster.transport.local import LocalTransport

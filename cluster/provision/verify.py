@@ -16,7 +16,7 @@ from cluster import __version__, paths
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host, Inventory
-from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, lost, settle
+from cluster.provision.report import LOST_FIX, NodeOutcome, ProvisionReport, lost, settle
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 

@@ -4,8 +4,8 @@ A step has a name, one action (command, file, template, push, pip), an optional
 `when` (a jinja expression on vars/facts/build) and guards (`creates`, `unless`)
 that make a step already done report `unchanged`. Values come from jinja2 with
 StrictUndefined; in shell fields every `{{ value }}` is shell-quoted on output.
-The steps as data are in cluster.playbook_model, rendering in cluster.playbook_render, the actions in
-cluster.playbook_actions; this module runs them, or renders them without running (`render_steps`).
+The steps as data are in cluster.provision.model, rendering in cluster.provision.render, the actions in
+cluster.provision.actions; this module runs them, or renders them without running (`render_steps`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cluster.errors import ClusterError, TransportError
-from cluster.playbook_actions import ACTIONS as _ACTIONS
-from cluster.playbook_actions import file_spec, remote_sha256, sha256
-from cluster.playbook_model import (
+from cluster.provision.actions import ACTIONS as _ACTIONS
+from cluster.provision.actions import file_spec, remote_sha256, sha256
+from cluster.provision.model import (
     ACTIONS,
     CHANGED,
     FAILED,
@@ -31,7 +31,7 @@ from cluster.playbook_model import (
     Step,
     load,
 )
-from cluster.playbook_render import SCRIPT_ENV, SHELL_ENV, TEMPLATES_DIR, TEXT_ENV, Raw, Renderer
+from cluster.provision.render import SCRIPT_ENV, SHELL_ENV, TEMPLATES_DIR, TEXT_ENV, Raw, Renderer
 from cluster.transport import Transport
 
 __all__ = ["ACTIONS", "CHANGED", "FAILED", "PLAYBOOKS_DIR", "SCRIPT_ENV", "SHELL_ENV", "SKIPPED", "STEP_KEYS",

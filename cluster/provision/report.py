@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from cluster import compat, playbook
+from cluster.provision import compat, playbook
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host
 

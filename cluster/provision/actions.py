@@ -10,10 +10,10 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from cluster import wheelhouse
+from cluster.provision import wheelhouse
 from cluster.errors import ClusterError
-from cluster.playbook_model import CHANGED, UNCHANGED, WOULD_CHANGE, Step
-from cluster.playbook_render import Renderer
+from cluster.provision.model import CHANGED, UNCHANGED, WOULD_CHANGE, Step
+from cluster.provision.render import Renderer
 from cluster.nodes.replies import error_tail
 from cluster.transport import Transport
 

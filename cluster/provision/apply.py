@@ -15,16 +15,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import compat, diskspace, playbook, wheelhouse
+from cluster.provision import compat, diskspace, playbook, wheelhouse
 from cluster.nodes import facts
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host, Inventory
-from cluster.playbook import Playbook, RenderedStep
-from cluster.provision_report import LOST_FIX, NodeOutcome, ProvisionReport, settle
+from cluster.provision.playbook import Playbook, RenderedStep
+from cluster.provision.report import LOST_FIX, NodeOutcome, ProvisionReport, settle
 from cluster.relay.progress import StatusFn
 from cluster.transport import Transport
-from cluster.verify import (FINGERPRINT_ALL, FINGERPRINT_GPU, allreduce_command, env_python, fingerprint_diff,
+from cluster.provision.verify import (FINGERPRINT_ALL, FINGERPRINT_GPU, allreduce_command, env_python, fingerprint_diff,
                             record_state, stamp_command, state_dir, verify)
 
 __all__ = ["EXTRA_PACKAGES", "FINGERPRINT_ALL", "FINGERPRINT_GPU", "LOST_FIX", "NodeOutcome", "ProvisionReport",

@@ -11,7 +11,7 @@ from typing import Any
 import jinja2
 
 from cluster import paths
-from cluster.playbook_model import Playbook, PlaybookError, Step
+from cluster.provision.model import Playbook, PlaybookError, Step
 
 TEMPLATES_DIR = paths.PROJECT_ROOT / "templates"
 

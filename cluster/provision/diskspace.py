@@ -15,7 +15,7 @@ import shlex
 import zipfile
 from dataclasses import dataclass
 
-from cluster.wheelhouse import Wheelhouse, unsatisfied
+from cluster.provision.wheelhouse import Wheelhouse, unsatisfied
 
 MARGIN = 1.05  # + 5%: metadata, the installer's own files, logs
 MARGIN_BYTES = 256 << 20
