@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import commmodel, datasets, jobs, launch, paths
+from cluster import commmodel, paths
+from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult

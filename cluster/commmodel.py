@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cluster import datasets, jobs
+from cluster.runs import datasets, jobs
 from cluster.errors import ClusterError
 from cluster.workloads import wlcommon
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import jobs, runs
+from cluster.runs import jobs, records as runs
 from cluster.errors import UsageError
 
 # Energy estimate where no power was measured (docs/report.md): an old desktop draws about

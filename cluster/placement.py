@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import bench, commmodel, jobs, launch, paths
+from cluster import bench, commmodel, paths
+from cluster.runs import jobs, launch
 from cluster.bench import NetworkBench, NodeBench
 from cluster.commmodel import Scheme
 from cluster.errors import ClusterError, UsageError

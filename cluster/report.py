@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster import paths, runs
+from cluster import paths
+from cluster.runs import records
 from cluster.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
 
 __all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "plots", "summary_rows",
@@ -234,7 +235,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
 def default_page(figs: list[RunFigures]) -> Path:
     """Where a report goes when no path is given: beside the run for one, else a dated page under reports/."""
     if len(figs) == 1:
-        return runs.run_path(figs[0].run_id) / "report.html"
+        return records.run_path(figs[0].run_id) / "report.html"
     return paths.home() / "reports" / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
 
 

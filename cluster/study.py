@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import collect, jobs, launch, paths, report, runs
+from cluster import paths, report
+from cluster.runs import collect, jobs, launch, records
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.loader import Inventory
 
@@ -63,7 +64,7 @@ def study_dir(sid: str) -> Path:
 
 def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str] | None = None,
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
-        on_run: Callable[[runs.RunRecord, Any], None] | None = None,
+        on_run: Callable[[records.RunRecord, Any], None] | None = None,
         target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None) -> tuple[str, list[Cell], Path | None]:
     overrides = list(overrides or [])
     settings = variants(vary)

@@ -13,7 +13,7 @@ from cluster.cli.args import (FRACTION, add_forks, add_inventory_option, add_job
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
-    from cluster.collect import RunCollect
+    from cluster.runs.collect import RunCollect
 
 VERDICT_EXIT = {"ok": errors.EXIT_OK, "failed": errors.EXIT_FAILED, "unreachable": errors.EXIT_UNREACHABLE}
 # the terminal gets the columns a comparison needs; the pages have them all
@@ -61,7 +61,7 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
 def cmd_collect(args: argparse.Namespace) -> int:
     from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from cluster import collect
+    from cluster.runs import collect
     from cluster.inventory import loader
 
     records = collect.chosen_runs(args.run, args.all)
@@ -103,7 +103,8 @@ def _print_collect(run: RunCollect) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cluster import report, runs
+    from cluster import report
+    from cluster.runs import records as runs
 
     figs, written = report.write_pages(args.runs or [runs.load().run_id],
                                        html=Path(args.html) if args.html else None,

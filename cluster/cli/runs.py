@@ -13,7 +13,7 @@ from cluster.cli.args import GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory
 from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
-    from cluster.runs import RunRecord
+    from cluster.runs.records import RunRecord
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
@@ -111,7 +111,7 @@ def _run_exit(record: RunRecord) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from cluster import jobs, launch
+    from cluster.runs import jobs, launch
 
     inv = load_inventory(args.inventory, args.host_set)
     planned = None
@@ -152,7 +152,7 @@ def _follow(record: RunRecord, quiet: bool) -> RunRecord:
     """launch.follow, shown: a live table on a terminal, else one line per change of a node's state or epoch."""
     from rich.live import Live
 
-    from cluster import launch
+    from cluster.runs import launch
 
     live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal and not quiet else None
     seen: dict[str, str] = {}
@@ -191,7 +191,7 @@ def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from cluster import runs
+    from cluster.runs import records as runs
 
     records, damaged = runs.scan()
     if args.json:
@@ -214,7 +214,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from cluster import launch, runs
+    from cluster.runs import launch, records as runs
 
     record = launch.refresh(runs.load(args.run))
     if args.json:
@@ -226,7 +226,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from cluster import launch, logstream, runs
+    from cluster.runs import launch, logstream, records as runs
 
     record = runs.load(args.run)
     if not args.follow:
@@ -256,7 +256,7 @@ def _logs_exit(unreachable: set[str]) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from cluster import launch, runs
+    from cluster.runs import launch, records as runs
 
     record = runs.load(args.run)
     with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launch
+from cluster.runs import launch
 from tests.conftest import ROOT
 from tests.integration.conftest import (clusterctl, clusterctl_json, provisioned_lab, pytestmark,  # noqa: F401
                                         wait_until)

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cluster import runs
+from cluster.runs import records
 from cluster.lab import lifecycle
 from cluster.errors import TransportError
 from cluster.inventory.loader import Host
@@ -243,7 +243,7 @@ def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall
 
 
 def _agent(state: lifecycle.LabState) -> None:
-    from cluster import render
+    from cluster.runs import render
     from importlib import resources
 
     p = _node_dir(state) / render.AGENT
@@ -251,10 +251,10 @@ def _agent(state: lifecycle.LabState) -> None:
     p.write_text(resources.files("cluster.workloads").joinpath("nodeagent.py").read_text())
 
 
-def _record(state: lifecycle.LabState, run_id: str) -> runs.RunRecord:
+def _record(state: lifecycle.LabState, run_id: str) -> records.RunRecord:
     host = _host(state)
-    return runs.RunRecord(run_id=run_id, job="faults", framework="pytorch", state="failed", created=time.time(),
-                          nodes=[runs.RunNode(host.name, 0, 1, f"/srv/cluster/runs/{run_id}")],
+    return records.RunRecord(run_id=run_id, job="faults", framework="pytorch", state="failed", created=time.time(),
+                          nodes=[records.RunNode(host.name, 0, 1, f"/srv/cluster/runs/{run_id}")],
                           inventory={"path": str(state.inventory), "name": state.name, "hosts": [host.to_dict()]})
 
 
@@ -267,8 +267,8 @@ def test_sshd_frozen_mid_collect_then_resumed(tlab: lifecycle.LabState, tmp_path
     (node_run / "train.log").write_text("epoch 1 loss 0.9\n")
     (node_run / "big.bin").write_bytes(os.urandom(SIZE))
     _agent(tlab)
-    runs.save(_record(tlab, run_id))
-    base = runs.run_path(run_id)
+    records.save(_record(tlab, run_id))
+    base = records.run_path(run_id)
     part = base / "node1" / "big.bin.part"
     outside_before = _tree(home) - {p for p in _tree(home) if p.startswith(f"runs/{run_id}/")}
 
@@ -294,7 +294,7 @@ def test_sshd_frozen_mid_collect_then_resumed(tlab: lifecycle.LabState, tmp_path
     assert "Traceback" not in err
     assert verdict <= BOUND_S + 1.5, f"verdict after {verdict:.1f}s, bound {BOUND_S + 1.5:.1f}s (+ process exit)"
     ROWS.append(("sshd frozen (SIGSTOP)", "clusterctl collect 4 MiB", verdict, "node unreachable, exit 3"))
-    assert runs.load(run_id).state == "failed"  # the record's state is not touched by collect
+    assert records.load(run_id).state == "failed"  # the record's state is not touched by collect
     have = _size(part)
     assert 0 < have < SIZE
 

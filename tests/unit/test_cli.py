@@ -314,7 +314,7 @@ IMPORTED = ("import sys, json; from cluster.cli import main; main({argv!r}); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('cluster', 'rich')))))")
 GROUPS = {"cluster.cli.lab", "cluster.cli.nodes", "cluster.cli.provision", "cluster.cli.runs", "cluster.cli.results",
           "cluster.cli.bench", "cluster.cli.context"}
-HEAVY = {"rich.live", "rich.progress", "cluster.launch", "cluster.report", "cluster.provision.apply", "cluster.bench",
+HEAVY = {"rich.live", "rich.progress", "cluster.runs.launch", "cluster.report", "cluster.provision.apply", "cluster.bench",
          "cluster.placement", "cluster.study", "cluster.lab.lifecycle"}
 
 

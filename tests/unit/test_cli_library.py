@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from cluster import collect, launch, logstream, runs
-from cluster.collect import NodeCollect
+from cluster.runs import collect, launch, logstream, records
+from cluster.runs.collect import NodeCollect
 from cluster.errors import UsageError
 
 
-def record(run_id: str, state: str = "succeeded") -> runs.RunRecord:
-    return runs.RunRecord.from_dict({
+def record(run_id: str, state: str = "succeeded") -> records.RunRecord:
+    return records.RunRecord.from_dict({
         "run_id": run_id, "job": "j", "framework": "pytorch", "state": state, "created": 1.0,
         "nodes": [{"node": n, "node_rank": i, "nproc": 1, "run_dir": f"/srv/runs/{run_id}"}
                   for i, n in enumerate(("a", "b"))],
@@ -31,7 +31,7 @@ def test_collect_runs_gives_each_run_and_the_worst_verdict(monkeypatch: pytest.M
                                                            outcomes: dict[str, tuple[str, str]], verdict: str) -> None:
     seen: list[tuple[str, str, int]] = []
 
-    def fake(rec: runs.RunRecord, checkpoints: bool = False, forks: int = 32, on_bytes: Any = None,
+    def fake(rec: records.RunRecord, checkpoints: bool = False, forks: int = 32, on_bytes: Any = None,
              inventory_hosts: Any = None) -> dict[str, NodeCollect]:
         nodes = {}
         for node, status in zip(("a", "b"), outcomes[rec.run_id]):
@@ -48,7 +48,7 @@ def test_collect_runs_gives_each_run_and_the_worst_verdict(monkeypatch: pytest.M
     assert [r.run_id for r in summary.runs] == list(outcomes) and summary.verdict == verdict
     assert seen == [(r, n, 10) for r in outcomes for n in ("a", "b")]
     doc = summary.runs[0].to_dict()
-    assert doc["run_id"] == "r1" and Path(doc["folder"]) == runs.run_path("r1")
+    assert doc["run_id"] == "r1" and Path(doc["folder"]) == records.run_path("r1")
     assert [n["node"] for n in doc["nodes"]] == ["a", "b"]
 
 
@@ -58,7 +58,7 @@ def test_collect_runs_of_nothing_is_ok() -> None:
 
 def test_chosen_runs_all_skips_dry_runs_and_refuses_a_run_too() -> None:
     for rid, state in (("r1", "succeeded"), ("r2", "dry-run"), ("r3", "failed")):
-        runs.save(record(rid, state))
+        records.save(record(rid, state))
     assert sorted(r.run_id for r in collect.chosen_runs(None, True)) == ["r1", "r3"]
     assert [r.run_id for r in collect.chosen_runs("r2", False)] == ["r2"]
     with pytest.raises(UsageError, match="not both"):
@@ -72,7 +72,7 @@ def test_logstream_follows_until_the_run_is_no_longer_active(monkeypatch: pytest
     states = iter(["running", "succeeded"])
     slept: list[float] = []
 
-    def fake_logs(rec: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
+    def fake_logs(rec: records.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
                   lines: int = 50) -> dict[str, tuple[str, int]]:
         assert offsets is not None
         reads.append(dict(offsets))
@@ -80,7 +80,7 @@ def test_logstream_follows_until_the_run_is_no_longer_active(monkeypatch: pytest
         return {n: (chunks[i], sum(len(c) for c in chunks[:i + 1])) for n, chunks in logs.items()
                 if node in (None, n)}
 
-    def fake_refresh(rec: runs.RunRecord) -> runs.RunRecord:
+    def fake_refresh(rec: records.RunRecord) -> records.RunRecord:
         rec.state = next(states)
         return rec
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import collect, report, runs
+from cluster import report
+from cluster.runs import collect, records
 from tests import goldens
 from tests.conftest import ROOT
 
@@ -43,9 +44,9 @@ def _write_run(home: Path, run_id: str, nodes: list[str], ips: list[float], val:
            "nodes": [{"node": n, "node_rank": i, "nproc": 1, "run_dir": f"/srv/runs/{run_id}"}
                      for i, n in enumerate(nodes)],
            "inventory": {"hosts": [{"name": n, "address": f"10.0.0.{i + 1}"} for i, n in enumerate(nodes)]}}
-    runs.save(runs.RunRecord.from_dict(rec))
+    records.save(records.RunRecord.from_dict(rec))
     for r, n in enumerate(nodes):
-        out = runs.run_path(run_id) / n / "out"
+        out = records.run_path(run_id) / n / "out"
         out.mkdir(parents=True)
         lines = [{"type": "start", "time": 100.0, "world": len(nodes), "batch": 32, "global_batch": 32 * len(nodes),
                   "dataset": "digits", "synthetic": False}]
@@ -103,7 +104,7 @@ def test_scaling_needs_the_same_job_and_settings(tmp_path: Path, monkeypatch: py
 
 def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
-    runs.save(runs.RunRecord.from_dict({"run_id": "r", "job": "j", "framework": "pytorch", "state": "succeeded",
+    records.save(records.RunRecord.from_dict({"run_id": "r", "job": "j", "framework": "pytorch", "state": "succeeded",
                                         "created": 1, "nodes": [{"node": "a", "node_rank": 0, "nproc": 1,
                                                                  "run_dir": "/srv/r"}], "inventory": {"hosts": []}}))
     with pytest.raises(Exception, match="collect them first: clusterctl collect r"):
@@ -165,7 +166,7 @@ def test_write_pages_picks_the_default_path_and_writes_markdown_plots(tmp_path: 
     _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
     _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75])
     figs, written = report.write_pages(["one"], html=None, markdown=None, price_kwh=0.5)
-    assert [f.run_id for f in figs] == ["one"] and written == [(runs.run_path("one") / "report.html").resolve()]
+    assert [f.run_id for f in figs] == ["one"] and written == [(records.run_path("one") / "report.html").resolve()]
     assert written[0].read_text().startswith("<!doctype html>")
     _, written = report.write_pages(["one", "two"], html=None, markdown=None, price_kwh=0.5)
     assert len(written) == 1 and written[0].parent == (tmp_path / "reports").resolve()

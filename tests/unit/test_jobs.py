@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import jobs
-from cluster.jobs import JobError
+from cluster.runs import jobs
+from cluster.runs.jobs import JobError
 
 
 def test_shipped_jobs_load_and_differ_only_where_the_frameworks_do() -> None:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster import jobs, runs
+from cluster.runs import jobs, records
 from cluster.lab import lifecycle, shaping
 from cluster.inventory import ansible_yaml, check as inventory_check
 from cluster.errors import UsageError
-from cluster.jobs import JobError
+from cluster.runs.jobs import JobError
 from cluster.workloads import relaynode_common
 
 PATTERNS = [
-    (inventory_check.SAFE_NAME, "pc1"), (runs.RUN_ID_RE, "resnet50-ddp-20250101-120000-ab12"),
+    (inventory_check.SAFE_NAME, "pc1"), (records.RUN_ID_RE, "resnet50-ddp-20250101-120000-ab12"),
     (relaynode_common.NAME_RE, "torch-2.3.1+cpu-cp311-linux_x86_64.whl"), (lifecycle.NAME_RE, "lab"),
     (ansible_yaml.PLAIN_HOST, "pc1.lab"), (shaping.RATE_RE, "100mbit"), (jobs.JOB_NAME_RE, "resnet50-ddp"),
 ]
@@ -35,8 +35,8 @@ def test_a_trailing_newline_is_refused(pattern: re.Pattern[str], good: str) -> N
 def test_a_run_id_with_a_newline_names_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     with pytest.raises(UsageError, match="is not a run id"):
-        runs.run_path("resnet50-ddp-20250101-120000-ab12\n")
-    assert runs.run_path("resnet50-ddp-20250101-120000-ab12").name == "resnet50-ddp-20250101-120000-ab12"
+        records.run_path("resnet50-ddp-20250101-120000-ab12\n")
+    assert records.run_path("resnet50-ddp-20250101-120000-ab12").name == "resnet50-ddp-20250101-120000-ab12"
 
 
 def test_a_lab_name_with_a_newline_is_refused_before_anything_is_made() -> None:
@@ -58,7 +58,7 @@ def test_good_job_names_start_valid_run_ids(tmp_path: Path, name: str) -> None:
     f = tmp_path / "job.yaml"
     f.write_text(f"name: {name}\nframework: pytorch\n")
     spec = jobs.load(str(f))
-    assert runs.RUN_ID_RE.match(runs.new_run_id(spec.name))
+    assert records.RUN_ID_RE.match(records.new_run_id(spec.name))
 
 
 def test_a_model_name_is_ascii() -> None:

@@ -19,7 +19,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cluster import cli, errors, jobs, launch, render, runs
+from cluster import cli, errors
+from cluster.runs import jobs, launch, records as runs, render
 from cluster.inventory import loader as inventory, model
 
 FAST = settings(max_examples=150, deadline=None,

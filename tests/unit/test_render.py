@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import jobs, launch, render
+from cluster.runs import jobs, launch, render
 from cluster.inventory import loader
-from cluster.jobs import JobError
+from cluster.runs.jobs import JobError
 from tests import goldens
 from tests.conftest import ROOT
 
@@ -151,7 +151,7 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A token from the head's environment and one from a file: on the node only in secrets.env (sourced by
     launch.sh), never in launch.sh, job.json or anything kept on the head."""
-    from cluster import launch
+    from cluster.runs import launch
 
     evil = EVIL.format(canary=tmp_path / "pwned")
     monkeypatch.setenv("LAB_TOKEN", f"tok-{evil}")
@@ -179,7 +179,7 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
     ("{env: CLUSTERCTL_TEST_UNSET_VAR}", "the head.s environment has no CLUSTERCTL_TEST_UNSET_VAR"),
 ])
 def test_env_from_a_missing_source_names_the_field(value: str, match: str) -> None:
-    from cluster import launch
+    from cluster.runs import launch
 
     spec = jobs.load("resnet50-ddp", [f"env_from.TOKEN={value}"])
     with pytest.raises(JobError, match=f"env_from.TOKEN: {match}"):

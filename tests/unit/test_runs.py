@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launch, runs, runstate
+from cluster.runs import launch, records as runs, state as runstate
 from cluster.nodes.replies import agent_reply
-from cluster.runstate import NodeStatus, judge
+from cluster.runs.state import NodeStatus, judge
 
 
 def _record(run_id: str = "r1", nodes: tuple[str, ...] = ("a", "b"), state: str = "running") -> runs.RunRecord:
@@ -204,7 +204,7 @@ def test_a_record_with_a_wrong_type_is_refused_naming_the_field(change: dict) ->
 @pytest.mark.parametrize("name", sorted(runs.RUN_FOLDER_ENTRIES))
 def test_a_host_named_like_a_run_folder_entry_is_refused(tmp_path: Path, name: str) -> None:
     """Each node's results are collected into runs/<id>/<node>/, beside run.json and rendered/."""
-    from cluster import jobs
+    from cluster.runs import jobs
     from cluster.inventory import loader
     from cluster.errors import UsageError
     from tests.conftest import write

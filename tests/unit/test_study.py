@@ -1,9 +1,10 @@
-"""`study --vary`: its values, which one-node cells it runs, and the scaling baseline they give."""
+"""`study --vary`: its values, which one-node cells it records, and the scaling baseline they give."""
 from __future__ import annotations
 
 import pytest
 
-from cluster import figures, runs, study
+from cluster import figures, study
+from cluster.runs import records
 from cluster.errors import UsageError
 
 
@@ -37,9 +38,9 @@ def test_study_id_is_unchanged_without_vary_and_differs_with_it() -> None:
     assert study.study_id(Inv(), ["resnet50-ddp"], [1, 2], [], "grad_compression=none,fp16") != plain  # type: ignore[arg-type]
 
 
-def record(nodes: int, **settings: object) -> runs.RunRecord:
-    return runs.RunRecord(f"r{nodes}", "resnet50-ddp", "pytorch", "succeeded", 0.0,
-                          [runs.RunNode(f"node{i}", i, 1, "/srv") for i in range(nodes)], {},
+def record(nodes: int, **settings: object) -> records.RunRecord:
+    return records.RunRecord(f"r{nodes}", "resnet50-ddp", "pytorch", "succeeded", 0.0,
+                          [records.RunNode(f"node{i}", i, 1, "/srv") for i in range(nodes)], {},
                           {"batch": 32, "grad_compression": "none", "accumulate": 1, **settings})
 
 

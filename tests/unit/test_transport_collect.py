@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import collect, render
+from cluster.runs import collect, render
 from cluster.inventory.loader import Host
 from cluster.transport.local import LocalTransport
 

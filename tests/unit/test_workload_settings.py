@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import jobs
-from cluster.jobs import JobError
+from cluster.runs import jobs
+from cluster.runs.jobs import JobError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "workloads"))
 import wlcommon  # noqa: E402

@@ -16,15 +16,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from cluster import __version__, datasets, errors, render, runs
+from cluster import __version__, errors
+from cluster.runs import datasets, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.loader import Host, Inventory
-from cluster.jobs import JobError, JobSpec
-from cluster.render import LaunchRequest
+from cluster.runs.jobs import JobError, JobSpec
+from cluster.runs.render import LaunchRequest
 from cluster.nodes.replies import agent_reply, error_tail
-from cluster.runstate import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
+from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
                               NodeStatus, _stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
                               stop_nodes)
 from cluster.transport import Transport
@@ -222,12 +223,12 @@ def execute(request: LaunchRequest, log: Log = lambda s: None, prediction: dict[
                 _abort_start(record, f"launch {what}: {e}" if str(e) else f"launch {what} ({type(e).__name__})",
                              cause=what)
             if now.state == "running" and watch:  # Ctrl-C just after the start: the run goes on, watched
-                from cluster import watch as watch_mod
+                from cluster.runs import watch as watch_mod
 
                 watch_mod.spawn(record.run_id)
             raise
     if watch:
-        from cluster import watch as watch_mod  # started as its own process; imported only when wanted
+        from cluster.runs import watch as watch_mod  # started as its own process; imported only when wanted
 
         watch_mod.spawn(record.run_id)
     return record
@@ -390,7 +391,7 @@ def _abort_start(record: runs.RunRecord, reason: str, node: str | None = None, *
         record = _stop_and_record(record, list(record.node_dirs()))
     finally:
         if watch and runs.load(record.run_id).stop_pending:
-            from cluster import watch as watch_mod
+            from cluster.runs import watch as watch_mod
 
             watch_mod.spawn(record.run_id)  # retries the stop as the nodes come back (bounded)
     pending = record.stop_pending

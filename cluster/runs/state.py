@@ -7,7 +7,7 @@ hanging in a collective; everything written so far stays on the nodes.
 Who judges a run: whichever clusterctl process polls it (the foreground
 `launch`, `status`, the busy check of another launch) and, so that a run left
 alone overnight still gets its verdict, a watcher process on the head started
-by launch (cluster/watch.py). They all write through runs.update, under the
+by launch (cluster/watch.py). They all write through records.update, under the
 run's lock, and the silence clock lives in the record, so they agree.
 Independently of the head, the training programs' collective timeouts
 (`collective_timeout_s`) end the survivors of a dead peer by themselves.
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster import render, runs
+from cluster.runs import records, render
 from cluster.errors import UsageError
 from cluster.nodes.fanout import Group
 from cluster.inventory.loader import Host
@@ -90,7 +90,7 @@ class NodeStatus:
         return dict(self.__dict__)
 
 
-def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
+def poll(record: records.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
     """Every node's state, read by its agent (one bounded command per node).
 
     A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
@@ -117,7 +117,7 @@ def poll(record: runs.RunRecord, group: Group | None = None, lines: int = 20) ->
         return ask(g)
 
 
-def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
+def judge(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
     """The run's state from its nodes': any failure fails it, all succeeded succeeds it.
 
     A node silent (unreachable or unanswered) for UNREACHABLE_GRACE_S since it last answered fails the
@@ -139,7 +139,7 @@ def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | 
                       "its processes are gone without an exit record" if first.state == "vanished" else
                       first.error or first.state)
             known = (record.last_status or {}).get(first.node) or {}
-            record.failure = runs.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
+            record.failure = records.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
                                           sorted(({s.node for s in failed} | set(lost)) - {first.node}))
         return "failed"
     states = {s.state for s in statuses.values()}
@@ -150,7 +150,7 @@ def judge(record: runs.RunRecord, statuses: dict[str, NodeStatus], now: float | 
     return "running"
 
 
-def _remember(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+def _remember(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
     """Keep each node's last status; a silent node keeps its last known log and metrics (the morning after,
     they are all that is left of a node that went away)."""
     before = record.last_status or {}
@@ -163,8 +163,8 @@ def _remember(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
     record.last_status = now
 
 
-def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
-    """The verdict, written into the newest copy of the record (inside runs.update)."""
+def _apply(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
+    """The verdict, written into the newest copy of the record (inside records.update)."""
     if not record.active or record.stopped_by_user:
         _remember(record, statuses)
         return
@@ -177,13 +177,13 @@ def _apply(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> None:
             n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
 
 
-def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunRecord:
+def settle(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> records.RunRecord:
     """Apply the verdict; a failed run's other nodes are stopped and what could not be confirmed is kept
     in `stop_pending` (the next launch on those nodes tries again, and refuses while it cannot).
 
     A stop not yet confirmed everywhere (a failed run's or the user's) is sent again, every
     STOP_RETRY_S, to the pending nodes that answered this poll: whoever follows the run finishes it."""
-    record = runs.update(record.run_id, lambda r: _apply(r, statuses))
+    record = records.update(record.run_id, lambda r: _apply(r, statuses))
     if not record.stop_pending:
         return record
     if record.state == "failed" and record.stop_tried is None:  # the verdict just came: stop them all now
@@ -194,13 +194,13 @@ def settle(record: runs.RunRecord, statuses: dict[str, NodeStatus]) -> runs.RunR
     return record
 
 
-def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10.0) -> runs.RunRecord:
-    runs.update(record.run_id, lambda r: setattr(r, "stop_tried", time.time()))
+def _stop_and_record(record: records.RunRecord, nodes: list[str], grace: float = 10.0) -> records.RunRecord:
+    records.update(record.run_id, lambda r: setattr(r, "stop_tried", time.time()))
     results = stop_nodes(record, grace, only=nodes)
     confirmed = {n for n, r in results.items() if r.get("ok")}
     statuses = poll(record) if confirmed else {}
 
-    def change(r: runs.RunRecord) -> None:
+    def change(r: records.RunRecord) -> None:
         r.stop_results = {**(r.stop_results or {}), **results}
         r.stop_pending = sorted((set(r.stop_pending) | set(nodes)) - confirmed)
         if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
@@ -209,10 +209,10 @@ def _stop_and_record(record: runs.RunRecord, nodes: list[str], grace: float = 10
         if r.stopped_by_user and not r.stop_pending:
             r.move("stopped")
 
-    return runs.update(record.run_id, change)
+    return records.update(record.run_id, change)
 
 
-def _launcher_alive(record: runs.RunRecord) -> bool:
+def _launcher_alive(record: records.RunRecord) -> bool:
     """Is the clusterctl process that is starting this run still at work (on this head)?"""
     pid = (record.extra.get("launcher") or {}).get("pid")
     if not isinstance(pid, int) or pid <= 0:
@@ -226,7 +226,7 @@ def _launcher_alive(record: runs.RunRecord) -> bool:
     return True
 
 
-def refresh(record: runs.RunRecord) -> runs.RunRecord:
+def refresh(record: records.RunRecord) -> records.RunRecord:
     """Ask the nodes, judge, and save: what `clusterctl status` does. Also retries a stop that could not
     be confirmed on some node."""
     if record.state == "starting" and _launcher_alive(record):
@@ -238,15 +238,15 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
     return record
 
 
-def stop_answered(record: runs.RunRecord) -> bool:
+def stop_answered(record: records.RunRecord) -> bool:
     """The run has ended, or the user's stop has had its answer from every node (confirmed or not)."""
     return not record.active or (record.stopped_by_user and record.stop_results is not None
                                  and set(record.stop_results) >= set(record.node_dirs()))
 
 
-def follow(record: runs.RunRecord, interval: float = 2.0,
-           on_update: Callable[[runs.RunRecord, dict[str, NodeStatus]], None] | None = None,
-           retry_for: float = 0.0) -> runs.RunRecord:
+def follow(record: records.RunRecord, interval: float = 2.0,
+           on_update: Callable[[records.RunRecord, dict[str, NodeStatus]], None] | None = None,
+           retry_for: float = 0.0) -> records.RunRecord:
     """Poll until the run ends (or the user's stop has been answered), stopping the others when a node
     fails. `retry_for` (the watcher): go on that long after that, retrying the stop on the nodes not
     confirmed stopped as they come back; then leave them to `status` and the next launch's busy check."""
@@ -271,7 +271,7 @@ def follow(record: runs.RunRecord, interval: float = 2.0,
         group.close()
 
 
-def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:
+def stop_nodes(record: records.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:
     """SIGTERM, then SIGKILL after `grace`, every process of the run on every node (or `only` these).
     A node's result is ok only when its agent confirmed that nothing of the run is left."""
     dirs = record.node_dirs()
@@ -286,16 +286,16 @@ def stop_nodes(record: runs.RunRecord, grace: float = 10.0, only: list[str] | No
     return out
 
 
-def stop(record: runs.RunRecord, grace: float = 10.0) -> runs.RunRecord:
+def stop(record: records.RunRecord, grace: float = 10.0) -> records.RunRecord:
     """`clusterctl stop`: end the run everywhere. The run is recorded `stopped` only once every node
     confirmed it; until then it stays `stopping`, with the nodes to retry in `stop_pending`."""
 
-    def mark(r: runs.RunRecord) -> None:
+    def mark(r: records.RunRecord) -> None:
         if r.move("stopping"):  # every node pending until its agent confirms: a stop cut short is retried
             r.stopped_by_user = True
             r.stop_pending = sorted(set(r.stop_pending) | set(r.node_dirs()))
 
-    record = runs.update(record.run_id, mark)
+    record = records.update(record.run_id, mark)
     return _stop_and_record(record, list(record.node_dirs()), grace)
 
 
@@ -305,7 +305,7 @@ class LogReads(dict[str, tuple[str, int]]):
     unreachable: set[str]
 
 
-def logs(record: runs.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
+def logs(record: records.RunRecord, node: str | None = None, offsets: dict[str, int] | None = None,
          lines: int = 50) -> LogReads:
     """Each node's log: the last `lines`, or (with offsets) what was written since. node -> (text, new offset)."""
     hosts = [h for h in record.hosts() if node is None or h.name == node]

@@ -1,8 +1,8 @@
 """Job specs: what to train, on which nodes, with which settings (schema: docs/jobs.md).
 
 A spec is data (playbooks/<name>.yaml), resolved with `--set` overrides and
-validated here; rendering it into per-node launch files is cluster.render, and
-running it is cluster.launch. Every error names the file, line, field and fix.
+validated here; rendering it into per-node launch files is cluster.runs.render, and
+running it is cluster.runs.launch. Every error names the file, line, field and fix.
 """
 from __future__ import annotations
 

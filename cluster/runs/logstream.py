@@ -4,10 +4,10 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from cluster import launch, runs, runstate
+from cluster.runs import launch, records, state
 
 
-def follow(record: runs.RunRecord, node: str | None = None, interval: float = 1.0,
+def follow(record: records.RunRecord, node: str | None = None, interval: float = 1.0,
            sleep: Callable[[float], None] = time.sleep,
            unreachable: set[str] | None = None) -> Iterator[tuple[str, str]]:
     """(node, line) for every line each node's log gains, from its start; ends once a read made after the
@@ -25,7 +25,7 @@ def follow(record: runs.RunRecord, node: str | None = None, interval: float = 1.
             offsets[name] = size
             for line in text.splitlines():
                 yield name, line
-        if runstate.stop_answered(record):  # ended, or the user's stop answered (a node may stay pending)
+        if state.stop_answered(record):  # ended, or the user's stop answered (a node may stay pending)
             return
         record = launch.refresh(record)
         sleep(interval)

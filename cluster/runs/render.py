@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster import __version__
 from cluster.inventory.loader import Host
-from cluster.jobs import JobError, JobSpec
+from cluster.runs.jobs import JobError, JobSpec
 from cluster.provision.playbook import SCRIPT_ENV
 
 TEMPLATES = {"pytorch": "torchrun.sh.j2", "tensorflow": "tf_worker.sh.j2"}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from cluster import paths
 from cluster.relay import distribute
 from cluster.errors import ClusterError
-from cluster.jobs import WORKLOADS_DIR, JobSpec
+from cluster.runs.jobs import WORKLOADS_DIR, JobSpec
 from cluster.transport import Transport
 from cluster.provision.wheelhouse import distribution_mode, sha256_file
 

@@ -1,12 +1,12 @@
 """The run's watcher: a process on the head that judges a detached run while nobody is looking.
 
-`launch` starts it (`python -m cluster.watch RUN_ID`, in a session of its own,
+`launch` starts it (`python -m cluster.runs.watch RUN_ID`, in a session of its own,
 output to runs/<id>/watch.log). It follows the run exactly as a foreground
 `launch` does (runstate.follow: poll, judge, stop the survivors of a failure)
 and exits when the run reaches a final state with every node confirmed stopped (a node that cannot be
 reached is retried as it comes back, for STOP_RETRY_FOR_S). A lock per run keeps it to one
 watcher however often it is started; a foreground `launch` and `status` may
-judge at the same time, which is safe (runs.update, the clock in the record).
+judge at the same time, which is safe (records.update, the clock in the record).
 
 NOTE: the engines see a dead peer too (collective timeouts end the survivors'
 training processes), but only this process can see a node that went silent as
@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 
-from cluster import runs, runstate
+from cluster.runs import records, state as runstate
 from cluster.errors import ClusterError
 
 INTERVAL_S = 5.0  # between two polls; with the grace, a silent node is judged within ~35-55 s
@@ -34,23 +34,23 @@ STOP_RETRY_FOR_S = 1800.0
 
 def spawn(run_id: str) -> int:
     """Start the watcher detached from this process (and its terminal); returns its pid."""
-    folder = runs.run_path(run_id)
+    folder = records.run_path(run_id)
     with open(folder / "watch.log", "ab") as out:
         p = subprocess.Popen(  # bounded: started, never waited for
-            [sys.executable, "-m", "cluster.watch", run_id], stdin=subprocess.DEVNULL, stdout=out,
+            [sys.executable, "-m", "cluster.runs.watch", run_id], stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=folder)
     return p.pid
 
 
-def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
+def watch(run_id: str, interval: float = INTERVAL_S) -> records.RunRecord | None:
     """Follow the run to its end, unless another watcher already does (returns None then)."""
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(runs.file_lock(runs.run_path(run_id) / ".watch.lock", f"watcher of {run_id}", wait=0))
+            held.enter_context(records.file_lock(records.run_path(run_id) / ".watch.lock", f"watcher of {run_id}", wait=0))
         except ClusterError:
             return None
-        record = runs.load(run_id)
-        runs.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
+        record = records.load(run_id)
+        records.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
         while True:
             try:
                 record = runstate.follow(record, interval=interval, retry_for=STOP_RETRY_FOR_S)
@@ -58,14 +58,14 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> runs.RunRecord | None:
             except ClusterError as e:  # e.g. a lock held too long: log it, look again
                 print(f"{time.strftime('%H:%M:%S')} {e}", flush=True)
                 time.sleep(interval)
-                record = runs.load(run_id)
+                record = records.load(run_id)
                 if not record.active and not record.stop_pending:
                     return record
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m cluster.watch RUN_ID", file=sys.stderr)
+        print("usage: python -m cluster.runs.watch RUN_ID", file=sys.stderr)
         return 2
     try:
         record = watch(argv[0])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from cluster import render, runs
+from cluster.runs import records as runs, render
 from cluster.nodes import facts
 from cluster.provision.wheelhouse import sha256_file
 from cluster.errors import ClusterError, UsageError
