@@ -31,7 +31,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from cluster import bench
+    from cluster.study import bench
 
     inv = load_inventory(args.inventory)
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
@@ -58,7 +58,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cluster import placement
+    from cluster.study import placement
 
     inv = load_inventory(args.inventory)
     choice = placement.choose(inv, args.job, args.set or [])

@@ -103,7 +103,7 @@ def _print_collect(run: RunCollect) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cluster import report
+    from cluster.study import report
     from cluster.runs import records as runs
 
     figs, written = report.write_pages(args.runs or [runs.load().run_id],
@@ -136,10 +136,10 @@ def _sizes(text: str) -> list[int]:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from cluster import study
+    from cluster.study import matrix
 
     inv = load_inventory(args.inventory)
-    sid, cells, page = study.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
+    sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
                                  log=notes(args.json), vary=args.vary)
     if args.json:
         emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})

@@ -116,7 +116,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory, args.host_set)
     planned = None
     if args.plan:
-        from cluster import placement
+        from cluster.study import placement
 
         planned = placement.load_recommended(inv, args.job).to_dict()
     spec = jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import report
+from cluster.study import report
 from cluster.runs import collect, records
 from tests import goldens
 from tests.conftest import ROOT

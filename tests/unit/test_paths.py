@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, paths, placement
+from cluster import paths
+from cluster.study import bench, placement
 from cluster.inventory import loader
 from cluster.errors import InventoryError
 from tests.conftest import write

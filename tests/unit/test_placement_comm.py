@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, commmodel, placement
+from cluster.study import bench, commmodel, placement
 from cluster.inventory import loader
-from cluster.commmodel import Comm, Link, Scheme
-from cluster.placement import NodeSpeed, Workload
+from cluster.study.commmodel import Comm, Link, Scheme
+from cluster.study.placement import NodeSpeed, Workload
 
 R18 = commmodel.param_shapes("resnet18", 10)
 R18_ELEMENTS = 11_181_642

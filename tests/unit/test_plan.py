@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import bench, placement
+from cluster.study import bench, placement
 from cluster.inventory import loader
-from cluster.bench import NetworkBench, StepRate
+from cluster.study.bench import NetworkBench, StepRate
 from cluster.errors import UsageError
-from cluster.placement import NodeSpeed
+from cluster.study.placement import NodeSpeed
 
 NET = NetworkBench(nodes=2, busbw_MBps=100.0, model_allreduce_s=0.2, per_node_busbw_MBps={}, latency_s=0.001)
 

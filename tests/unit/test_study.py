@@ -3,39 +3,39 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import figures, study
+from cluster.study import figures, matrix
 from cluster.runs import records
 from cluster.errors import UsageError
 
 
 def test_vary_is_one_setting_per_value() -> None:
-    assert study.variants(None) == [None]
-    assert study.variants("grad_compression=none, fp16") == ["grad_compression=none", "grad_compression=fp16"]
+    assert matrix.variants(None) == [None]
+    assert matrix.variants("grad_compression=none, fp16") == ["grad_compression=none", "grad_compression=fp16"]
 
 
 @pytest.mark.parametrize("text", ["grad_compression", "=none,fp16", "grad_compression=fp16", "batch=8,8", "accumulate="])
 def test_vary_refuses_what_is_not_two_values_of_one_setting(text: str) -> None:
     with pytest.raises(UsageError) as e:
-        study.variants(text)
+        matrix.variants(text)
     assert "--vary" in e.value.message and "grad_compression=none,fp16" in e.value.fix
 
 
 def test_one_node_runs_once_for_a_wire_setting_and_per_value_otherwise() -> None:
     first = "grad_compression=none"
-    assert study._runs_alone(first, first) and not study._runs_alone("grad_compression=fp16", first)
-    assert not study._runs_alone("collective_timeout_s=30", "collective_timeout_s=10")
-    assert study._runs_alone("accumulate=4", "accumulate=1")  # more micro-batches per step: another run
-    assert study._runs_alone("batch=16", "batch=8") and study._runs_alone(None, None)
+    assert matrix._runs_alone(first, first) and not matrix._runs_alone("grad_compression=fp16", first)
+    assert not matrix._runs_alone("collective_timeout_s=30", "collective_timeout_s=10")
+    assert matrix._runs_alone("accumulate=4", "accumulate=1")  # more micro-batches per step: another run
+    assert matrix._runs_alone("batch=16", "batch=8") and matrix._runs_alone(None, None)
 
 
 def test_study_id_is_unchanged_without_vary_and_differs_with_it() -> None:
     class Inv:
         path = "inventory/lab.yaml"
 
-    plain = study.study_id(Inv(), ["resnet50-ddp"], [1, 2], [])  # type: ignore[arg-type]
+    plain = matrix.study_id(Inv(), ["resnet50-ddp"], [1, 2], [])  # type: ignore[arg-type]
     assert plain == "study-" + __import__("hashlib").sha256(
         b'{"inventory": "inventory/lab.yaml", "jobs": ["resnet50-ddp"], "sizes": [1, 2], "set": []}').hexdigest()[:12]
-    assert study.study_id(Inv(), ["resnet50-ddp"], [1, 2], [], "grad_compression=none,fp16") != plain  # type: ignore[arg-type]
+    assert matrix.study_id(Inv(), ["resnet50-ddp"], [1, 2], [], "grad_compression=none,fp16") != plain  # type: ignore[arg-type]
 
 
 def record(nodes: int, **settings: object) -> records.RunRecord:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import bench, commmodel, paths
+from cluster import paths
+from cluster.study import bench, commmodel
 from cluster.runs import jobs, launch
-from cluster.bench import NetworkBench, NodeBench
-from cluster.commmodel import Scheme
+from cluster.study.bench import NetworkBench, NodeBench
+from cluster.study.commmodel import Scheme
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.loader import Inventory
 from cluster.workloads import wlcommon

@@ -17,7 +17,7 @@ from typing import Any
 
 from cluster import paths
 from cluster.runs import records
-from cluster.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
+from cluster.study.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
 
 __all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "plots", "summary_rows",
            "node_rows", "run_line", "html_page", "markdown_page", "default_page", "write_pages"]

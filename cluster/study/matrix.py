@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import paths, report
+from cluster import paths
+from cluster.study import report
 from cluster.runs import collect, jobs, launch, records
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.loader import Inventory
