@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
 from cluster import lab  # noqa: E402
-from cluster.inventory import loader
+from cluster.inventory import loader, model
 
 PY = sys.executable
 AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
@@ -81,7 +81,7 @@ def by_launch(env: dict[str, str], state: lab.LabState, n: int) -> tuple[float, 
     return took, run_id
 
 
-def by_hand(state: lab.LabState, inv: loader.Inventory, n: int, template_run: str, k: int) -> float:
+def by_hand(state: lab.LabState, inv: model.Inventory, n: int, template_run: str, k: int) -> float:
     """Copy a launched run's folder to a new one on each node (files in place, as a user who prepared
     them by hand), then time one ssh per node running its launch.sh."""
     new_id = f"{template_run}-hand{k}"

@@ -5,6 +5,9 @@ which declares the command's arguments and its handler; the handler calls the li
 what it returns. Like pip, only the module of the command being run is imported: `clusterctl --help`
 needs nothing but the names and one-line helps below, and `clusterctl exec` loads neither rich.live
 nor launch nor report. The library never imports this package.
+
+Takes in: the command line (and the current context). Gives out: output, `--json`, exit codes.
+Must never import: nothing is below it; it is the only stage that may import `lab` and that prints or exits.
 """
 from __future__ import annotations
 

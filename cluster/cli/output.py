@@ -18,7 +18,7 @@ from cluster.inventory import context
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from cluster.inventory.loader import Inventory
+    from cluster.inventory.model import Inventory
 
 # Piped output is read by people later (logs, CI): don't squeeze it into 80 columns.
 _WIDE = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160

@@ -19,7 +19,7 @@ import paramiko
 from paramiko.pkey import UnknownKeyType
 
 from cluster.errors import HostKeyError, TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.inventory.check import known_hosts_problem
 from cluster.inventory.model import KNOWN_HOSTS_MAX_BYTES
 

@@ -22,8 +22,7 @@ from cluster.yamlfile import Loader as _Loader
 from cluster.yamlfile import Map as _Map
 from cluster.yamlfile import line_of as _line
 
-__all__ = ["CONNECTIONS", "GPU_KEYS", "HOST_FIELDS", "READERS", "SAFE_NAME", "TOP_KEYS", "GpuSpec", "Host",
-           "Inventory", "load", "parse_override"]
+__all__ = ["READERS", "load", "parse_override"]
 
 READERS = ("auto", "ansible", "builtin")
 

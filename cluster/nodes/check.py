@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from cluster.nodes import facts, health
 from cluster.nodes.fanout import Group, GroupResult, HostResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 
 
 @dataclass

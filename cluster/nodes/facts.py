@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.nodes.gpus import compute_capability_for
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import Transport
 
 MARK = "@@clusterctl-fact"

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 from cluster.errors import CommandTimeout, TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import CommandResult, Transport, transport_for
 
 OK, FAILED, UNREACHABLE = "ok", "failed", "unreachable"

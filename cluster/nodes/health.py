@@ -6,7 +6,7 @@ from typing import Any
 
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.fanout import HostResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 
 MIN_PYTHON = (3, 10)  # torch 2.14 and TF 2.21 wheels need 3.10+
 DISK_BLOCK_GIB = 10.0  # a venv with torch + TF is ~8 GiB

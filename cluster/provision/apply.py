@@ -19,7 +19,7 @@ from cluster.provision import compat, diskspace, playbook, wheelhouse
 from cluster.nodes import facts
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host, Inventory
+from cluster.inventory.model import Host, Inventory
 from cluster.provision.playbook import Playbook, RenderedStep
 from cluster.provision.report import LOST_FIX, NodeOutcome, ProvisionReport, settle
 from cluster.relay.progress import StatusFn

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from cluster.provision import compat, playbook
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 
 LOST_FIX = ("check that the node is up and on the network (`clusterctl check`), then re-run provision: "
             "it repeats only what is not done")

@@ -15,7 +15,7 @@ from typing import Any
 from cluster import __version__, paths
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host, Inventory
+from cluster.inventory.model import Host, Inventory
 from cluster.provision.report import LOST_FIX, NodeOutcome, ProvisionReport, lost, settle
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport

@@ -27,8 +27,8 @@ from cluster.transport import Transport
 
 if TYPE_CHECKING:
     from cluster.nodes.fanout import Group
-    from cluster.inventory.loader import Host
-    from cluster.provision.playbook import Playbook
+    from cluster.inventory.model import Host
+    from cluster.provision.model import Playbook
 
 MANIFEST = ".clusterctl-manifest.json"  # on the node: files verified there, with their sha256
 PIP_DOWNLOAD_TIMEOUT_S = 6 * 3600.0  # CUDA wheels are GBs: hours on a slow lab uplink, never forever
@@ -242,7 +242,7 @@ def unsatisfied(lock_text: str, freeze: str) -> list[str]:
 def wheel_destinations(pb: Playbook, hosts: list[Host], contexts: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Each node's wheel directory, as its playbook's `wheels` step would render it (nodes whose step is
     skipped, e.g. `python_env: existing`, get none)."""
-    from cluster.provision.playbook import Renderer
+    from cluster.provision.render import Renderer
 
     step = next((s for s in pb.steps if s.action == "wheels"), None)
     out: dict[str, str] = {}

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from cluster.nodes.fanout import OK, Group, GroupResult, HostResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.relay.plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
                                 items, parse_survey, pidfile, plan, survey)
 from cluster.relay.progress import NodeProgress, ProgressFn, StatusFn, Tracker

@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import Transport
 
 PIECE = 4 << 20  # verified unit at every hop: small enough that a chain of 8 adds ~0.25 s at 1 GbE

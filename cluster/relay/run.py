@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from cluster.errors import ClusterError, CommandTimeout, TransportError
 from cluster.nodes.fanout import FAILED, OK, UNREACHABLE, Group, HostResult
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.relay.plan import PIECE, Delivery, Item, Plan, batches, pidfile
 from cluster.relay.progress import Tracker
 from cluster.transport import Transport

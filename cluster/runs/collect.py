@@ -23,7 +23,7 @@ from cluster.nodes import facts
 from cluster.provision.wheelhouse import sha256_file
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 

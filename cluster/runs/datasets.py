@@ -23,7 +23,7 @@ from cluster.provision.wheelhouse import distribution_mode, sha256_file
 
 if TYPE_CHECKING:
     from cluster.nodes.fanout import Group, GroupResult
-    from cluster.inventory.loader import Host
+    from cluster.inventory.model import Host
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from cluster.runs import datasets, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.inventory.loader import Host, Inventory
+from cluster.inventory.model import Host, Inventory
 from cluster.runs.jobs import JobError, JobSpec
 from cluster.runs.render import LaunchRequest
 from cluster.nodes.replies import agent_reply, error_tail

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from cluster import paths
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory.loader import GpuSpec, Host
+from cluster.inventory.model import GpuSpec, Host
 
 ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")

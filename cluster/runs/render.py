@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster import __version__
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.runs.jobs import JobError, JobSpec
 from cluster.provision.playbook import SCRIPT_ENV
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from cluster.runs import records, render
 from cluster.errors import UsageError
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.nodes.replies import agent_reply, error_tail
 
 # A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd

@@ -26,7 +26,7 @@ from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.inventory.loader import Host, Inventory
+from cluster.inventory.model import Host, Inventory
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 

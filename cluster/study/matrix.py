@@ -19,7 +19,7 @@ from cluster import paths
 from cluster.study import report
 from cluster.runs import collect, jobs, launch, records
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory.loader import Inventory
+from cluster.inventory.model import Inventory
 
 
 @dataclass

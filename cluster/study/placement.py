@@ -24,7 +24,7 @@ from cluster.runs import jobs, launch
 from cluster.study.bench import NetworkBench, NodeBench
 from cluster.study.commmodel import Scheme
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory.loader import Inventory
+from cluster.inventory.model import Inventory
 from cluster.workloads import wlcommon
 
 

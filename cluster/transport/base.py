@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from cluster.errors import UsageError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 
 # A copy that moves no byte for this long is abandoned (docs/reliability.md, "Every wait has a bound").
 # Stall, not total time: a 2 GB dataset over a slow link may take an hour and is never cut.

@@ -17,7 +17,7 @@ import paramiko
 
 from cluster.inventory import hostkeys
 from cluster.errors import TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport.base import Transport
 
 KEEPALIVE_S = 15

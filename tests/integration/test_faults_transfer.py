@@ -28,7 +28,7 @@ import pytest
 from cluster.runs import records
 from cluster.lab import lifecycle
 from cluster.errors import TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport.base import STALL_ENV
 from cluster.transport.ssh import SSHTransport
 from tests.conftest import ROOT

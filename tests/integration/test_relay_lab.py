@@ -21,7 +21,7 @@ import pytest
 
 from cluster.relay import distribute as relay
 from cluster.lab import lifecycle
-from cluster.inventory import loader
+from cluster.inventory import loader, model
 from cluster.nodes.fanout import Group
 from tests.conftest import ROOT
 from tests.integration.conftest import lab_up, pytestmark, wait_until  # noqa: F401
@@ -51,7 +51,7 @@ def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_TRANSFER_STALL_S", STALL_S)
 
 
-def hosts(state: lifecycle.LabState) -> list[loader.Host]:
+def hosts(state: lifecycle.LabState) -> list[model.Host]:
     return list(loader.load(state.inventory).hosts.values())
 
 

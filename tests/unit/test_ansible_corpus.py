@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster.inventory import ansible as inventory_ansible, ansible_core, loader
+from cluster.inventory import ansible as inventory_ansible, ansible_core, loader, model
 from cluster.errors import InventoryError
 from tests.conftest import FIXTURES
 
@@ -45,7 +45,7 @@ def _connection(value: Any) -> str:
     return "ssh" if value in (None, "ssh", "smart", "paramiko") else str(value)
 
 
-def assert_same_as_ansible(inv: loader.Inventory, answer: dict[str, Any]) -> None:
+def assert_same_as_ansible(inv: model.Inventory, answer: dict[str, Any]) -> None:
     """Every field clusterctl takes from the loader, compared with Ansible's answer."""
     assert list(inv.hosts) == answer["order"]
     assert {g: set(m) for g, m in inv.groups.items()} == {g: set(m) for g, m in answer["groups"].items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from cluster.nodes import facts, health
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.gpus import compute_capability_for
-from cluster.inventory.loader import GpuSpec, Host
+from cluster.inventory.model import GpuSpec, Host
 from tests.conftest import FIXTURES
 
 F = FIXTURES / "facts"

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import Transport
 
 

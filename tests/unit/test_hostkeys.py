@@ -13,7 +13,7 @@ import pytest
 
 from cluster.inventory import hostkeys, loader
 from cluster.errors import HostKeyError, InventoryError, TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.inventory.model import KNOWN_HOSTS_MAX_BYTES
 from tests.conftest import ROOT, write
 
@@ -188,7 +188,7 @@ import sys
 from pathlib import Path
 from cluster.inventory import hostkeys
 from cluster.errors import TransportError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from tests.unit.test_hostkeys import _keypair
 path, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 host = Host(name="pc1", address="10.1.2.3", known_hosts=str(path))

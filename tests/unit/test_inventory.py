@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cluster.inventory import ansible_core, loader
+from cluster.inventory import ansible_core, loader, model
 from cluster.errors import InventoryError
 from tests.conftest import ROOT, write
 
@@ -44,8 +44,8 @@ def test_layers_defaults_group_host_cli(tmp_path: Path) -> None:
     assert pc1.workdir == "/srv/cluster"  # defaults
     assert pc1.vars == {"dataset": "digits", "epochs": 9}  # command line wins over everything
     assert {h.port for h in inv.hosts.values()} == {2200}
-    assert pc1.gpu == loader.GpuSpec(1, "GTX 1050 Ti", "6.1")
-    assert pc3.gpu == loader.GpuSpec(0)
+    assert pc1.gpu == model.GpuSpec(1, "GTX 1050 Ti", "6.1")
+    assert pc3.gpu == model.GpuSpec(0)
     assert inv.rank0 == "pc2"
     assert [h.name for h in inv.ordered(inv.hosts.values())] == ["pc2", "pc1", "pc3"]
     assert pc1.groups == ("gpu",)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cluster.provision import playbook
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.provision.playbook import CHANGED, FAILED, SKIPPED, UNCHANGED, WOULD_CHANGE, PlaybookError
 from cluster.transport.local import LocalTransport
 from tests.conftest import write

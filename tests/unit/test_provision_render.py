@@ -15,7 +15,7 @@ import pytest
 from cluster.provision import apply, playbook
 from cluster.nodes import facts
 from cluster.inventory import loader
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from tests import goldens
 from tests.conftest import ROOT
 

@@ -19,7 +19,7 @@ import pytest
 from cluster.relay import distribute, progress as relay_progress, run as relay_run
 from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import CommandResult
 from cluster.workloads import relaynode
 

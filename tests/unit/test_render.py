@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.runs import jobs, launch, render
-from cluster.inventory import loader
+from cluster.inventory import loader, model
 from cluster.runs.jobs import JobError
 from tests import goldens
 from tests.conftest import ROOT
@@ -115,7 +115,7 @@ def test_hostile_values_arrive_literally_and_run_nothing(job: str, tmp_path: Pat
     evil = EVIL.format(canary=canary)
     workdir = tmp_path / f"work {evil[:20]}".replace("\n", " ").replace("/", "_")
     workdir = tmp_path / workdir.name
-    host = loader.Host(name=f"pc1{evil}", address="127.0.0.1", workdir=str(workdir))
+    host = model.Host(name=f"pc1{evil}", address="127.0.0.1", workdir=str(workdir))
     spec = jobs.load(job, [f"env.NOTE={json.dumps(evil)}"])
     plan = render.render(spec, [render.Target(host)], "run1", f"data {evil}.npz", {host.name: 29400})
     node = plan.nodes[0]
@@ -159,7 +159,7 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
     spec = jobs.load("resnet50-ddp", ["env_from.API_TOKEN={env: LAB_TOKEN}", f"env_from.HF_TOKEN={{file: {tmp_path / 'hf'}}}"])
     values = launch.secret_values(spec)
     assert values == {"API_TOKEN": f"tok-{evil}", "HF_TOKEN": "hf-secret-123"}
-    host = loader.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
+    host = model.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
     node = render.render(spec, [render.Target(host)], "run1", "d.npz", {"pc1": 29400}).nodes[0]
     for name, content in node.files.items():
         assert "hf-secret-123" not in content and "tok-" not in content, name

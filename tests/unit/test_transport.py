@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.errors import TransportError, UsageError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport import base, ssh
 from cluster.transport.local import LocalTransport
 

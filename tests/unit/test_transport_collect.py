@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.runs import collect, render
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport.local import LocalTransport
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from cluster.provision import wheelhouse
 from cluster.errors import ClusterError
-from cluster.inventory.loader import Host
+from cluster.inventory.model import Host
 from cluster.transport.local import LocalTransport
 
 

@@ -1,0 +1,139 @@
+"""The stages import only downwards (docs/architecture.md, "Layers"), and no module imports itself in a circle.
+
+Every import counts: module level, inside functions, and under TYPE_CHECKING (a type-only import is a
+dependency too: it breaks the day it is needed at run time).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# The stages from the bottom up; a stage may import the ones below it. The same table is in
+# docs/architecture.md. Two stand apart: `lab` (the simulated lab: the base only, and only the CLI imports
+# it) and `workloads` (code that runs on the nodes: nothing of the head's library, not even the base).
+ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "study", "cli")
+BASE = frozenset({"errors", "paths", "yamlfile", "bounds"})
+ALLOWED: dict[str, frozenset[str]] = {s: frozenset(ORDER[:i]) for i, s in enumerate(ORDER)}
+ALLOWED = {**ALLOWED, "lab": frozenset({"base"}), "workloads": frozenset(),
+           "runs": ALLOWED["runs"] | {"workloads"}, "study": ALLOWED["study"] | {"workloads"},
+           "cli": ALLOWED["cli"] | {"lab", "workloads"}}
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in BASE or parts[1] == "__init__":
+        return "base"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(root: Path, path: Path) -> set[str]:
+    """The cluster modules `path` imports, wherever the import statement stands."""
+    def exists(mod: str) -> bool:
+        p = root.joinpath(*mod.split("."))
+        return p.with_suffix(".py").exists() or (p / "__init__.py").exists()
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import (write the full cluster.* path)")
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                 if isinstance(node, ast.ImportFrom) and node.module else [])
+        found |= {n for n in names if n.split(".")[0] == "cluster" and exists(n)}
+    return found
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    return {module_name(root, p): imports(root, p) for p in sorted((root / "cluster").rglob("*.py"))}
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, deps in sorted(g.items()):
+        s = stage_of(mod)
+        for d in sorted(deps):
+            t = stage_of(d)
+            if t != s and t not in ALLOWED[s]:
+                out.append(f"{mod} ({s}) imports {d} ({t})")
+            if s == "workloads" and t != "workloads":
+                out.append(f"{mod} (workloads) imports {d}")
+    return out
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle between modules (a package's __init__ counts as a module)."""
+    found, state, stack = [], {}, []
+
+    def visit(u: str) -> None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(g.get(u, ())):
+            if v == u:
+                continue
+            if state.get(v) == 1:
+                found.append(stack[stack.index(v):] + [v])
+            elif not state.get(v):
+                visit(v)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(g):
+        if not state.get(u):
+            visit(u)
+    return found
+
+
+def test_every_module_belongs_to_a_known_stage() -> None:
+    unknown = sorted({stage_of(m) for m in graph(ROOT)} - set(ALLOWED))
+    assert not unknown, f"add these to ALLOWED (and to docs/architecture.md): {unknown}"
+
+
+def test_the_stages_import_only_downwards() -> None:
+    assert violations(graph(ROOT)) == []
+
+
+def test_no_import_circle() -> None:
+    assert cycles(graph(ROOT)) == []
+
+
+def test_only_the_base_stays_at_the_top() -> None:
+    top = sorted(p.stem for p in (ROOT / "cluster").glob("*.py"))
+    assert top == sorted({"__init__", "__main__", *BASE})
+
+
+def test_every_stage_says_what_it_takes_gives_and_must_not_import() -> None:
+    for pkg in (ROOT / "cluster").iterdir():
+        init = pkg / "__init__.py"
+        if init.exists():
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            if pkg.name in ("cli", "transport", "workloads"):
+                assert doc, f"{init}: no docstring"
+                continue
+            for words in ("Takes in:", "Gives out:", "Must never import:"):
+                assert words in doc, f"{init}: its docstring lacks {words!r}"
+
+
+@pytest.mark.parametrize("upward, circle", [(True, False), (False, True)])
+def test_the_checks_find_an_upward_import_and_a_circle(tmp_path: Path, upward: bool, circle: bool) -> None:
+    """The checker on a tree of its own, so that it is known to fail when it should."""
+    for rel in ("cluster/__init__.py", "cluster/errors.py", "cluster/nodes/__init__.py", "cluster/runs/__init__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    (tmp_path / "cluster/nodes/facts.py").write_text(
+        "def f():\n    from cluster.runs import launch\n" if upward else "from cluster.nodes import health\n")
+    (tmp_path / "cluster/nodes/health.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cluster.nodes import facts\n" if circle else "")
+    (tmp_path / "cluster/runs/launch.py").write_text(
+        "from cluster import errors\n" + ("" if upward else "from cluster.nodes import facts\n"))
+    g = graph(tmp_path)
+    assert bool(violations(g)) is upward
+    assert bool(cycles(g)) is circle
