@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # the node's system Python may be older than the head's: alia
 
 LOG = "node.log"
 STOP = "stop.json"  # a stop was asked for: the run is stopped, or never starts
-LOCK = ".agent.lock"
 ORPHAN_AGENT_S = 360.0  # see _wait_launcher
 
 
@@ -131,8 +130,9 @@ def run_processes(run_dir: Path) -> list[int]:
 @contextmanager
 def _agent_lock(run_dir: Path, wait: float = 10.0) -> Iterator[int]:
     """start and stop of one run folder, one at a time: a stop either comes before the start (which then
-    refuses) or sees everything the start began. Bounded: a start holds it for a fork, never longer."""
-    fd = os.open(str(run_dir / LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    refuses) or sees everything the start began. Bounded: a start holds it for a fork, never longer.
+    The lock is on the folder itself (flock works on a directory's descriptor): no file of ours in the run."""
+    fd = os.open(str(run_dir), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -357,7 +357,7 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
                 dirs.remove(d)
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
-            if n.endswith(".tmp") or n == LOCK or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
+            if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
                 continue
             if rel in PRIVATE_FILES:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
