@@ -5,6 +5,9 @@
     nodeagent.py stop   RUN_DIR        SIGTERM the run's processes, SIGKILL what is left after a grace time
     nodeagent.py manifest RUN_DIR [checkpoints]   regular files of the run with size and sha256
     nodeagent.py freeport              a TCP port free on this node right now
+    nodeagent.py code-missing CACHE_DIR           < manifest: the blobs of a program folder the cache lacks
+    nodeagent.py code-tree CACHE_DIR RUN_DIR      < manifest: RUN_DIR/program/ from verified cache blobs
+                                       (both in codecache.py, which the head puts beside this file)
 
 A run's processes are found three ways, because torchrun puts its workers in
 sessions of their own: the process group started here, the descendants of its
@@ -384,7 +387,23 @@ def freeport() -> Doc:
         return {"port": s.getsockname()[1]}
 
 
+def code_action(argv: list[str]) -> Doc:
+    """code-missing, code-tree: a user's program folder (cluster/runs/code.py ships it, with codecache.py)."""
+    try:
+        if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
+            from cluster.workloads import codecache
+        else:  # on the node: beside this file
+            import codecache
+    except ImportError as e:
+        return {"ok": False, "error": f"codecache.py is missing beside {__file__} ({e}): launch again"}
+    return codecache.main(argv[0], argv[1:], sys.stdin.buffer.read())
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("code-missing", "code-tree"):
+        result = code_action(argv)
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0 if result.get("ok") else 1
     if not argv or argv[0] not in ("start", "status", "stop", "manifest", "prefix", "freeport"):
         sys.stderr.write(__doc__ or "")
         return 2

@@ -1,0 +1,340 @@
+"""Shipping a user's program folder (cluster/runs/code.py): what `scan` takes and refuses, on real files;
+`ship` to `connection: local` nodes with the node agent run for real; the node half's own refusals."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.errors import UsageError
+from cluster.inventory.model import Host
+from cluster.nodes.fanout import Group
+from cluster.runs import code, render
+from tests.conftest import ROOT
+
+WORKLOADS = ROOT / "cluster" / "workloads"
+AGENT = WORKLOADS / "nodeagent.py"
+
+
+def write(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+    return root
+
+
+def shipped(root: Path) -> set[str]:
+    return set(code.scan(root).files)
+
+
+# --------------------------------------------------------------------------- scan
+
+
+def test_gitignore_rules_nested_negated_folders_and_clusterctlignore(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {
+        ".gitignore": "*.log\nbuild/\n/top-only.txt\n!keep.log\ndata/*\n!data/small.csv\n",
+        "train.py": "print('hi')\n",
+        "a.log": "x", "keep.log": "kept by !", "top-only.txt": "x",
+        "build/out.bin": "x", "build/deeper/x.py": "x",
+        "sub/top-only.txt": "anchored at the top: shipped here",
+        "sub/.gitignore": "*.tmp\n!a.log\nlocal/\n",
+        "sub/a.log": "re-included by the deeper file", "sub/b.tmp": "x", "sub/c.py": "x",
+        "sub/local/x.py": "x",
+        "sub/build": "a file, not a folder: `build/` does not match it",
+        "data/big.csv": "x", "data/small.csv": "kept",
+        "notes/secret.md": "x", "notes/readme.md": "x",
+        ".clusterctlignore": "notes/secret.md\n!*.tmp\n",
+        "pkg/__pycache__/m.cpython-311.pyc": "x", "pkg/m.py": "x", "pkg/old.pyc": "x",
+        ".git/config": "x", "sub/.git": "gitdir: elsewhere (a worktree's file)",
+    })
+    assert shipped(root) == {
+        ".gitignore", ".clusterctlignore", "train.py", "keep.log", "sub/top-only.txt", "sub/.gitignore",
+        "sub/a.log", "sub/b.tmp", "sub/c.py", "sub/build", "data/small.csv", "notes/readme.md", "pkg/m.py"}
+
+
+def test_nothing_comes_back_from_under_an_ignored_folder(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {".gitignore": "out/\n!out/keep.txt\n", "out/keep.txt": "x", "m.py": "x"})
+    assert shipped(root) == {".gitignore", "m.py"}  # as git: a file cannot be re-included under an ignored folder
+
+
+GIT_TREES = {
+    "whitelist": {  # ignore all, then bring back folders and Python files
+        ".gitignore": "*\n!*/\n!*.py\n!.gitignore\n**/gen/**\n!/docs/**\nvenv\n*.o\n",
+        "a.py": "x", "a.txt": "x", "pkg/b.py": "x", "pkg/b.txt": "x", "pkg/gen/c.py": "x",
+        "docs/guide.md": "x", "docs/deep/x.rst": "x", "venv/lib.py": "x", "x/venv": "x",
+        "src/.gitignore": "!*.txt\n*.py\n!keep.py\n", "src/n.txt": "x", "src/m.py": "x", "src/keep.py": "x",
+        "src/o/.gitignore": "/k.py\n", "src/o/k.py": "x", "src/o/p/k.py": "x", "src/o/p/n.txt": "x",
+        "lib/x.o": "x", "lib/y.py": "x", "weird name [1].py": "x", "#hash.py": "x", "sp ace/t.py": "x",
+    },
+    "folders": {  # folder patterns, contents patterns, a .gitignore under an ignored folder
+        ".gitignore": "build/\nlogs/**\n!logs/keep.txt\nout\n!out/\ndoc/*.txt\n!doc/sub/\ntmp*/\n\\#lit\n",
+        "build/.gitignore": "!x.py\n", "build/x.py": "x", "lib/build/y.py": "x", "build.py": "x",
+        "logs/a.txt": "x", "logs/keep.txt": "x", "logs/d/e.txt": "x",
+        "out/f.txt": "x", "out/g/h.txt": "x", "doc/a.txt": "x", "doc/b.md": "x", "doc/sub/c.txt": "x",
+        "tmp1/z": "x", "tmp2": "x", "#lit": "x", "m.py": "x", "a/out": "x",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(GIT_TREES))
+def test_the_same_files_as_git(tmp_path: Path, name: str) -> None:
+    """Trees of tricky rules against git itself (`ls-files --others --exclude-standard`)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    root = write(tmp_path / "prog", dict(GIT_TREES[name]))
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q", str(root)], check=True, env=env, timeout=30)
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--others", "--exclude-standard"],
+                         check=True, env=env, capture_output=True, timeout=30).stdout
+    want = {p.decode() for p in out.split(b"\0") if p}
+    assert shipped(root) == want
+    assert len(want) < len(GIT_TREES[name])  # the rules did something
+
+
+def test_the_manifest_is_canonical_and_says_size_sha_and_mode(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {"run.sh": "#!/bin/sh\necho hi\n", "m.py": "print(1)\n"})
+    (root / "run.sh").chmod(0o750)
+    (root / "m.py").chmod(0o640)
+    tree = code.scan(root)
+    assert tree.root == root.resolve() and tree.total == 18 + 9
+    assert tree.files["run.sh"].mode == 0o755 and tree.files["m.py"].mode == 0o644
+    assert tree.files["m.py"] == code.CodeFile(hashlib.sha256(b"print(1)\n").hexdigest(), 9, 0o644)
+    assert json.loads(json.dumps(tree.manifest())) == tree.manifest()
+    assert code.scan(root).digest == tree.digest  # the same tree, the same digest
+    (root / "m.py").write_text("print(2)\n")
+    assert code.scan(root).digest != tree.digest
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tree.total = 0  # type: ignore[misc]
+
+
+def test_over_the_limit_names_the_five_largest_files_and_the_fix(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {f"f{i}.bin": b"x" * (1000 * i) for i in range(1, 8)})
+    with pytest.raises(code.CodeError) as e:
+        code.scan(root, limit_bytes=10_000)
+    err = e.value
+    assert isinstance(err, UsageError) and err.exit_code == 2
+    msg = err.message
+    assert "27.3 KiB in 7 files, over the limit of 9.8 KiB" in msg
+    assert "f7.bin (6.8 KiB), f6.bin (5.9 KiB), f5.bin (4.9 KiB), f4.bin (3.9 KiB), f3.bin (2.9 KiB)" in msg
+    assert "f2.bin" not in msg and ".clusterctlignore" in (err.fix or "")
+    assert len(code.scan(root, limit_bytes=28_000).files) == 7
+    (root / ".clusterctlignore").write_text("f7.bin\nf6.bin\nf5.bin\n")
+    assert len(code.scan(root, limit_bytes=10_100).files) == 5  # the fix it names works (4 files and itself)
+
+
+def test_a_link_inside_is_shipped_as_its_file_a_link_leaving_is_refused(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {"real/cfg.yaml": "lr: 0.1\n", "m.py": "x"})
+    (root / "cfg.yaml").symlink_to("real/cfg.yaml")
+    (root / "chain.yaml").symlink_to("cfg.yaml")
+    tree = code.scan(root)
+    assert tree.files["cfg.yaml"] == tree.files["chain.yaml"] == tree.files["real/cfg.yaml"]
+    (tmp_path / "outside.txt").write_text("secret")
+    (root / "leak.txt").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(code.CodeError, match=r"leak\.txt is a symbolic link to .*outside\.txt, outside") as e:
+        code.scan(root)
+    assert "leak.txt" in (e.value.fix or "") and "replace the link" in (e.value.fix or "")
+    (root / "leak.txt").unlink()
+    (root / "broken").symlink_to("nowhere")
+    with pytest.raises(code.CodeError, match=r"broken is a symbolic link to 'nowhere', which does not exist"):
+        code.scan(root)
+    (root / "broken").unlink()
+    (root / "dirlink").symlink_to("real")
+    with pytest.raises(code.CodeError, match=r"dirlink is a symbolic link to .*real, which is not a regular file"):
+        code.scan(root)
+    (root / ".clusterctlignore").write_text("dirlink\n")
+    assert "dirlink" not in code.scan(root).files  # an ignored link is never looked at
+
+
+def test_a_fifo_is_refused_unless_ignored(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {"m.py": "x"})
+    os.mkfifo(root / "pipe")
+    with pytest.raises(code.CodeError, match=r"pipe is a FIFO: only regular files") as e:
+        code.scan(root)  # never opened: a read would block
+    assert "pipe" in (e.value.fix or "")
+    (root / ".gitignore").write_text("pipe\n")
+    assert shipped(root) == {"m.py", ".gitignore"}
+
+
+def test_no_folder_and_nothing_to_ship_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(code.CodeError, match="no folder"):
+        code.scan(tmp_path / "missing")
+    root = write(tmp_path / "prog", {".git/HEAD": "x", "__pycache__/a.pyc": "x"})
+    with pytest.raises(code.CodeError, match="no file to ship"):
+        code.scan(root, source="job code")
+
+
+# --------------------------------------------------------------------------- ship, for real on local nodes
+
+
+def local_hosts(tmp_path: Path, *names: str) -> list[Host]:
+    hosts = []
+    for n in names:
+        wd = tmp_path / "nodes" / n
+        (wd / "clusterctl").mkdir(parents=True)
+        shutil.copy(AGENT, wd / render.AGENT)  # what launch's _stage puts there (alone: ship brings codecache.py)
+        hosts.append(Host(name=n, address="127.0.0.1", connection="local", workdir=str(wd), python=sys.executable))
+    return hosts
+
+
+def run_dirs(hosts: list[Host], run: str) -> dict[str, str]:
+    return {h.name: f"{h.workdir}/runs/{run}" for h in hosts}
+
+
+def test_ship_sends_only_what_each_node_lacks(tmp_path: Path) -> None:
+    files: dict[str, str | bytes] = {f"pkg/m{i}.py": f"X = {i}\n" * 20 for i in range(40)}
+    root = write(tmp_path / "prog", {**files, "train.py": "import pkg\n", "run.sh": "#!/bin/sh\n",
+                                     "same1.txt": "dup", "same2.txt": "dup"})
+    (root / "run.sh").chmod(0o755)
+    hosts = local_hosts(tmp_path, "a", "b")
+    tree = code.scan(root)
+    lines: list[str] = []
+    with Group(hosts) as g:
+        first = code.ship(g, hosts, tree, run_dirs(hosts, "r1"), log=lines.append)
+        assert first.ok, {n: r.stderr or r.error for n, r in first.items()}
+        assert lines and "44 files" in lines[0]
+        for r in first.values():
+            assert r.value.files == 44 and r.value.files_sent == 44 and r.value.files_reused == 0
+            assert r.value.bytes_sent == tree.total - 3  # the duplicate content goes once
+        for h in hosts:
+            prog = Path(h.workdir) / "runs" / "r1" / "program"
+            assert {p.relative_to(prog).as_posix() for p in prog.rglob("*") if p.is_file()} == set(tree.files)
+            assert (prog / "pkg" / "m7.py").read_text() == files["pkg/m7.py"]
+            assert (prog / "run.sh").stat().st_mode & 0o777 == 0o755  # copied: its own inode and mode
+            assert (prog / "train.py").stat().st_mode & 0o777 == 0o644
+            blob = Path(code.default_cache_dir(h)) / tree.files["train.py"].sha256
+            assert os.path.samefile(blob, prog / "train.py")  # a hard link to the cache
+
+        second = code.ship(g, hosts, tree, run_dirs(hosts, "r2"))
+        assert second.ok and all(r.value.bytes_sent == 0 and r.value.files_sent == 0 for r in second.values())
+        assert second["a"].value.summary() == "sent 0 files (0 B), reused 44"
+        assert (Path(hosts[1].workdir) / "runs/r2/program/pkg/m3.py").read_text() == files["pkg/m3.py"]
+
+        (root / "pkg" / "m5.py").write_text("X = 'edited'\n")
+        third = code.ship(g, hosts, code.scan(root), run_dirs(hosts, "r3"))
+        assert third.ok
+        for r in third.values():
+            assert (r.value.files_sent, r.value.bytes_sent, r.value.files_reused) == (1, 13, 43)
+            assert r.value.summary() == "sent 1 file (13 B), reused 43"
+        assert (Path(hosts[0].workdir) / "runs/r3/program/pkg/m5.py").read_text() == "X = 'edited'\n"
+        assert (Path(hosts[0].workdir) / "runs/r2/program/pkg/m5.py").read_text() == files["pkg/m5.py"]
+
+        again = code.ship(g, hosts[:1], code.scan(root), run_dirs(hosts, "r3"))  # the same run folder again
+        assert again.ok and again["a"].value.bytes_sent == 0
+    prog = Path(hosts[0].workdir) / "runs/r3/program"
+    assert not [p for p in prog.rglob(".*clusterctl-tmp")]  # no temporary name left
+    assert not list(Path(code.default_cache_dir(hosts[0])).glob("*.part"))
+
+
+def test_a_corrupted_blob_is_detected_and_sent_again(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {"train.py": "print('right')\n", "other.py": "x = 1\n"})
+    hosts = local_hosts(tmp_path, "a")
+    tree = code.scan(root)
+    cache = Path(hosts[0].workdir) / code.CACHE
+    with Group(hosts) as g:
+        assert code.ship(g, hosts, tree, run_dirs(hosts, "r1")).ok
+        blob = cache / tree.files["train.py"].sha256
+        blob.write_text("print('evil')\n")  # same size, other bytes: what a program writing into its file does
+        r = code.ship(g, hosts, tree, run_dirs(hosts, "r2"))["a"]
+    assert r.ok and (r.value.files_sent, r.value.bytes_sent) == (1, len("print('right')\n"))
+    assert (Path(hosts[0].workdir) / "runs/r2/program/train.py").read_text() == "print('right')\n"
+    # the node half alone: a blob corrupted after code-missing looked is refused at code-tree, never linked
+    blob.write_text("print('evil')\n")
+    run_dir = tmp_path / "r3"
+    reply = agent("code-tree", str(cache), str(run_dir), stdin=tree.manifest())
+    assert reply["ok"] is False and "train.py" in reply["error"] and "corrupted" in reply["error"]
+    assert not (run_dir / "program" / "train.py").exists() and not blob.exists()
+
+
+def test_ship_reports_a_node_failure_as_data(tmp_path: Path) -> None:
+    root = write(tmp_path / "prog", {"train.py": "x\n"})
+    hosts = local_hosts(tmp_path, "a", "b")
+    dirs = run_dirs(hosts, "r1")
+    bad_run = Path(dirs["b"])
+    bad_run.mkdir(parents=True)
+    (bad_run / "program").symlink_to(tmp_path)  # a link where the program folder goes: never followed
+    with Group(hosts) as g:
+        res = code.ship(g, hosts, code.scan(root), dirs)
+    assert res["a"].ok and not res["b"].ok
+    assert res["b"].status == "failed" and "code-tree:" in res["b"].stderr and "not a folder" in res["b"].stderr
+    assert not (tmp_path / "train.py").exists()
+
+
+# --------------------------------------------------------------------------- the node half, alone
+
+
+def agent(*args: str, stdin: object) -> dict:
+    data = stdin if isinstance(stdin, bytes) else json.dumps(stdin).encode()
+    r = subprocess.run([sys.executable, str(AGENT), *args], input=data, capture_output=True, timeout=60)
+    lines = r.stdout.decode().splitlines()
+    assert len(lines) == 1, r  # one JSON line, as every action
+    reply = json.loads(lines[0])
+    assert r.returncode == (0 if reply["ok"] else 1)
+    return reply
+
+
+ENTRY = {"sha256": "0" * 64, "size": 1, "mode": 0o644}
+
+
+@pytest.mark.parametrize("path", ["../evil.py", "a/../../evil.py", "/etc/passwd", "a/./b", "a//b", "", ".",
+                                  "a\0b", "a/"])
+def test_a_manifest_path_leaving_the_program_folder_is_refused(tmp_path: Path, path: str) -> None:
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    manifest = {"files": {"ok.py": ENTRY, path: ENTRY}}
+    for action, args in (("code-tree", (str(cache), str(run_dir))), ("code-missing", (str(cache),))):
+        reply = agent(action, *args, stdin=manifest)
+        assert reply["ok"] is False and "manifest refused" in reply["error"] and repr(path) in reply["error"]
+    assert not run_dir.exists() and not (tmp_path / "evil.py").exists()
+
+
+@pytest.mark.parametrize("manifest", [
+    b"not json", [], {"files": []}, {"files": {"a": {**ENTRY, "mode": 0o4755}}},
+    {"files": {"a": {**ENTRY, "sha256": "../x"}}}, {"files": {"a": {**ENTRY, "size": True}}},
+    {"files": {"a": ENTRY, "a/b": ENTRY}}, {"files": {"a": ENTRY}, "incoming": {"../x": "0" * 64}},
+])
+def test_a_malformed_manifest_is_refused(tmp_path: Path, manifest: object) -> None:
+    reply = agent("code-tree", str(tmp_path / "cache"), str(tmp_path / "run"), stdin=manifest)
+    assert reply["ok"] is False and reply["error"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_upload_that_does_not_match_is_removed_and_refused(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sha = hashlib.sha256(b"right").hexdigest()
+    part = cache / f".{sha}.{'ab' * 8}.part"
+    part.write_bytes(b"wrong")
+    manifest = {"files": {"m.py": {"sha256": sha, "size": 5, "mode": 0o644}}, "incoming": {part.name: sha}}
+    reply = agent("code-tree", str(cache), str(tmp_path / "run"), stdin=manifest)
+    assert reply["ok"] is False and "m.py" in reply["error"] and "does not match" in reply["error"]
+    assert not part.exists() and not (cache / sha).exists()
+    assert agent("code-missing", str(cache), stdin=manifest) == {"ok": True, "missing": [sha], "removed": []}
+    part.write_bytes(b"right")
+    assert agent("code-tree", str(cache), str(tmp_path / "run"), stdin=manifest)["files"] == 1
+    assert (tmp_path / "run" / "program" / "m.py").read_bytes() == b"right"
+
+
+def test_the_node_half_is_python_3_8(tmp_path: Path) -> None:
+    for name in ("codecache.py", "nodeagent.py"):
+        ast.parse((WORKLOADS / name).read_text(), name, feature_version=(3, 8))
+    # shipped with the agent alone (no package): the agent finds it beside itself
+    shutil.copy(AGENT, tmp_path / "nodeagent.py")
+    shutil.copy(WORKLOADS / "codecache.py", tmp_path / "codecache.py")
+    r = subprocess.run([sys.executable, str(tmp_path / "nodeagent.py"), "code-missing", str(tmp_path / "c")],
+                       input=b'{"files": {}}', capture_output=True, timeout=60)
+    assert json.loads(r.stdout) == {"ok": True, "missing": [], "removed": []}
+    (tmp_path / "codecache.py").unlink()
+    r = subprocess.run([sys.executable, str(tmp_path / "nodeagent.py"), "code-missing", str(tmp_path / "c")],
+                       input=b'{"files": {}}', capture_output=True, timeout=60)
+    assert r.returncode == 1 and "codecache.py is missing" in json.loads(r.stdout)["error"]
