@@ -22,6 +22,7 @@ from cluster.inventory.loader import parse_override
 JOBS_DIR = paths.PROJECT_ROOT / "playbooks"
 WORKLOADS_DIR = paths.PROJECT_ROOT / "cluster" / "workloads"
 FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
+LAUNCHERS = {"torchrun": "pytorch", "tensorflow": "tensorflow", "plain": "plain"}  # launcher -> its family
 DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")
 # A job's name starts its run ids (runs.RUN_ID_RE), which are folder names on the head and the nodes: ASCII only
 # (str.isalnum accepts 'é', whose run id is then refused), \Z not $ (which accepts a trailing newline).
@@ -32,8 +33,15 @@ ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345
 DEFAULTS: dict[str, Any] = {
     "name": None,
     "description": "",
-    "framework": None,
-    "entry": None,  # default: the framework's program in cluster/workloads
+    "framework": None,  # the built-in programs' family (pytorch | tensorflow); a user program says `launcher`
+    "entry": None,  # a built-in program of cluster/workloads; default: the framework's
+    # A user's own program (docs/jobs.md "Your own program"): its folder, what to run in it, how to start it.
+    "code": None,  # a folder on the head, shipped to every node; default: the spec file's folder
+    "program": None,  # a script inside `code` ...
+    "module": None,  # ... or a module run as `python -m` from `code`
+    "command": None,  # ... or any command (a list), run under torchrun's --no-python
+    "args": [],  # the program's arguments, each shell-quoted
+    "launcher": None,  # torchrun | tensorflow | plain (one process per node); built-ins: from `framework`
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "epochs": 4,
@@ -126,6 +134,15 @@ class JobSpec:
     def entry(self) -> str:
         return str(self.settings["entry"])
 
+    @property
+    def own(self) -> bool:
+        """A user's own program (code shipped from the head), not one of the built-in training programs."""
+        return self.settings["code"] is not None
+
+    @property
+    def launcher(self) -> str:
+        return str(self.settings["launcher"])
+
     def program_args(self, data_file: str, out_dir: str) -> list[str]:
         """The training program's command line (wlcommon.add_args), one list item per word."""
         s, o = self.settings, self.settings["optimizer"]
@@ -183,10 +200,56 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
         key, value = parse_override(text)
         _set(settings, key, value, file, lines)
         lines[key] = -1  # given on the command line
-    if settings["entry"] is None and isinstance(settings["framework"], str) and settings["framework"] in FRAMEWORKS:
-        settings["entry"] = FRAMEWORKS[settings["framework"]]
+    return resolve(path, settings, lines)
+
+
+def resolve(path: Path, settings: dict[str, Any], lines: dict[str, int | None]) -> JobSpec:
+    """Fill what follows from the settings given (a user program's folder and family, a built-in's program and
+    launcher), then validate; `lines`: field -> its line in `path` (-1: the command line)."""
+    file = str(path)
+    if any(settings[k] is not None for k in ("program", "module", "command")) and settings["code"] is None:
+        settings["code"] = str(path.parent.resolve())  # the spec's own folder, as torchx and SkyPilot do
+    if settings["code"] is not None:
+        settings["launcher"] = settings["launcher"] or "torchrun"
+        if isinstance(settings["launcher"], str) and settings["launcher"] in LAUNCHERS:
+            settings["framework"] = settings["framework"] or LAUNCHERS[settings["launcher"]]
+    elif isinstance(settings["framework"], str) and settings["framework"] in FRAMEWORKS:
+        settings["entry"] = settings["entry"] or FRAMEWORKS[settings["framework"]]
+        settings["launcher"] = settings["launcher"] or {"pytorch": "torchrun", "tensorflow": "tensorflow"}[
+            settings["framework"]]
     _validate(settings, file, lines)
     return JobSpec(path, settings)
+
+
+def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: str | None = None,
+                 overrides: Iterable[str] = ()) -> JobSpec:
+    """The ad-hoc job of `clusterctl launch [OPTIONS] -- python train.py ...`: `code` shipped, `python SCRIPT
+    ARGS` runs SCRIPT, `python -m MOD ARGS` runs MOD, anything else is a command (torchrun's --no-python)."""
+    settings = copy.deepcopy(DEFAULTS)
+    settings["code"], settings["launcher"] = str(code.resolve()), launcher
+    settings["name"] = name or _name_for(code)
+    words = list(argv)
+    if words and Path(words[0]).name.startswith("python") and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2:
+            settings["module"], settings["args"] = words[2], words[3:]
+        elif not words[1].startswith("-"):
+            settings["program"], settings["args"] = words[1], words[2:]
+        else:
+            settings["command"] = words
+    else:
+        settings["command"] = words
+    lines: dict[str, int | None] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set(settings, key, value, "command line", lines)
+        lines[key] = -1
+    return resolve(code / "(command line)", settings, {k: -1 for k in (*settings, *lines)})
+
+
+def _name_for(code: Path) -> str:
+    """A job name from the folder's name, made of the characters a run id allows."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", code.resolve().name).strip("-.") or "job"
+    return name[:64] if name[0].isalnum() else "job-" + name[:60]
 
 
 def _merge(into: dict[str, Any], data: dict[str, Any], prefix: str, file: str, lines: dict[str, int | None]) -> None:
@@ -286,13 +349,58 @@ class _Checks:
             self.fail("name", "expected a name of ASCII letters, digits, '-', '_' or '.', starting with a letter or "
                       f"a digit, at most 128 characters (it starts the run ids, folder names), got {s['name']!r}",
                       "e.g. name: resnet50-ddp")
+        if s["code"] is not None:
+            self.own_program(s)
+            return
         if not isinstance(s["framework"], str) or s["framework"] not in FRAMEWORKS:
             self.fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
-                      "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy)")
+                      "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy); "
+                      "for your own program give `program:` (and `launcher:`) instead, docs/jobs.md")
+        if s["launcher"] != {"pytorch": "torchrun", "tensorflow": "tensorflow"}[s["framework"]]:
+            self.fail("launcher", f"the built-in {s['framework']} program starts with its own launcher, got "
+                      f"{s['launcher']!r}", "leave launcher out (it goes with `program:` for your own code)")
         entry = s["entry"]
         if not isinstance(entry, str) or "/" in entry or not (WORKLOADS_DIR / entry).is_file():
             self.fail("entry", f"no program {entry!r} in cluster/workloads/",
                       f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
+
+    def own_program(self, s: dict[str, Any]) -> None:
+        """A user's program: its folder on the head, exactly one of program/module/command inside it, the
+        launcher, the arguments. The folder's files themselves are checked when they are shipped (runs/code.py)."""
+        code = Path(str(s["code"])).expanduser()
+        if not isinstance(s["code"], str) or not code.is_dir():
+            self.fail("code", f"no folder {s['code']!r} on the head", "code: the folder of your training program "
+                      "(default: the spec file's folder)")
+        if s["launcher"] not in LAUNCHERS:
+            self.fail("launcher", f"expected one of {', '.join(LAUNCHERS)}, got {s['launcher']!r}",
+                      "launcher: torchrun (PyTorch), tensorflow (TF_CONFIG per worker) or plain (one process per node)")
+        if s["framework"] != LAUNCHERS[s["launcher"]]:
+            self.fail("framework", f"a {s['launcher']} program is {LAUNCHERS[s['launcher']]}, got {s['framework']!r}",
+                      "leave framework out for your own program (the launcher says it)")
+        given = [k for k in ("program", "module", "command") if s[k] is not None]
+        if len(given) != 1:
+            self.fail("program", f"expected exactly one of program, module or command, got {given or 'none'}",
+                      "program: train.py (a script in `code`), module: pkg.train, or command: [./run.sh, --fast]")
+        if s["program"] is not None:
+            prog = s["program"]
+            inside = isinstance(prog, str) and prog and not Path(prog).is_absolute() and ".." not in Path(prog).parts
+            if not inside:
+                self.fail("program", f"expected a script path inside `code` ({code}), got {prog!r}",
+                          "program: train.py (relative to `code`; put the script in that folder)")
+            if not (code / prog).is_file():
+                self.fail("program", f"no file {prog!r} in {code}", f"program: the path of your script inside {code}")
+        if s["module"] is not None and not (isinstance(s["module"], str) and s["module"].isascii() and all(
+                part.isidentifier() for part in s["module"].split("."))):
+            self.fail("module", f"expected a dotted module name, got {s['module']!r}", "module: mypkg.train")
+        if s["command"] is not None and not (isinstance(s["command"], list) and s["command"] and all(
+                isinstance(w, (str, int, float)) and not isinstance(w, bool) for w in s["command"])):
+            self.fail("command", f"expected a list of words, got {s['command']!r}", "command: [./train.sh, --fast]")
+        if not isinstance(s["args"], list) or not all(
+                isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in s["args"]):
+            self.fail("args", f"expected a list of words (strings or numbers), got {s['args']!r}",
+                      "args: [--lr, 0.1, --epochs, 3]")
+        if s["launcher"] == "tensorflow" and s["procs_per_node"] not in ("auto", 1):
+            self.fail("procs_per_node", "a tensorflow program runs one worker per node", "procs_per_node: 1")
 
     def data_and_model(self, s: dict[str, Any]) -> None:
         """The dataset (its path must exist on the head) and the model."""

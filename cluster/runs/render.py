@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cluster import __version__
 from cluster.inventory.model import Host
 from cluster.runs.jobs import JobError, JobSpec
 from cluster.provision.playbook import SCRIPT_ENV
+from cluster.provision.render import Raw
 
-TEMPLATES = {"pytorch": "torchrun.sh.j2", "tensorflow": "tf_worker.sh.j2"}
+NODE_PYTHON = Raw('"$CLUSTER_PYTHON"')  # the venv's interpreter, as cluster.env names it on each node
+TEMPLATES = {"torchrun": "torchrun.sh.j2", "tensorflow": "tf_worker.sh.j2", "plain": "plain.sh.j2"}
 AGENT = "clusterctl/nodeagent.py"  # under the node's workdir
 
 
@@ -60,12 +63,17 @@ class LaunchRequest:
     # the job sets no `port:`: the files show the framework's default, the run gets a port free at its start
     port_picked_at_start: bool = False
     inventory: dict[str, Any] = field(default_factory=dict)  # the hosts' snapshot the run record keeps
+    code: Any = None  # a user's program: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch --dry-run --json` document."""
-        return {"run_id": self.run_id, "job": self.job.name, "framework": self.job.framework,
-                "world_size": self.world_size, "endpoint": self.endpoint, "data_file": self.data_file,
-                "nodes": [n.to_dict() for n in self.nodes], "files": {n.node: n.files for n in self.nodes}}
+        doc = {"run_id": self.run_id, "job": self.job.name, "framework": self.job.framework,
+               "world_size": self.world_size, "endpoint": self.endpoint, "data_file": self.data_file,
+               "nodes": [n.to_dict() for n in self.nodes], "files": {n.node: n.files for n in self.nodes}}
+        if self.code is not None:
+            doc["code"] = {"root": str(self.code.root), "files": len(self.code.files), "bytes": self.code.total,
+                           "digest": self.code.digest}
+        return doc
 
     def to_text(self, width: int = 80) -> str:
         """The `launch --dry-run` text: each file under a rule naming its path, each node's start command,
@@ -77,6 +85,9 @@ class LaunchRequest:
             lines.append(f"{n.node} starts with: {n.start_command}")
         port = ("the port is picked when the run starts unless the job sets `port:`" if self.port_picked_at_start
                 else "the job's `port:` is used")
+        if self.code is not None:
+            lines.append(f"code: {self.code.root} ({len(self.code.files)} files, {self.code.total} bytes), shipped to "
+                         "every node as the run's program/ folder (only what a node's cache lacks is sent)")
         lines.append(f"dry run: {len(self.nodes)} nodes, world size {self.world_size}; nothing was changed ({port})")
         return "\n".join(lines) + "\n"
 
@@ -100,9 +111,27 @@ def agent_command(host: Host, action: str, *args: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def program_words(spec: JobSpec, data_file: str) -> tuple[bool, list[str]]:
+    """(run with the node's Python?, the words that follow): a built-in program with the arguments its
+    settings give, or a user's script, module or command with its `args`. Under torchrun, a module is
+    `-m MOD` and a command `--no-python CMD` (torchrun's own options)."""
+    s = spec.settings
+    if not spec.own:
+        return True, [f"program/{spec.entry}", *spec.program_args(data_file, "out")]
+    args = [str(a) for a in s["args"]]
+    if s["program"] is not None:
+        return True, [str(s["program"]), *args]
+    if s["module"] is not None:
+        return True, ["-m", str(s["module"]), *args]
+    command: list[str] = [str(w) for w in s["command"]]
+    if Path(command[0]).name.startswith("python"):  # `python -u train.py`: the node's provisioned Python
+        command[0] = NODE_PYTHON
+    return False, (["--no-python"] if spec.launcher == "torchrun" else []) + command + args
+
+
 def procs_per_node(spec: JobSpec, target: Target) -> int:
     want = spec["procs_per_node"]
-    if spec.framework == "tensorflow":
+    if spec.launcher in ("tensorflow", "plain"):
         if want not in ("auto", 1):
             raise JobError(str(spec.path), None, "procs_per_node",
                            f"TensorFlow runs one worker per node (MWMS uses all of its GPUs), got {want}",
@@ -128,25 +157,27 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
         raise JobError(str(spec.path), None, "shares", f"no batch share for {', '.join(missing)}",
                        "give every node of the job a share, or none (even batches)")
     nprocs = [procs_per_node(spec, t) for t in targets]
-    endpoint = f"{first.address}:{ports[first.name]}" if spec.framework == "pytorch" else None
+    endpoint = f"{first.address}:{ports[first.name]}" if spec.launcher != "tensorflow" else None
     request = LaunchRequest(run_id, spec, sum(nprocs), endpoint, data_file, targets=list(targets))
-    workers = [f"{t.host.address}:{ports[t.host.name]}" for t in targets] if spec.framework == "tensorflow" else []
+    workers = [f"{t.host.address}:{ports[t.host.name]}" for t in targets] if spec.launcher == "tensorflow" else []
     env = sorted((k, str(v)) for k, v in spec["env"].items())
-    template = SCRIPT_ENV.get_template(TEMPLATES[spec.framework])
+    template = SCRIPT_ENV.get_template(TEMPLATES[spec.launcher])
+    addrs = ",".join(t.host.address for t in targets)
     for rank, (t, nproc) in enumerate(zip(targets, nprocs)):
         h = t.host
         rdir = run_dir(h, run_id)
-        args = spec.program_args(f"{h.workdir}/datasets/{data_file}", "out")
+        python, target = program_words(spec, f"{h.workdir}/datasets/{data_file}")
         files = {
             "launch.sh": template.render(
                 job=spec.name, run_id=run_id, node=h.name, node_rank=rank, nnodes=len(targets), nproc=nproc,
-                workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, entry=spec.entry, args=args,
+                workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, python=python, target=target,
+                own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,
                                     "job": spec.settings}, indent=1, sort_keys=True) + "\n",
         }
-        if spec.framework == "tensorflow":
+        if spec.launcher == "tensorflow":
             files["tf_config.json"] = json.dumps(
                 {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}, indent=1) + "\n"
         request.nodes.append(NodeLaunch(h.name, rank, nproc, rdir, files, agent_command(h, "start", rdir)))

@@ -1,0 +1,24 @@
+#!/bin/sh
+# own-ddp: run resnet50-20261129-120000-abcd (node 0 of 4 in inventory order), rendered by clusterctl 0.1.0.
+# torchrun joins a c10d rendezvous hosted by the first node at its inventory address; the
+# rendezvous gives out the global ranks (torchrun ignores --node-rank outside static rendezvous),
+# so CLUSTER_NODE_RANK below records this node's place in the inventory, not its rank.
+# is_host says outright which node serves the rendezvous store: torchrun would guess it from the
+# hostname, and a Debian PC's hostname resolves to 127.0.1.1, so no node would serve it.
+# Every value below is shell-quoted.
+set -eu
+cd -- /srv/cluster
+. ./cluster.env
+CLUSTER_RUN_ID=resnet50-20261129-120000-abcd
+CLUSTER_NODE_NAME=pc1
+CLUSTER_NODE_RANK=0
+export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
+cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
+# your own program runs in its code folder, as shipped (the run's program/ folder)
+cd program
+exec "$CLUSTER_PYTHON" -m torch.distributed.run \
+  --nnodes 4 --nproc-per-node 1 \
+  --rdzv-backend c10d --rdzv-endpoint 192.168.1.11:29401 --rdzv-id resnet50-20261129-120000-abcd \
+  --rdzv-conf is_host=1 \
+  --max-restarts 0 --local-addr "$CLUSTER_NODE_ADDRESS" \
+  train.py --steps 3 --out results
