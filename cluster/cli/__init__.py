@@ -113,8 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 for --help and --version
         args.command = command
-        if command and args.cmd != "exec":
-            parser.error("`--` and a command only go with `clusterctl exec`")
+        if command and args.cmd not in ("exec", "launch"):
+            parser.error("`--` and a command only go with `clusterctl exec` and `clusterctl launch`")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else errors.EXIT_USAGE
     return _run(args)

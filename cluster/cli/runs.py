@@ -36,7 +36,13 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def _declare_launch(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job", metavar="JOB", help="a job name (playbooks/JOB.yaml) or a spec file; see docs/jobs.md")
+    p.add_argument("job", metavar="JOB", nargs="?",
+                   help="a job name (playbooks/JOB.yaml) or a spec file (docs/jobs.md); or none and `-- python "
+                        "train.py ARGS`: your own program, the current folder shipped to every node")
+    p.add_argument("--launcher", choices=("torchrun", "tensorflow", "plain"),
+                   help="with `-- COMMAND`: how it starts on each node (default torchrun)")
+    p.add_argument("--code", metavar="DIR", help="with `-- COMMAND`: the folder shipped (default: the current one)")
+    p.add_argument("--name", metavar="NAME", help="with `-- COMMAND`: the job's name (default: the folder's)")
     add_inventory_option(p)
     p.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -111,7 +117,7 @@ def _run_exit(record: RunRecord) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from cluster.runs import jobs, launch
+    from cluster.runs import launch
 
     inv = load_inventory(args.inventory, args.host_set)
     planned = None
@@ -119,7 +125,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from cluster.study import placement
 
         planned = placement.load_recommended(inv, args.job).to_dict()
-    spec = jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
+    spec = _spec(args, inv)
     if args.dry_run:  # the request execute would start, printed (torchx's dryrun_info)
         request = launch.prepare(inv, spec, limit=args.limit, forks=args.forks)
         if args.json:
@@ -146,6 +152,29 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return errors.EXIT_INTERRUPTED
     _print_run_end(args, record)
     return _run_exit(record)
+
+
+def _spec(args: argparse.Namespace, inv: Any) -> Any:
+    """The job spec a launch runs: a named or given spec file, or the ad-hoc one of `-- COMMAND`."""
+    from pathlib import Path
+
+    from cluster.errors import UsageError
+    from cluster.runs import jobs
+    from cluster.study import placement
+
+    if args.command:
+        if args.job or args.plan:
+            raise UsageError("give either a JOB or `-- COMMAND`, not both" if args.job else
+                             "--plan plans the built-in jobs only", "e.g. clusterctl launch -- python train.py --lr 0.1")
+        return jobs.from_command(args.command, Path(args.code or "."), args.launcher or "torchrun", args.name,
+                                 args.set or [])
+    if not args.job:
+        raise UsageError("launch needs a JOB or `-- COMMAND`",
+                         "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")
+    for given in ("code", "name", "launcher"):
+        if getattr(args, given):
+            raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
+    return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
 
 
 def _follow(record: RunRecord, quiet: bool) -> RunRecord:

@@ -248,6 +248,15 @@ def scan(root: Path, *, limit_bytes: int = LIMIT_BYTES, source: str = "code") ->
     return CodeTree(base, files, sum(f.size for f in files.values()), digest)
 
 
+def named(root: Path, names: list[str]) -> CodeTree:
+    """The tree of these files of `root` only (the built-in programs: an entry point and the modules it
+    imports, out of cluster/workloads), shipped like any user's code."""
+    base = Path(root).resolve()
+    files = {n: _hash(base / n, n, base, "program") for n in sorted(set(names))}
+    digest = hashlib.sha256(canonical(_manifest(files))).hexdigest()
+    return CodeTree(base, files, sum(f.size for f in files.values()), digest)
+
+
 # --------------------------------------------------------------------------- ship (head -> nodes)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import datasets, records as runs, render
+from cluster.runs import code, datasets, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -32,13 +32,13 @@ from cluster.transport import Transport
 
 __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "PROGRAM_FILES", "SILENT_STATES",
            "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply", "dry_run",
-           "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_files",
+           "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_tree",
            "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
            "stop_nodes"]
 
 PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py")
 START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
-DEFAULT_PORTS = {"pytorch": 29400, "tensorflow": 23456}
+DEFAULT_PORTS = {"torchrun": 29400, "tensorflow": 23456, "plain": 29500}  # per launcher
 Log = Callable[[str], None]
 
 
@@ -68,8 +68,9 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
     return inv.ordered(chosen)
 
 
-def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
-    """Each node's verified environment (its provision state.json); refuse unless all exist and match."""
+def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None) -> dict[str, render.Target]:
+    """Each node's verified environment (its provision state.json); refuse unless all exist and match, and
+    (with `spec`) unless that environment has the framework the job's launcher starts."""
 
     def read(t: Transport) -> dict[str, Any] | None:
         q = shlex.quote(t.host.workdir)
@@ -93,6 +94,12 @@ def preflight(group: Group, hosts: list[Host]) -> dict[str, render.Target]:
     if diff:
         raise LaunchRefused("the nodes' environments differ: " + "; ".join(diff),
                             "run `clusterctl provision` so every node gets the same builds")
+    need = {"torchrun": "torch", "tensorflow": "tensorflow"}.get(spec.launcher if spec else "", "")
+    lacking = sorted(n for n, fp in fps.items() if need and not fp.get(need))
+    if spec is not None and lacking:
+        raise JobError(str(spec.path), None, "launcher", f"{spec.launcher} needs {need}, which the provisioned "
+                       f"environment of {', '.join(lacking)} does not have",
+                       f"provision {need} on those nodes, or choose another launcher (plain starts any program)")
     targets = {}
     for h in hosts:
         s = states[h.name]
@@ -133,10 +140,12 @@ def _agent_source() -> str:
     return resources.files("cluster.workloads").joinpath("nodeagent.py").read_text()
 
 
-def program_files(entry: str) -> dict[str, str]:
-    """The training program a node runs: its entry point and the modules it imports."""
-    wl = resources.files("cluster.workloads")
-    return {n: wl.joinpath(n).read_text() for n in (entry, *PROGRAM_FILES)}
+def program_tree(spec: JobSpec) -> code.CodeTree:
+    """What a node runs, as a code tree: a user's `code` folder, or a built-in program (its entry point and
+    the modules it imports, out of cluster/workloads). Both are shipped the same way (runs/code.py)."""
+    if spec.own:
+        return code.scan(Path(str(spec["code"])).expanduser())
+    return code.named(Path(str(resources.files("cluster.workloads"))), [spec.entry, *PROGRAM_FILES])
 
 
 def secret_values(spec: JobSpec) -> dict[str, str]:
@@ -179,9 +188,12 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
     secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     hosts = select_hosts(inv, spec, limit)
     log(f"checking {len(hosts)} nodes are provisioned and identical")
+    tree = program_tree(spec)  # a user's code refused here (too large, links out), before any node
     with Group(hosts, forks=forks) as group:
-        targets = preflight(group, hosts)
-    return request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name))
+        targets = preflight(group, hosts, spec)
+    request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name))
+    request.code = tree
+    return request
 
 
 def request_for(inv: Inventory, spec: JobSpec, targets: list[render.Target], run_id: str,
@@ -190,8 +202,9 @@ def request_for(inv: Inventory, spec: JobSpec, targets: list[render.Target], run
     Without the job's `port:`, the files show the framework's default port and the run gets one free at
     its start."""
     port = spec["port"]
-    ports = {t.host.name: port or DEFAULT_PORTS[spec.framework] for t in targets}
-    request = render.render(spec, targets, run_id, data_file or datasets.file_name(spec), ports)
+    ports = {t.host.name: port or DEFAULT_PORTS[spec.launcher] for t in targets}
+    data = "" if spec.own else data_file or datasets.file_name(spec)  # a user program brings its own data
+    request = render.render(spec, targets, run_id, data, ports)
     request.port_picked_at_start = not port
     names = {t.host.name for t in targets}
     request.inventory = {"path": str(inv.path), "name": inv.name,
@@ -263,7 +276,7 @@ def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret:
         request = _with_ports(request, _ports(group, request, record))
         record = runs.update(record.run_id, lambda r: setattr(r, "endpoint", request.endpoint))
     _keep_rendered(request)
-    _upload(group, record, request, secret)
+    _upload(group, record, request, secret, log)
     _unless_stopped(record)
     log(f"starting {len(request.nodes)} nodes")
     by_node = {n.node: n for n in request.nodes}
@@ -297,26 +310,33 @@ def _unless_stopped(record: runs.RunRecord) -> None:
 
 
 def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
-    """The node agent and the dataset on every node (the dataset sent once and relayed, verified)."""
-    prepared = datasets.prepare(request.job, log)
-    if prepared.file_name != request.data_file:
-        _fail_start(record, f"the dataset changed since the request was made ({request.data_file} is now "
-                            f"{prepared.file_name})")
+    """The node agent and the dataset on every node (the dataset sent once and relayed, verified); a user's
+    program gets no dataset (its `code` is shipped by _upload)."""
     agent = _agent_source()
     hosts = [t.host for t in request.targets]
-    log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
 
     def stage(t: Transport) -> None:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
         t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
 
+    if request.job.own:
+        log("staging the node agent")
+        require(group.call(stage, hosts), "staging", record)
+        return
+    prepared = datasets.prepare(request.job, log)
+    if prepared.file_name != request.data_file:
+        _fail_start(record, f"the dataset changed since the request was made ({request.data_file} is now "
+                            f"{prepared.file_name})")
+    log(f"staging {prepared.file_name} ({prepared.size / 2**20:.1f} MiB) and the node agent")
     require(group.call(stage, hosts), "staging", record)
     require(datasets.stage_all(group, hosts, prepared, log=log), "staging", record)
 
 
-def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str]) -> None:
-    """Each node's run folder: its rendered files, the training program, the secrets (owner-only)."""
-    program = {f"program/{n}": text for n, text in program_files(request.job.entry).items()}
+def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret: dict[str, str],
+            log: Log) -> None:
+    """Each node's run folder: its rendered files, the program (a user's code shipped through each node's
+    cache: only what it lacks is sent), the secrets (owner-only)."""
+    _ship_code(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
     private = {"secrets.env": secrets_file(secret)} if secret else {}
 
@@ -325,7 +345,7 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
         # NOTE: the run folder and its files are the owner's only: job settings may hold tokens.
         t.run(f"mkdir -p -m 700 -- {shlex.quote(n.run_dir)} && mkdir -p -- {shlex.quote(n.run_dir + '/program')} "
               f"{shlex.quote(n.run_dir + '/out')}", timeout=60)
-        for name, content in {**n.files, **program, **private}.items():
+        for name, content in {**n.files, **private}.items():
             t.put_bytes(content.encode(), f"{n.run_dir}/{name}", 0o700 if name.endswith(".sh") else 0o600)
 
     uploaded = group.call(upload, [t.host for t in request.targets])
@@ -333,10 +353,30 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
         _fail_start(record, *_first_error(uploaded, "upload"))
 
 
+def _ship_code(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """A user's `code` into every node's run folder (program/), recorded per node: bytes sent, files reused."""
+    tree = request.code if request.code is not None else program_tree(request.job)
+    shipped = code.ship(group, [t.host for t in request.targets], tree, {n.node: n.run_dir for n in request.nodes},
+                        log=log)
+    if not shipped.ok:
+        _fail_start(record, *_first_error(shipped, "shipping the code"))
+    sent = {n: r.value for n, r in shipped.items()}
+    for n, v in sent.items():
+        log(f"{n}: code {v.summary()}")
+
+    def keep(r: runs.RunRecord) -> None:
+        r.extra["code"] = {"root": str(tree.root), "digest": tree.digest, "files": len(tree.files),
+                           "bytes": tree.total,
+                           "nodes": {n: {"bytes_sent": v.bytes_sent, "files_sent": v.files_sent,
+                                         "files_reused": v.files_reused} for n, v in sent.items()}}
+
+    runs.update(record.run_id, keep)
+
+
 def _with_ports(request: LaunchRequest, ports: dict[str, int]) -> LaunchRequest:
     """The same request with the ports picked at the start: rendered from the same inputs."""
     final = render.render(request.job, request.targets, request.run_id, request.data_file, ports)
-    final.inventory = request.inventory
+    final.inventory, final.code = request.inventory, request.code
     return final
 
 
@@ -415,7 +455,7 @@ def _abort_start(record: runs.RunRecord, reason: str, node: str | None = None, *
 def _ports(group: Group, request: LaunchRequest, record: runs.RunRecord) -> dict[str, int]:
     """A port free right now: on the first node (torchrun) or on every node (TF)."""
     hosts = [t.host for t in request.targets]
-    targets = hosts[:1] if request.job.framework == "pytorch" else hosts
+    targets = hosts if request.job.launcher == "tensorflow" else hosts[:1]  # TF: every worker listens
     results = group.run(lambda h: render.agent_command(h, "freeport"), timeout=30, hosts=targets)
     require(results, "finding a free port", record)
     ports = {n: (agent_reply(r.stdout) or {}).get("port") for n, r in results.items()}

@@ -255,7 +255,8 @@ def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None) -> Nod
 
 def _stage(group: Group, spec: jobs.JobSpec, prepared: datasets.Prepared) -> None:
     """The job's program and its dataset on every node, under <workdir>/clusterctl/bench."""
-    program = launch.program_files(spec.entry)
+    tree = launch.program_tree(spec)  # the built-in program bench times, as launch ships it
+    program = {name: (tree.root / name).read_text() for name in tree.files}
 
     def stage(t: Transport) -> Any:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl/bench')}", timeout=60)
