@@ -66,6 +66,7 @@ class Failure:
     reason: str
     log: list[str] = field(default_factory=list)
     also: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # the global ranks that failed on `node`, where known
 
 
 @dataclass
@@ -184,7 +185,8 @@ def _check_types(r: RunRecord) -> None:
         if v is not None and not isinstance(v, dict):
             bad(name)
     if r.failure is not None and not (isinstance(r.failure.node, str) and isinstance(r.failure.reason, str)
-                                      and isinstance(r.failure.log, list) and isinstance(r.failure.also, list)):
+                                      and isinstance(r.failure.log, list) and isinstance(r.failure.also, list)
+                                      and isinstance(r.failure.ranks, list)):
         bad("failure")
 
 

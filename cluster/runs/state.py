@@ -62,6 +62,8 @@ class NodeStatus:
     log: list[str] = field(default_factory=list)
     error: str | None = None
     ended: float | None = None
+    traceback: list[str] = field(default_factory=list)  # a failed program's last Python traceback
+    failed_ranks: list[int] = field(default_factory=list)  # the global ranks torchrun's summary names
 
     @classmethod
     def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
@@ -74,6 +76,10 @@ class NodeStatus:
         exit_doc, metrics = _obj(doc.get("exit")), _obj(doc.get("metrics"))
         s = cls(node, state, error=doc.get("error") if isinstance(doc.get("error"), str) else None,
                 log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
+                traceback=[x for x in doc["traceback"] if isinstance(x, str)] if isinstance(doc.get("traceback"), list)
+                else [],
+                failed_ranks=[x for x in doc["failed_ranks"] if isinstance(x, int) and not isinstance(x, bool)]
+                if isinstance(doc.get("failed_ranks"), list) else [],
                 processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
                 exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
         ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
@@ -134,13 +140,18 @@ def judge(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float
         if record.failure is None:
             first = min(failed, key=lambda s: s.ended or now) if failed else statuses[lost[0]]
             silent_for = now - record.last_seen.get(first.node, start)
-            reason = (f"exit code {first.exit_code}" if first.state == "failed" else
+            ranks = f" (rank{'s' if len(first.failed_ranks) > 1 else ''} {', '.join(map(str, first.failed_ranks))})" \
+                if first.failed_ranks else ""
+            reason = (f"exit code {first.exit_code}{ranks}" if first.state == "failed" else
                       f"{first.state} for {silent_for:.0f} s ({first.error})" if first.state in SILENT_STATES else
                       "its processes are gone without an exit record" if first.state == "vanished" else
                       first.error or first.state)
             known = (record.last_status or {}).get(first.node) or {}
-            record.failure = records.Failure(first.node, reason, (first.log or known.get("log") or [])[-20:],
-                                          sorted(({s.node for s in failed} | set(lost)) - {first.node}))
+            tail = (first.log or known.get("log") or [])[-20:]
+            shown = [*first.traceback, "...", *tail[-8:]] if first.traceback else tail  # the program's error first
+            record.failure = records.Failure(first.node, reason, shown,
+                                             sorted(({s.node for s in failed} | set(lost)) - {first.node}),
+                                             first.failed_ranks)
         return "failed"
     states = {s.state for s in statuses.values()}
     if states == {"succeeded"}:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -274,6 +275,27 @@ def _first_record(path: Path) -> Doc | None:
     return rec if isinstance(rec, dict) else None
 
 
+PREFIX = re.compile(r"^\[[\w:-]*\]:\s?")  # torchrun's per-rank prefix on a worker's lines ([rank1]: ...)
+
+
+def _failure(log: Path, most: int = 12) -> Doc:
+    """What failed, for the user to read: the program's last Python traceback in the log (its last `most`
+    lines, down to the exception line), and the global ranks torchrun's error summary names
+    (`rank : 1 (local_rank: 0)`). torchrun's own traceback (its ChildFailedError) is passed over."""
+    tail = [PREFIX.sub("", x) for x in _tail_lines(log, 400, 262144)]
+    ranks = sorted({int(m.group(1)) for m in (re.match(r"\s*rank\s*:\s*(\d+)\s*\(local_rank", x) for x in tail) if m})
+    blocks = []
+    for i, line in enumerate(tail):
+        if line.startswith("Traceback (most recent call last)"):
+            j = i + 1
+            while j < len(tail) and (tail[j].startswith((" ", "\t")) or not tail[j].strip()):
+                j += 1
+            blocks.append(tail[i:j + 1])  # through the exception line
+    mine = [b for b in blocks if not any("torch/distributed/elastic" in x or "distributed/run.py" in x for x in b)]
+    chosen = (mine or blocks or [[]])[-1]
+    return {"failed_ranks": ranks, "traceback": chosen[-most:]}
+
+
 def status(run_dir: Path, lines: int = 20) -> Doc:
     pid_doc = _read_json(run_dir / "pid.json")
     alive = run_processes(run_dir)
@@ -296,7 +318,8 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     for f in sorted((run_dir / "out").glob("metrics-rank*.jsonl")):
         metrics[f.stem.removeprefix("metrics-rank")] = _last_records(f)
     return {"state": state, "pid": pid_doc, "exit": exit_doc, "processes": alive, "metrics": metrics,
-            "log": _tail_lines(run_dir / LOG, lines), "time": time.time()}
+            "log": _tail_lines(run_dir / LOG, lines), "time": time.time(),
+            **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
 def stop(run_dir: Path, grace: float = 10.0) -> Doc:

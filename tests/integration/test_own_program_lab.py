@@ -1,0 +1,105 @@
+"""A lab's own program on a real 2-node lab, as a new user runs it: `clusterctl launch -- python ...` in the
+program's folder. Code shipped through each node's cache (only what changed), every launcher, a public DDP
+program written by others, a failing rank, bad input refused before anything starts."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
+
+OWN = ROOT / "tests" / "fixtures" / "own"
+PUBLIC = ROOT / "tests" / "fixtures" / "public_ddp" / "aws-cpu-ddp"
+
+
+@pytest.fixture(scope="module")
+def olab(tmp_path_factory: pytest.TempPathFactory):
+    yield from provisioned_lab(tmp_path_factory, "o", 2, 12)
+
+
+def launch_in(folder: Path, env: dict[str, str], *argv: str, timeout: float = 300) -> tuple[int, dict]:
+    """`clusterctl launch [OPTIONS] -- COMMAND` with `folder` as the code (as if run from inside it)."""
+    i = argv.index("--")
+    return clusterctl_json("launch", "--code", str(folder), *argv[:i], *argv[i:], env=env, timeout=timeout)
+
+
+def node_program(state, i: int, run_id: str) -> Path:
+    return Path(state.nodes[i].dir) / "srv" / "runs" / run_id / "program"
+
+
+def sent(rec: dict) -> dict[str, int]:
+    return {n: v["bytes_sent"] for n, v in rec["code"]["nodes"].items()}
+
+
+def test_own_torchrun_program_ships_only_what_changed(olab, tmp_path: Path) -> None:
+    state, env = olab
+    code = tmp_path / "mine"
+    shutil.copytree(OWN, code)
+    rc, rec = launch_in(code, env, "--", "python", "train.py", "--steps", "3", "--out", "results")
+    assert rc == 0 and rec["state"] == "succeeded", rec
+    for i in range(2):
+        got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"rank{i}.json").read_text())
+        assert got["world"] == 2 and got["sum"] == 9.0 and got["argv"] == ["--steps", "3", "--out", "results"]
+    first = sent(rec)
+    assert all(b > 0 for b in first.values()), first
+    assert rec["settings"]["program"] == "train.py" and rec["settings"]["launcher"] == "torchrun"
+    rc, again = launch_in(code, env, "--", "python", "train.py", "--steps", "1")
+    assert rc == 0 and sent(again) == {"node1": 0, "node2": 0}, again["code"]
+    (code / "plain_job.py").write_text((code / "plain_job.py").read_text() + "# edited\n")
+    rc, edited = launch_in(code, env, "--", "python", "train.py", "--steps", "1")
+    size = (code / "plain_job.py").stat().st_size
+    assert rc == 0 and sent(edited) == {"node1": size, "node2": size}, edited["code"]
+    assert {v["files_sent"] for v in edited["code"]["nodes"].values()} == {1}
+    print(f"\ncode shipped per node: first {first}, unchanged {sent(again)}, one file edited {sent(edited)}")
+
+
+def test_plain_and_module_forms(olab) -> None:
+    state, env = olab
+    rc, rec = launch_in(OWN, env, "--launcher", "plain", "--", "python", "plain_job.py")
+    assert rc == 0 and rec["state"] == "succeeded", rec
+    told = [json.loads((node_program(state, i, rec["run_id"]) / "results" / f"node{i}.json").read_text())
+            for i in range(2)]
+    addrs = ",".join(n.address for n in state.nodes)
+    assert [t["CLUSTER_NODE_RANK"] for t in told] == ["0", "1"] and {t["CLUSTER_NNODES"] for t in told} == {"2"}
+    assert {t["CLUSTER_NODE_ADDRS"] for t in told} == {addrs}
+    assert {t["CLUSTER_COORDINATOR"] for t in told} == {f"{state.nodes[0].address}:{told[0]['MASTER_PORT']}"}
+    rc, rec = launch_in(OWN, env, "--", "python", "-m", "pkg.hello")
+    assert rc == 0 and rec["state"] == "succeeded", rec
+
+
+def test_a_public_ddp_program_written_by_others_runs_as_is(olab) -> None:
+    """aws-samples' CPU DDP example, unmodified: torchrun, gloo, its own checkpoint (snapshot.pt), collected."""
+    state, env = olab
+    rc, rec = launch_in(PUBLIC, env, "--", "python", "ddp.py", "2", "1", timeout=600)
+    assert rc == 0 and rec["state"] == "succeeded", rec
+    assert (node_program(state, 0, rec["run_id"]) / "snapshot.pt").stat().st_size > 0
+    rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
+    assert rc == 0, res
+    home = Path(env["CLUSTERCTL_HOME"])
+    assert (home / "runs" / rec["run_id"] / "node1" / "program" / "snapshot.pt").stat().st_size > 0
+
+
+def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> None:
+    state, env = olab
+    rc, rec = launch_in(OWN, env, "--", "python", "train.py", "--fail-on-group-rank", "1", timeout=300)
+    assert rc == 1 and rec["state"] == "failed", rec
+    assert rec["failure"]["node"] == "node2", rec["failure"]
+    assert any("deliberate failure on group rank 1" in line for line in rec["failure"]["log"]), rec["failure"]["log"]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--", "python", "nosuch.py"], "program"),
+    (["--", "python", "../outside.py"], "program"),
+    (["--launcher", "plain", "--set", "args=notalist", "--", "python", "plain_job.py"], "args"),
+])
+def test_bad_input_is_refused_before_anything_starts(olab, argv: list[str], field: str) -> None:
+    state, env = olab
+    rc_before, before = clusterctl_json("runs", env=env)
+    r = clusterctl("launch", "--code", str(OWN), *argv, env=env, timeout=120)
+    assert r.returncode == 2 and f"{field}:" in r.stderr, r.stderr
+    _, after = clusterctl_json("runs", env=env)
+    assert len(after) == len(before), "nothing was recorded or started"
