@@ -103,3 +103,12 @@ def test_bad_input_is_refused_before_anything_starts(olab, argv: list[str], fiel
     assert r.returncode == 2 and f"{field}:" in r.stderr, r.stderr
     _, after = clusterctl_json("runs", env=env)
     assert len(after) == len(before), "nothing was recorded or started"
+
+
+def test_own_tensorflow_program_gets_its_tf_config(olab) -> None:
+    state, env = olab
+    rc, rec = launch_in(OWN, env, "--launcher", "tensorflow", "--", "python", "tf_job.py", timeout=600)
+    assert rc == 0 and rec["state"] == "succeeded", (rec.get("failure"), rec.get("last_status"))
+    for i in range(2):
+        got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"worker{i}.json").read_text())
+        assert got == {"workers": 2, "sum": 3.0}, got

@@ -12,8 +12,6 @@ CLUSTER_NODE_NAME=pc2
 CLUSTER_NODE_RANK=1
 export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
-# your own program runs in its code folder, as shipped (the run's program/ folder)
-cd program
 CLUSTER_NNODES=4
 CLUSTER_NODE_ADDRS=192.168.1.11,192.168.1.12,192.168.1.13,192.168.1.14
 CLUSTER_COORDINATOR=192.168.1.11:29401
@@ -22,4 +20,6 @@ MASTER_PORT=29401
 RANK=1
 WORLD_SIZE=4
 export CLUSTER_NNODES CLUSTER_NODE_ADDRS CLUSTER_COORDINATOR MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
+# your own program runs in its code folder, as shipped (the run's program/ folder)
+cd program
 exec "$CLUSTER_PYTHON" plain_job.py
