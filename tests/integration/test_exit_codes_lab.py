@@ -12,7 +12,8 @@ from cluster.lab import lifecycle
 from cluster.inventory import loader
 from tests.integration.conftest import lab_up, pytestmark  # noqa: F401
 
-# node2's second step kills the sshd serving its own connection ($PPID) and, with `listener`, sshd's
+# node2's second step kills the sshd serving its own connection (its nearest sshd ancestor: the command runs
+# under the transport's node-side bound, so $PPID is `timeout`, not sshd) and, with `listener`, sshd's
 # listener too (its parent): the node is gone mid-step, as when a PC is switched off or its link cut.
 # Without the listener, only the connection drops while the node stays up (sshd restarted, a port flap).
 PLAYBOOK = """\
@@ -22,11 +23,11 @@ steps:
     command: mkdir -p -- {{ host.workdir }}
   - name: lose the connection
     when: host.name == 'node2'
-    command: kill -9 KILL $PPID; sleep 5
+    command: p=$$; while [ "$p" -gt 1 ] && ! grep -q '^sshd' /proc/$p/comm; do p=$(cut -d' ' -f4 /proc/$p/stat); done; kill -9 KILL $p; sleep 5
   - name: after
     command: touch -- {{ host.workdir }}/after
 """
-LISTENER = "$(ps -o ppid= -p $PPID)"
+LISTENER = "$(ps -o ppid= -p $p)"
 
 
 @pytest.fixture(scope="module")
