@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "command": None,  # ... or any command (a list), run under torchrun's --no-python
     "args": [],  # the program's arguments, each shell-quoted
     "launcher": None,  # torchrun | tensorflow | plain (one process per node); built-ins: from `framework`
+    "requirements": None,  # a list, or a requirements file inside `code`: installed offline as a layer
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "epochs": 4,
@@ -399,6 +400,13 @@ class _Checks:
                 isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in s["args"]):
             self.fail("args", f"expected a list of words (strings or numbers), got {s['args']!r}",
                       "args: [--lr, 0.1, --epochs, 3]")
+        req = s["requirements"]
+        if req is not None and not (isinstance(req, list) and all(isinstance(r, str) and r.strip() for r in req)):
+            if not isinstance(req, str) or Path(req).is_absolute() or ".." in Path(req).parts \
+                    or not (code / req).is_file():
+                self.fail("requirements", f"expected a list of requirements or a requirements file inside "
+                          f"`code` ({code}), got {req!r}", "requirements: [tabulate==0.9.0] or requirements: "
+                          "requirements.txt")
         if s["launcher"] == "tensorflow" and s["procs_per_node"] not in ("auto", 1):
             self.fail("procs_per_node", "a tensorflow program runs one worker per node", "procs_per_node: 1")
 

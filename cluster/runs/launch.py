@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import code, datasets, records as runs, render
+from cluster.runs import code, datasets, layers, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -191,20 +191,25 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
     tree = program_tree(spec)  # a user's code refused here (too large, links out), before any node
     with Group(hosts, forks=forks) as group:
         targets = preflight(group, hosts, spec)
-    request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name))
+        layer = None
+        if spec.own and spec["requirements"]:  # resolved on the head for the nodes' Python, over their base
+            log("resolving the job's requirements on the head")
+            layer = layers.resolve(spec, *layers.base_environment(group, hosts[0]), log=log)
+    request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name), layer=layer)
     request.code = tree
     return request
 
 
 def request_for(inv: Inventory, spec: JobSpec, targets: list[render.Target], run_id: str,
-                data_file: str | None = None) -> LaunchRequest:
+                data_file: str | None = None, layer: layers.Layer | None = None) -> LaunchRequest:
     """The request for these verified nodes (no I/O but naming the dataset file: the golden tests' entry).
     Without the job's `port:`, the files show the framework's default port and the run gets one free at
     its start."""
     port = spec["port"]
     ports = {t.host.name: port or DEFAULT_PORTS[spec.launcher] for t in targets}
     data = "" if spec.own else data_file or datasets.file_name(spec)  # a user program brings its own data
-    request = render.render(spec, targets, run_id, data, ports)
+    request = render.render(spec, targets, run_id, data, ports, _layer_dir(layer))
+    request.layer = layer
     request.port_picked_at_start = not port
     names = {t.host.name for t in targets}
     request.inventory = {"path": str(inv.path), "name": inv.name,
@@ -337,6 +342,8 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
     """Each node's run folder: its rendered files, the program (a user's code shipped through each node's
     cache: only what it lacks is sent), the secrets (owner-only)."""
     _ship_code(group, record, request, log)
+    if request.layer is not None:
+        _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
     private = {"secrets.env": secrets_file(secret)} if secret else {}
 
@@ -373,10 +380,28 @@ def _ship_code(group: Group, record: runs.RunRecord, request: LaunchRequest, log
     runs.update(record.run_id, keep)
 
 
+def _layer_dir(layer: layers.Layer | None) -> str | None:
+    return f"clusterctl/layers/{layer.digest}" if layer else None  # under each node's workdir (Layer.dir)
+
+
+def _install_layer(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """The job's requirements on every node, offline, where a node does not have them yet."""
+    layer: layers.Layer = request.layer
+    done = layers.install(group, [t.host for t in request.targets], layer)
+    if not done.ok:
+        _fail_start(record, *_first_error(done, "installing the job's requirements"))
+    for n, r in done.items():
+        log(f"{n}: requirements " + (f"installed ({r.value['bytes']} bytes of wheels sent)" if r.value["installed"]
+                                     else "already installed, nothing sent"))
+    runs.update(record.run_id, lambda r: r.extra.__setitem__("requirements", {
+        "lock": layer.lock.split(), "digest": layer.digest, "nodes": {n: v.value for n, v in done.items()}}))
+
+
 def _with_ports(request: LaunchRequest, ports: dict[str, int]) -> LaunchRequest:
     """The same request with the ports picked at the start: rendered from the same inputs."""
-    final = render.render(request.job, request.targets, request.run_id, request.data_file, ports)
-    final.inventory, final.code = request.inventory, request.code
+    final = render.render(request.job, request.targets, request.run_id, request.data_file, ports,
+                          _layer_dir(request.layer))
+    final.inventory, final.code, final.layer = request.inventory, request.code, request.layer
     return final
 
 

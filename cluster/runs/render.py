@@ -64,6 +64,7 @@ class LaunchRequest:
     port_picked_at_start: bool = False
     inventory: dict[str, Any] = field(default_factory=dict)  # the hosts' snapshot the run record keeps
     code: Any = None  # a user's program: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
+    layer: Any = None  # its requirements: the runs.layers.Layer launch.prepare resolved (installed by execute)
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch --dry-run --json` document."""
@@ -88,6 +89,9 @@ class LaunchRequest:
         if self.code is not None:
             lines.append(f"code: {self.code.root} ({len(self.code.files)} files, {self.code.total} bytes), shipped to "
                          "every node as the run's program/ folder (only what a node's cache lacks is sent)")
+        if self.layer is not None:
+            lines.append(f"requirements: {' '.join(self.layer.lock.split())}, installed offline on every node in "
+                         f"<workdir>/clusterctl/layers/{self.layer.digest} (first on PYTHONPATH)")
         lines.append(f"dry run: {len(self.nodes)} nodes, world size {self.world_size}; nothing was changed ({port})")
         return "\n".join(lines) + "\n"
 
@@ -147,8 +151,9 @@ def procs_per_node(spec: JobSpec, target: Target) -> int:
 
 
 def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
-           ports: dict[str, int]) -> LaunchRequest:
-    """`ports`: the rendezvous port under the first node's name (torchrun), or one port per worker (TF)."""
+           ports: dict[str, int], layer: str | None = None) -> LaunchRequest:
+    """`ports`: the rendezvous port under the first node's name (torchrun), or one port per worker (TF).
+    `layer`: the folder (under each node's workdir) of the job's own requirements, if it has any."""
     if not targets:
         raise JobError(str(spec.path), None, "nodes", "no node to run on", "check `nodes:` and --limit")
     first = targets[0].host
@@ -172,6 +177,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 job=spec.name, run_id=run_id, node=h.name, node_rank=rank, nnodes=len(targets), nproc=nproc,
                 workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, python=python, target=target,
                 own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
+                layer=f"{h.workdir}/{layer}" if layer else None,
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,

@@ -95,6 +95,8 @@ def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> 
     (["--", "python", "nosuch.py"], "program"),
     (["--", "python", "../outside.py"], "program"),
     (["--launcher", "plain", "--set", "args=notalist", "--", "python", "plain_job.py"], "args"),
+    (["--requirements", "nosuch.txt", "--", "python", "plain_job.py"], "requirements"),
+    (["--set", "requirements=[nosuch-package-clusterctl-test==1.0]", "--", "python", "plain_job.py"], "requirements"),
 ])
 def test_bad_input_is_refused_before_anything_starts(olab, argv: list[str], field: str) -> None:
     state, env = olab
@@ -112,3 +114,28 @@ def test_own_tensorflow_program_gets_its_tf_config(olab) -> None:
     for i in range(2):
         got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"worker{i}.json").read_text())
         assert got == {"workers": 2, "sum": 3.0}, got
+
+
+def test_requirements_install_offline_once_and_never_replace_the_base(olab) -> None:
+    """tabulate (absent from the provisioned environment) resolved on the head, sent and installed as a
+    layer; the second launch installs nothing; a pin that would replace a base package is refused."""
+    state, env = olab
+    argv = ("--launcher", "plain", "--requirements", "requirements.txt", "--", "python", "needs_tabulate.py")
+    rc, rec = launch_in(OWN, env, *argv, timeout=600)
+    assert rc == 0 and rec["state"] == "succeeded", (rec.get("failure"), rec.get("requirements"))
+    assert rec["requirements"]["lock"] == ["tabulate==0.9.0"]
+    first = rec["requirements"]["nodes"]
+    assert all(v["installed"] and v["bytes"] > 0 for v in first.values()), first
+    table = (node_program(state, 1, rec["run_id"]) / "results" / "table1.txt").read_text()
+    assert "node2" in table and "rank" in table
+    rc, again = launch_in(OWN, env, *argv, timeout=600)
+    assert rc == 0 and all(not v["installed"] and v["bytes"] == 0 for v in again["requirements"]["nodes"].values())
+    import importlib.metadata as md
+
+    base = md.version("termcolor")
+    other = "2.3.0" if base != "2.3.0" else "2.2.0"
+    r = clusterctl("launch", "--code", str(OWN), "--launcher", "plain", "--set", f"requirements=[termcolor=={other}]",
+                   "--", "python", "plain_job.py", env=env, timeout=300)
+    flat = " ".join(r.stderr.split())
+    assert r.returncode == 2 and f"termcolor=={other} would replace termcolor=={base}" in flat, r.stderr
+    print(f"\nrequirements layer per node: first {first}, again {again['requirements']['nodes']}")
