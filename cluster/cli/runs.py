@@ -80,14 +80,15 @@ def _cell(value: Any, fmt: str = "") -> str:
 
 def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]]) -> Table:
     t = table(f"{record.run_id}: {styled(record.state)} ({record.job}, world size {record.world_size})",
-              ("node", "state", "procs", "world", "epoch", "step", "loss", "images/s"))
+              ("node", "state", "procs", "CPU %", "mem MB", "world", "epoch", "step", "loss", "images/s"))
     for n in record.nodes:
         s = statuses.get(n.node)
         if s is None:
-            t.add_row(n.node, "?", *["-"] * 6)
+            t.add_row(n.node, "?", *["-"] * 8)
             continue
         d = s if isinstance(s, dict) else s.to_dict()
-        t.add_row(n.node, styled(d["state"]), str(d["processes"]), str(d["world"] or "-"), _cell(d["epoch"]),
+        t.add_row(n.node, styled(d["state"]), str(d["processes"]), _cell(d.get("cpu_percent"), ".0f"),
+                  _cell(d.get("rss_mb"), ".0f"), str(d["world"] or "-"), _cell(d["epoch"]),
                   _cell(d["step"]), _cell(d["loss"], ".4f"), _cell(d["images_per_s"], ".1f"))
     return t
 

@@ -320,9 +320,12 @@ def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Lo
     agent = _agent_source()
     hosts = [t.host for t in request.targets]
 
+    usage = resources.files("cluster.workloads").joinpath("usage.py").read_bytes()  # its sampler, beside it
+
     def stage(t: Transport) -> None:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
         t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
+        t.put_bytes(usage, f"{t.host.workdir}/clusterctl/usage.py")
 
     if request.job.own:
         log("staging the node agent")

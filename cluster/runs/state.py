@@ -62,6 +62,8 @@ class NodeStatus:
     log: list[str] = field(default_factory=list)
     error: str | None = None
     ended: float | None = None
+    cpu_percent: float | None = None  # the run's processes on this node, last sample (100: one core busy)
+    rss_mb: float | None = None
     traceback: list[str] = field(default_factory=list)  # a failed program's last Python traceback
     failed_ranks: list[int] = field(default_factory=list)  # the global ranks torchrun's summary names
 
@@ -82,6 +84,8 @@ class NodeStatus:
                 if isinstance(doc.get("failed_ranks"), list) else [],
                 processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
                 exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
+        usage = _obj(doc.get("usage"))
+        s.cpu_percent, s.rss_mb = _num(usage.get("cpu_percent")), _num(usage.get("rss_mb"))
         ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
         s.ranks = len(ranks)
         if ranks:

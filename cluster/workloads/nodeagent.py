@@ -195,6 +195,40 @@ def _fork_leader(run_dir: Path, lock_fd: int) -> Doc:
     return {"ok": True, **json.loads(data)}
 
 
+def _usage_module() -> Any:
+    """usage.py (resource sampling), beside this file on the node; None where it is missing."""
+    try:
+        if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
+            from cluster.workloads import usage
+        else:  # on the node: beside this file
+            import usage
+    except ImportError:
+        return None
+    return usage
+
+
+def _sampler(run_dir: Path) -> Any:
+    mod = _usage_module()
+    if mod is None or not (run_dir / "out").is_dir():
+        return None
+    return mod.Sampler(run_dir / "out" / mod.FILE, lambda: run_processes(run_dir))
+
+
+def sampler_interval() -> float:
+    mod = _usage_module()
+    return float(os.environ.get("CLUSTERCTL_SAMPLE_S", mod.SAMPLE_S if mod else 5.0))
+
+
+def _last_usage(run_dir: Path) -> Doc | None:
+    """The run's last usage sample (out/usage.jsonl), for `status`."""
+    lines = _tail_lines(run_dir / "out" / "usage.jsonl", 1)
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _workers(run_dir: Path) -> list[int]:
     """The run's processes that torchrun started as workers (they carry LOCAL_RANK; its agent does not)."""
     out = []
@@ -215,9 +249,18 @@ def _wait_launcher(run_dir: Path, child: subprocess.Popen[bytes]) -> int:
     exit barrier, 300 s, and a minute), what is left of the run is stopped here and the run fails."""
     limit = float(os.environ.get("CLUSTERCTL_ORPHAN_AGENT_S", ORPHAN_AGENT_S))
     last_worker: float | None = None
+    sampler, every = _sampler(run_dir), sampler_interval()
+    sampled = 0.0
     while True:
+        if sampler is not None and time.monotonic() - sampled >= every:
+            sampled = time.monotonic()
+            try:
+                sampler.sample()
+            except Exception as e:  # noqa: BLE001 - measuring must never end the run it measures
+                sys.stderr.write(f"nodeagent: usage sampling stopped: {e}\n")
+                sampler = None
         try:
-            return child.wait(timeout=2)
+            return child.wait(timeout=min(2.0, every))
         except subprocess.TimeoutExpired:
             pass
         if _workers(run_dir):
@@ -318,7 +361,7 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     for f in sorted((run_dir / "out").glob("metrics-rank*.jsonl")):
         metrics[f.stem.removeprefix("metrics-rank")] = _last_records(f)
     return {"state": state, "pid": pid_doc, "exit": exit_doc, "processes": alive, "metrics": metrics,
-            "log": _tail_lines(run_dir / LOG, lines), "time": time.time(),
+            "log": _tail_lines(run_dir / LOG, lines), "time": time.time(), "usage": _last_usage(run_dir),
             **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
