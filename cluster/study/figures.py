@@ -44,6 +44,11 @@ class NodeFigures:
     watts: float
     watts_source: str  # measured | estimated
     hardware: str
+    # from the node agent's samples (out/usage.jsonl), for any program: the built-in ones and a user's own
+    rss_mb_peak: float | None = None
+    cpu_energy_j: float | None = None  # the CPU packages' measured energy (RAPL) over the run, where readable
+    exit_code: int | None = None
+    usage: list[Record] = field(default_factory=list)
 
 
 @dataclass
@@ -84,10 +89,13 @@ class RunFigures:
     comm_share_source: str | None = None  # how comm_share was obtained; None: it could not be
     target_acc: float = DEFAULT_TARGET_ACC
     time_to_target_s: float | None = None  # run start -> end of the first epoch with val_acc >= target
+    # what a program wrote to $CLUSTER_METRICS (JSON lines), per node: plotted field by field
+    user_metrics: dict[str, list[Record]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        d["per_node"] = [dict(n.__dict__) for n in self.per_node]
+        d["per_node"] = [{k: v for k, v in n.__dict__.items() if k != "usage"} for n in self.per_node]
+        d.pop("user_metrics")
         return d
 
     @property
@@ -120,6 +128,46 @@ def read_metrics(node_dir: Path) -> dict[int, list[Record]]:
                 continue  # a line cut by a stop: everything before it counts
         out[int(f.stem.removeprefix("metrics-rank"))] = recs
     return out
+
+
+def _jsonl(path: Path) -> list[Record]:
+    """A JSON-lines file's objects; a line cut short (a stop, a crash) or not an object is passed over."""
+    out = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def read_usage(node_dir: Path) -> list[Record]:
+    """The node agent's samples of the run's processes (cluster/workloads/usage.py)."""
+    return _jsonl(node_dir / "out" / "usage.jsonl")
+
+
+def read_user_metrics(node_dir: Path) -> list[Record]:
+    """What the program appended to $CLUSTER_METRICS, its numeric fields only."""
+    return [{k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for r in _jsonl(node_dir / "out" / "user-metrics.jsonl")]
+
+
+def _usage_figures(p: NodeFigures, samples: list[Record], exit_code: int | None) -> None:
+    """Fill a node's figures from its usage samples (where the program's own metrics had none)."""
+    p.usage, p.exit_code = samples, exit_code
+    cpu = [x["cpu_percent"] for x in samples if isinstance(x.get("cpu_percent"), (int, float))]
+    if p.cpu_percent is None and cpu:
+        p.cpu_percent = statistics.mean(cpu)
+    rss = [x["rss_mb"] for x in samples if isinstance(x.get("rss_mb"), (int, float))]
+    p.rss_mb_peak = max(rss) if rss else None
+    joules = [x["cpu_energy_j"] for x in samples if isinstance(x.get("cpu_energy_j"), (int, float))]
+    p.cpu_energy_j = round(sum(joules), 1) if joules else None
 
 
 def _hardware(node_dir: Path) -> tuple[str, list[str], int]:
@@ -227,9 +275,12 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
     nodes = [n.node for n in record.nodes]
     by_node = {n: read_metrics(base / n) for n in nodes}
     ranks = {r: recs for m in by_node.values() for r, recs in m.items()}
+    exits = {n: (record.last_status or {}).get(n, {}).get("exit_code") for n in nodes}
     if not ranks:
-        raise UsageError(f"run {record.run_id}: no metrics on the head",
-                         f"collect them first: clusterctl collect {record.run_id}")
+        if not record.collected:
+            raise UsageError(f"run {record.run_id}: no metrics on the head",
+                             f"collect them first: clusterctl collect {record.run_id}")
+        return _program_figures(record, base, nodes, exits, price_kwh, target_acc)
     start, epochs, wall, t0 = _rank0(ranks[min(ranks)])
     vals = [e["val_acc"] for e in epochs]
     fig = RunFigures(
@@ -246,7 +297,38 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
     _communication(fig, start, epochs)
     per_node = [_node_figures(n, by_node[n], base / n, fig.batch) for n in nodes]
     fig.per_node = [p for p, _ in per_node]
+    for p in fig.per_node:
+        _usage_figures(p, read_usage(base / p.node), exits[p.node])
+    fig.user_metrics = {n: m for n in nodes if (m := read_user_metrics(base / n))}
     _spread_and_energy(fig, [w for _, w in per_node], price_kwh)
+    return fig
+
+
+def _program_figures(record: runs.RunRecord, base: Path, nodes: list[str], exits: dict[str, int | None],
+                     price_kwh: float | None, target_acc: float) -> RunFigures:
+    """A run whose program writes no training metrics (a user's own): its wall time, each node's exit
+    code and what the node agent measured (CPU, memory, measured CPU energy), and $CLUSTER_METRICS."""
+    wall = (record.ended - record.started) if record.ended and record.started else None
+    fig = RunFigures(
+        run_id=record.run_id, job=record.job, framework=record.framework, state=record.state, nodes=nodes,
+        world=record.world_size, batch=0, global_batch=0, dataset="-", synthetic=False, epochs=[],
+        images_per_s=None, epoch_s=None, final_val_acc=None, best_val_acc=None, wall_s=wall,
+        settings=record.settings or {}, started=record.started, target_acc=target_acc)
+    watts = []
+    for n in nodes:
+        hw, gpus, _ = _hardware(base / n)
+        samples = read_usage(base / n)
+        cpu = [x["cpu_percent"] for x in samples if isinstance(x.get("cpu_percent"), (int, float))]
+        rest = IDLE_W + CPU_LOAD_W * min(1.0, (statistics.mean(cpu) if cpu else 100.0) / 100.0)
+        w = rest + sum(_board_watts(g) for g in gpus)
+        p = NodeFigures(node=n, ranks=[], step_s_median=None, step_s_p90=None, data_s_median=None,
+                        images_per_s=None, cpu_percent=None, gpu_power_w=None, watts=round(w, 1),
+                        watts_source="estimated", hardware=hw)
+        _usage_figures(p, samples, exits[n])
+        fig.per_node.append(p)
+        watts.append(w)
+    fig.user_metrics = {n: m for n in nodes if (m := read_user_metrics(base / n))}
+    _spread_and_energy(fig, watts, price_kwh)
     return fig
 
 

@@ -26,6 +26,8 @@ __all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_met
 
 
 def _accuracy_loss(plt: Any, figs: list[RunFigures]) -> Any:
+    if not any(len(f.epochs) > 1 for f in figs):
+        return None  # a line needs two points
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for f in figs:
         t0 = min((e["time"] - e["epoch_s"] for e in f.epochs), default=0)
@@ -43,13 +45,15 @@ def _accuracy_loss(plt: Any, figs: list[RunFigures]) -> Any:
 
 
 def _throughput_nodes(plt: Any, figs: list[RunFigures]) -> Any:
-    fig, ax = plt.subplots(figsize=(6, 4))
     by_job: dict[str, list[tuple[int, float]]] = {}
     for f in figs:
         if f.images_per_s:
             by_job.setdefault(f.job, []).append((len(f.nodes), f.images_per_s))
             if f.scaling:
                 by_job[f.job].append((1, f.scaling["baseline_images_per_s"]))
+    if not any(len({p[0] for p in pts}) > 1 for pts in by_job.values()):
+        return None  # one node count: nothing to draw against the number of nodes (the table has the figure)
+    fig, ax = plt.subplots(figsize=(6, 4))
     for job, pts in by_job.items():
         pts = sorted(set(pts))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=job)
@@ -60,7 +64,9 @@ def _throughput_nodes(plt: Any, figs: list[RunFigures]) -> Any:
 
 
 def _step_time(plt: Any, figs: list[RunFigures]) -> Any:
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * sum(len(f.per_node) for f in figs)), 4))
+    if not any(p.step_s_median for f in figs for p in f.per_node):
+        return None
+    fig, ax = plt.subplots(figsize=(min(11, max(6, 1.2 * sum(len(f.per_node) for f in figs))), 4))
     labels, values, colors = [], [], []
     for i, f in enumerate(figs):
         for p in f.per_node:
@@ -73,7 +79,44 @@ def _step_time(plt: Any, figs: list[RunFigures]) -> Any:
     return fig
 
 
-PLOTS = {"accuracy_loss": _accuracy_loss, "throughput_nodes": _throughput_nodes, "step_time": _step_time}
+def _usage(plt: Any, figs: list[RunFigures]) -> Any:
+    """Each node's CPU use and memory over the run, as the node agent sampled them."""
+    series = [(f, p) for f in figs for p in f.per_node if len([x for x in p.usage if "cpu_percent" in x]) > 1]
+    if not series:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for f, p in series:
+        t0 = p.usage[0]["t"]
+        pts = [x for x in p.usage if "cpu_percent" in x]
+        label = f"{p.node} {f.job} ({f.run_id[-4:]})"
+        a1.plot([(x["t"] - t0) / 60 for x in pts], [x["cpu_percent"] for x in pts], label=label)
+        a2.plot([(x["t"] - t0) / 60 for x in p.usage], [x.get("rss_mb", 0) for x in p.usage], label=label)
+    a1.set(xlabel="wall time (min)", ylabel="CPU % (100: one core)", title="CPU use of the run's processes")
+    a2.set(xlabel="wall time (min)", ylabel="resident memory (MB)", title="Memory of the run's processes")
+    a1.legend(fontsize=7)
+    a2.legend(fontsize=7)
+    return fig
+
+
+def _user_metrics(plt: Any, figs: list[RunFigures]) -> Any:
+    """Every numeric field a program wrote to $CLUSTER_METRICS, against its `step` (else the line number)."""
+    fields = sorted({k for f in figs for recs in f.user_metrics.values() for r in recs for k in r if k != "step"})
+    if not fields or not any(len(recs) > 1 for f in figs for recs in f.user_metrics.values()):
+        return None
+    fig, axes = plt.subplots(1, len(fields[:4]), figsize=(min(11, 4 * len(fields[:4])), 4), squeeze=False)
+    for ax, name in zip(axes[0], fields[:4]):  # at most four panels: the page stays readable
+        for f in figs:
+            for node, recs in f.user_metrics.items():
+                pts = [(r.get("step", i), r[name]) for i, r in enumerate(recs) if name in r]
+                if len(pts) > 1:
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], label=f"{node} ({f.run_id[-4:]})")
+        ax.set(xlabel="step", title=name)
+        ax.legend(fontsize=7)
+    return fig
+
+
+PLOTS = {"accuracy_loss": _accuracy_loss, "throughput_nodes": _throughput_nodes, "step_time": _step_time,
+         "usage": _usage, "user_metrics": _user_metrics}
 
 
 def plots(figs: list[RunFigures]) -> dict[str, bytes]:
@@ -86,6 +129,8 @@ def plots(figs: list[RunFigures]) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for name, draw in PLOTS.items():
         fig = draw(plt, figs)
+        if fig is None:  # nothing to draw, or a single point: the tables say it
+            continue
         buf = io.BytesIO()
         fig.tight_layout()
         fig.savefig(buf, format="png", dpi=110)
@@ -162,11 +207,12 @@ def run_line(f: RunFigures) -> str:
 
 
 def node_rows(f: RunFigures) -> tuple[list[str], list[list[str]]]:
-    head = ["node", "hardware", "ranks", "median step s", "p90 step s", "data s", "images/s", "CPU %",
-            "GPU W", "watts (source)"]
-    rows = [[p.node, p.hardware, ",".join(map(str, p.ranks)), _f(p.step_s_median, "{:.3f}"),
-             _f(p.step_s_p90, "{:.3f}"), _f(p.data_s_median, "{:.4f}"), _f(p.images_per_s),
-             _f(p.cpu_percent, "{:.0f}"), _f(p.gpu_power_w), f"{p.watts:.0f} ({p.watts_source})"]
+    head = ["node", "hardware", "ranks", "exit", "median step s", "p90 step s", "data s", "images/s", "CPU %",
+            "peak MB", "CPU J (RAPL)", "GPU W", "watts (source)"]
+    rows = [[p.node, p.hardware, ",".join(map(str, p.ranks)) or "-", _f(p.exit_code, "{:d}"),
+             _f(p.step_s_median, "{:.3f}"), _f(p.step_s_p90, "{:.3f}"), _f(p.data_s_median, "{:.4f}"),
+             _f(p.images_per_s), _f(p.cpu_percent, "{:.0f}"), _f(p.rss_mb_peak, "{:.0f}"),
+             _f(p.cpu_energy_j, "{:.0f}"), _f(p.gpu_power_w), f"{p.watts:.0f} ({p.watts_source})"]
             for p in f.per_node]
     return head, rows
 
@@ -180,7 +226,22 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 CAPTIONS = {"accuracy_loss": "Validation accuracy and loss (dashed: training loss) against wall time",
             "throughput_nodes": "Images/s against the number of nodes, per job",
-            "step_time": "Median step time per node and run"}
+            "step_time": "Median step time per node and run",
+            "usage": "CPU use and resident memory of each node's run processes over time (the node agent's samples)",
+            "user_metrics": "What the programs wrote to $CLUSTER_METRICS, field by field"}
+
+
+def _title(figs: list[RunFigures]) -> str:
+    """The study's title when every run is a training run of the built-in programs, else a plain one."""
+    if figs and all(f.epochs or f.settings.get("code") is None for f in figs):
+        return "ResNet50 study: PyTorch DDP vs TensorFlow MWMS"
+    return "Runs on the cluster"
+
+
+def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[str], list[list[str]]]]:
+    """One wide table as two, both led by the first column: a page 1280 px wide shows each whole."""
+    cut = head.index(at)
+    return [(head[:cut], [r[:cut] for r in rows]), (head[:1] + head[cut:], [r[:1] + r[cut:] for r in rows])]
 
 
 def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float | None) -> str:
@@ -188,17 +249,17 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
     head, rows = summary_rows(figs)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>clusterctl report</title><style>",
              "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
-             "th,td{border:1px solid #bbb;padding:3px 7px;font-size:13px;text-align:right}"
+             "th,td{border:1px solid #bbb;padding:3px 7px;font-size:13px;text-align:right}th{white-space:normal}"
              "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "figure{margin:1em 0}figcaption{font-size:13px;color:#444}</style></head><body>",
-             "<h1>ResNet50 study: PyTorch DDP vs TensorFlow MWMS</h1>",
+             f"<h1>{e(_title(figs))}</h1>",
              f"<p>{len(figs)} run(s). Throughput and epoch time are medians over the epochs after the first; "
              "scaling efficiency and the communication share compare with a one-node run of the same job and "
              "settings; time to the target accuracy counts from the run's start; energy is "
              + ("measured GPU power plus an estimate for the rest of the PC" if any(
                  f.energy_source != "estimated" for f in figs) else "estimated from the hardware (docs/report.md)")
              + (f"; cost at {price_kwh:g} per kWh" if price_kwh is not None else "") + ".</p>",
-             "<h2>Runs</h2>", _html_table(head, rows)]
+             "<h2>Runs</h2>", *(_html_table(h, r) for h, r in _split(head, rows, "final val acc"))]
     for f in figs:
         nh, nr = node_rows(f)
         parts.append(f"<h2>{e(f.run_id)}</h2><p>{e(run_line(f))}</p>")
@@ -223,7 +284,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
                          + ["| " + " | ".join(r) + " |" for r in rows])
 
     image_dir.mkdir(parents=True, exist_ok=True)
-    parts = ["# ResNet50 study: PyTorch DDP vs TensorFlow MWMS", "", table(*summary_rows(figs)), ""]
+    parts = [f"# {_title(figs)}", "", table(*summary_rows(figs)), ""]
     for f in figs:
         parts += [f"## {f.run_id}", "", run_line(f), "", table(*node_rows(f)), ""]
     for name, png in images.items():

@@ -152,14 +152,17 @@ def test_report_numbers_match_the_metrics_and_the_page_renders_in_chromium(clab,
     probe.write_text(html_text.replace("</body>", "<script>window.addEventListener('load', () => {"
                      "const imgs = [...document.images]; const ok = imgs.filter(i => i.complete && i.naturalWidth > 0);"
                      "const rows = document.querySelectorAll('table tbody tr').length;"
-                     "document.body.insertAdjacentHTML('beforeend', `<p id=probe>images ${ok.length}/${imgs.length} rows ${rows}</p>`);"
+                     "const w = document.documentElement.scrollWidth;"
+                     "document.body.insertAdjacentHTML('beforeend', `<p id=probe>images ${ok.length}/${imgs.length} rows ${rows} width ${w}</p>`);"
                      "});</script></body>"))
-    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                        "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
-    m = re.search(r"<p id=\"probe\">images (\d+)/(\d+) rows (\d+)</p>", r.stdout)
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+                        "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                       timeout=120)
+    m = re.search(r"<p id=\"probe\">images (\d+)/(\d+) rows (\d+) width (\d+)</p>", r.stdout)
     assert m, r.stdout[-2000:] + r.stderr[-2000:]
-    loaded, total, rows = map(int, m.groups())
-    assert total == 3 and loaded == total  # every plot decoded and laid out
+    loaded, total, rows, width = map(int, m.groups())
+    assert width <= 1280, f"the page is {width} px wide in a 1280 px window: it scrolls sideways"
+    assert total >= 3 and loaded == total  # every plot decoded and laid out (single-point plots are left out)
     assert rows >= 2 + 2 * 2  # the runs table and each run's per-node table
 
 

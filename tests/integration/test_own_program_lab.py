@@ -139,3 +139,39 @@ def test_requirements_install_offline_once_and_never_replace_the_base(olab) -> N
     flat = " ".join(r.stderr.split())
     assert r.returncode == 2 and f"termcolor=={other} would replace termcolor=={base}" in flat, r.stderr
     print(f"\nrequirements layer per node: first {first}, again {again['requirements']['nodes']}")
+
+
+def test_report_of_an_own_program_shows_wall_time_exit_codes_usage_and_its_metrics(olab, tmp_path: Path) -> None:
+    """Nothing of clusterctl imported by the program: the node agent's samples and $CLUSTER_METRICS make the
+    report; the page fits 1280 px without a horizontal scroll and draws no plot from a single point."""
+    import re
+    import subprocess
+
+    from tests.integration.test_collect_report_lab import _chromium
+
+    state, env = olab
+    rc, rec = launch_in(OWN, env, "--", "python", "train.py", "--seconds", "16", timeout=300)
+    assert rc == 0 and rec["state"] == "succeeded", rec.get("failure")
+    rc, _ = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
+    assert rc == 0
+    page = tmp_path / "own.html"
+    rc, rep = clusterctl_json("report", rec["run_id"], "--html", str(page), env=env, timeout=300)
+    assert rc == 0, rep
+    fig = rep["runs"][0]
+    assert fig["wall_s"] and fig["wall_s"] >= 16 and fig["images_per_s"] is None
+    assert [n["exit_code"] for n in fig["per_node"]] == [0, 0], fig["per_node"]
+    assert all(n["cpu_percent"] and n["rss_mb_peak"] for n in fig["per_node"]), fig["per_node"]
+    text = page.read_text()
+    assert "Runs on the cluster" in text and "$CLUSTER_METRICS" in text and "CPU use and resident memory" in text
+    assert "Images/s against the number of nodes" not in text  # one run, one node count: not drawn
+    probe = tmp_path / "probe.html"
+    probe.write_text(text.replace("</body>", "<script>window.addEventListener('load', () => {"
+                     "document.body.insertAdjacentHTML('beforeend', `<p id=probe>width ${document.documentElement"
+                     ".scrollWidth} images ${[...document.images].filter(i => i.naturalWidth > 0).length}</p>`);"
+                     "});</script></body>"))
+    r = subprocess.run([_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        "--window-size=1280,900", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(r"<p id=\"probe\">width (\d+) images (\d+)</p>", r.stdout)
+    assert m, r.stdout[-1500:] + r.stderr[-1500:]
+    assert int(m.group(1)) <= 1280 and int(m.group(2)) == 2, m.group(0)

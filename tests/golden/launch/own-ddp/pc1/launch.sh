@@ -13,6 +13,9 @@ CLUSTER_RUN_ID=resnet50-20261129-120000-abcd
 CLUSTER_NODE_NAME=pc1
 CLUSTER_NODE_RANK=0
 export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
+# JSON lines a program may append ({"step": 3, "loss": 0.4}): `clusterctl report` plots their numbers
+CLUSTER_METRICS=/srv/cluster/runs/resnet50-20261129-120000-abcd/out/user-metrics.jsonl
+export CLUSTER_METRICS
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
 # your own program runs in its code folder, as shipped (the run's program/ folder)
 cd program

@@ -11,6 +11,9 @@ CLUSTER_RUN_ID=resnet50-20261129-120000-abcd
 CLUSTER_NODE_NAME=pc1
 CLUSTER_NODE_RANK=0
 export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
+# JSON lines a program may append ({"step": 3, "loss": 0.4}): `clusterctl report` plots their numbers
+CLUSTER_METRICS=/srv/cluster/runs/resnet50-20261129-120000-abcd/out/user-metrics.jsonl
+export CLUSTER_METRICS
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
 CLUSTER_NNODES=4
 CLUSTER_NODE_ADDRS=192.168.1.11,192.168.1.12,192.168.1.13,192.168.1.14
