@@ -318,7 +318,7 @@ def _first_record(path: Path) -> Doc | None:
     return rec if isinstance(rec, dict) else None
 
 
-PREFIX = re.compile(r"^\[[\w:-]*\]:\s?")  # torchrun's per-rank prefix on a worker's lines ([rank1]: ...)
+PREFIX = re.compile(r"^(?:\[[\w:-]*\]:\s?)+")  # the per-rank prefixes on a worker's lines ([rank1]:[rank1]: ...)
 
 
 def _failure(log: Path, most: int = 12) -> Doc:

@@ -88,7 +88,23 @@ def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> 
     rc, rec = launch_in(OWN, env, "--", "python", "train.py", "--fail-on-group-rank", "1", timeout=300)
     assert rc == 1 and rec["state"] == "failed", rec
     assert rec["failure"]["node"] == "node2", rec["failure"]
-    assert any("deliberate failure on group rank 1" in line for line in rec["failure"]["log"]), rec["failure"]["log"]
+    assert rec["failure"]["log"][0].startswith("Traceback") and "RuntimeError: deliberate failure on group rank 1" \
+        in rec["failure"]["log"], rec["failure"]["log"]
+    for n in ("node1", "node2"):  # nothing left running on either node
+        assert not [p for p in Path("/proc").glob("[0-9]*") if _carries(p, rec["run_id"], n)]
+    r = clusterctl("logs", rec["run_id"], "--node", "node2", env=env, timeout=120)  # each line: its rank
+    assert "[rank1]:" in r.stdout and r.returncode == 0, r.stdout[-2000:]
+    rank_logs = sorted(p.relative_to(node_program(state, 1, rec["run_id"])).parts[-2:]
+                       for p in (node_program(state, 1, rec["run_id"]) / "logs").rglob("*.log"))
+    assert rank_logs == [("0", "stderr.log"), ("0", "stdout.log")], rank_logs  # one file per local rank
+
+
+def _carries(p: Path, run_id: str, node: str) -> bool:
+    try:
+        env = (p / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"CLUSTER_RUN_ID={run_id}".encode() in env and f"CLUSTER_NODE_NAME={node}".encode() in env
 
 
 @pytest.mark.parametrize("argv, field", [

@@ -170,3 +170,15 @@ def test_a_run_without_torchrun_workers_is_never_cut(tmp_path: Path) -> None:
                        env={**os.environ, "CLUSTERCTL_ORPHAN_AGENT_S": "0.5"})
     assert json.loads(r.stdout)["ok"]
     assert wait_state(d, "succeeded", timeout=40)["exit"]["code"] == 0
+
+
+def test_a_failed_runs_status_names_the_ranks_and_the_programs_traceback() -> None:
+    """Recorded: node.log of a torchrun run (--tee 3, rank prefixes) whose two ranks raised; the program's
+    traceback is found under torchrun's own (ChildFailedError), the ranks read from torchrun's summary."""
+    from cluster.workloads import nodeagent
+
+    got = nodeagent._failure(ROOT / "tests" / "fixtures" / "launch" / "torchrun-failed-node.log")
+    assert got["failed_ranks"] == [0, 1]
+    assert got["traceback"][0] == "Traceback (most recent call last):"
+    assert got["traceback"][-1] == "RuntimeError: deliberate failure on group rank 0"
+    assert not any("torch/distributed" in x for x in got["traceback"])
