@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group  # noqa: E402
 
@@ -126,7 +126,7 @@ def fanout(args: argparse.Namespace) -> Timings:
     """Each method's median and times on a lab of its own, removed afterwards."""
     home = Path(tempfile.mkdtemp(prefix="clusterctl-bench-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
-    state = lab.up(args.nodes, name=args.name, subnet=args.subnet, directory=home / "lab")
+    state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, directory=home / "lab")
     try:
         inv = loader.load(state.inventory)
         hosts = list(inv.hosts.values())
@@ -167,7 +167,7 @@ def fanout(args: argparse.Namespace) -> Timings:
         ]
         return {name: median_time(fn, args.repeats) for name, fn in rows}
     finally:
-        lab.down(args.name, home / "lab")
+        lifecycle.down(args.name, home / "lab")
         shutil.rmtree(home, ignore_errors=True)
 
 

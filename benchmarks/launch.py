@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 from cluster.inventory import loader, model
 
 PY = sys.executable
@@ -68,7 +68,7 @@ def stop_dir(d: Path) -> None:
     subprocess.run([PY, str(AGENT), "stop", str(d), "5"], capture_output=True, timeout=60)
 
 
-def by_launch(env: dict[str, str], state: lab.LabState, n: int) -> tuple[float, str]:
+def by_launch(env: dict[str, str], state: lifecycle.LabState, n: int) -> tuple[float, str]:
     limit = ",".join(x.name for x in state.nodes[:n])
     t0 = time.time()
     r = ctl(env, "launch", "resnet50-ddp", "--detach", "--json", "--limit", limit, *JOB)
@@ -81,7 +81,7 @@ def by_launch(env: dict[str, str], state: lab.LabState, n: int) -> tuple[float, 
     return took, run_id
 
 
-def by_hand(state: lab.LabState, inv: model.Inventory, n: int, template_run: str, k: int) -> float:
+def by_hand(state: lifecycle.LabState, inv: model.Inventory, n: int, template_run: str, k: int) -> float:
     """Copy a launched run's folder to a new one on each node (files in place, as a user who prepared
     them by hand), then time one ssh per node running its launch.sh."""
     new_id = f"{template_run}-hand{k}"
@@ -120,7 +120,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-launch-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home")}
-    state = lab.up(max(sizes), name=args.name, subnet=args.subnet, directory=tmp / "lab")
+    state = lifecycle.up(max(sizes), name=args.name, subnet=args.subnet, directory=tmp / "lab")
     try:
         r = ctl(env, "provision", state.inventory, "--set", f"python={PY}", "--set", "vars.python_env=existing",
                 timeout=1800)
@@ -144,7 +144,7 @@ def main() -> int:
             print(f"{n:>5}  {hand:>21.2f}  {lc:>22.2f}  {lc / hand:>5.2f}x")
         print("\nratio = clusterctl launch / by hand (target <= 1.2x)")
     finally:
-        lab.down(state.name, tmp / "lab", purge=True)
+        lifecycle.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 
 PY = sys.executable
 
@@ -38,7 +38,7 @@ def ctl(env: dict[str, str], *args: str, timeout: float = 1800) -> dict:
     return json.loads(r.stdout)
 
 
-def measured(state: lab.LabState, run_id: str) -> float:
+def measured(state: lifecycle.LabState, run_id: str) -> float:
     f = Path(state.nodes[0].dir) / "srv" / "runs" / run_id / "out"
     recs = [json.loads(x) for p in f.glob("metrics-rank*.jsonl") for x in p.read_text().splitlines()]
     epochs = [r for r in recs if r["type"] == "epoch" and r["epoch"] == 1]
@@ -54,7 +54,7 @@ def main() -> int:
     quotas = [float(x) for x in args.quota.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-plan-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home")}
-    state = lab.up(len(quotas), name=args.name, subnet=args.subnet, directory=tmp / "lab", cpu_quotas=quotas)
+    state = lifecycle.up(len(quotas), name=args.name, subnet=args.subnet, directory=tmp / "lab", cpu_quotas=quotas)
     job_set = ["--set", "batch=16", "--set", "threads=1"]
     run_set = [*job_set, "--set", "epochs=2", "--set", f"max_steps={args.steps}", "--set", "log_every=1000"]
     try:
@@ -74,7 +74,7 @@ def main() -> int:
         ctl(env, "collect", last)
         reported = ctl(env, "report", last)["runs"][0]
     finally:
-        lab.down(state.name, tmp / "lab", purge=True)
+        lifecycle.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
     fw = next(iter(b["compute"].values()))
     e, pl = statistics.median(even), statistics.median(planned)

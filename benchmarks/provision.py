@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser, median_time, print_timing_table  # noqa: E402
-from cluster import wheelhouse  # noqa: E402
+from cluster.provision import wheelhouse  # noqa: E402
 from cluster.provision import apply, compat
 from cluster.lab import lifecycle
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import jinja2  # noqa: E402
 
-from cluster import wheelhouse  # noqa: E402
+from cluster.provision import wheelhouse  # noqa: E402
 from cluster.provision import apply, compat
 from cluster.relay import distribute as relay
 from cluster.lab import lifecycle

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.plan import ctl  # noqa: E402  (clusterctl as a user runs it, its JSON answer)
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 from cluster.lab.shaping import unshape_link  # noqa: E402
 
 PY = sys.executable
@@ -65,7 +65,7 @@ class Run:
     measured: dict[str, Any] = field(default_factory=dict)
 
 
-def metrics(state: lab.LabState, run_id: str) -> dict[str, Any]:
+def metrics(state: lifecycle.LabState, run_id: str) -> dict[str, Any]:
     """Rank 0's records of a run (node1 hosts rank 0): images/s, bytes/step, time to the target, accuracy."""
     out = Path(state.nodes[0].dir) / "srv" / "runs" / run_id / "out"
     recs = [json.loads(x) for x in (out / "metrics-rank0.jsonl").read_text().splitlines() if x.startswith("{")]
@@ -105,7 +105,7 @@ def same_as(rec: dict[str, Any], others: list[Run], batch: int) -> Run | None:
     return next((r for r in others if r.key == key and r.job == JOB), None)
 
 
-def seed_accuracies(env: dict[str, str], state: lab.LabState, rs: list[Run], common: list[str], seeds: int) -> None:
+def seed_accuracies(env: dict[str, str], state: lifecycle.LabState, rs: list[Run], common: list[str], seeds: int) -> None:
     """Every 4-node PyTorch run again with seeds 1..seeds-1, links unshaped: `seed_accs` (seed 0: the run)."""
     for n in state.nodes:
         unshape_link(n.netns, n.veth)
@@ -126,7 +126,7 @@ def mean_acc(m: dict[str, Any]) -> float:
     return statistics.fmean(accs) if accs else m["final_acc"]
 
 
-def train(env: dict[str, str], state: lab.LabState, r: Run, common: list[str]) -> None:
+def train(env: dict[str, str], state: lifecycle.LabState, r: Run, common: list[str]) -> None:
     args = ["launch", r.job, *(["--plan"] if r.plan else [])]
     for s in common + r.settings:
         args += ["--set", s]
@@ -225,7 +225,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="clusterctl-slownet-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(tmp / "home")}
     t0 = time.monotonic()
-    state = lab.up(4, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=args.bandwidth,
+    state = lifecycle.up(4, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=args.bandwidth,
                    cpu_quotas=[args.cpu_quota] * 4)
     try:
         ctl(env, "provision", state.inventory, "--set", f"python={PY}", "--set", "vars.python_env=existing")
@@ -248,7 +248,7 @@ def main() -> int:
             seed_accuracies(env, state, [r for r in rs if not (r is pick and again)], run_set, args.seeds)
             save(args.save, b, plan, rs)
     finally:
-        lab.down(state.name, tmp / "lab", purge=True)
+        lifecycle.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
     report(args, b, plan, rs, pick, again, time.monotonic() - t0)
     return 0

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.plan import ctl  # noqa: E402
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 
 PY = sys.executable
 
@@ -66,7 +66,7 @@ def main() -> int:
     sets = [x for s in ("dataset.name=synthetic", "dataset.size=32", "batch=16", "threads=1", "epochs=2",
                         "max_steps=2", f"collective_timeout_s={args.timeout_s}") for x in ("--set", s)]
     outcomes = []
-    state = lab.up(2, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=args.bandwidth)
+    state = lifecycle.up(2, name=args.name, subnet=args.subnet, directory=tmp / "lab", bandwidth=args.bandwidth)
     try:
         ctl(env, "provision", state.inventory, "--set", f"python={PY}", "--set", "vars.python_env=existing")
         for i in range(args.tries):
@@ -74,7 +74,7 @@ def main() -> int:
             st, wall, err = outcomes[-1]
             print(f"  try {i + 1}: {st} in {wall:.0f} s" + (f": {err}" if err else ""), file=sys.stderr)
     finally:
-        lab.down(state.name, tmp / "lab", purge=True)
+        lifecycle.down(state.name, tmp / "lab", purge=True)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nresnet50-tf on 2 nodes at {args.bandwidth}, collective_timeout_s {args.timeout_s}\n")
     print("| try | state | seconds | error |\n|---:|---|---:|---|")

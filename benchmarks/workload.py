@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import lab_parser  # noqa: E402
-from cluster import lab  # noqa: E402
+from cluster.lab import lifecycle  # noqa: E402
 from cluster.inventory import loader
 from cluster.nodes.fanout import Group  # noqa: E402
 
@@ -92,7 +92,7 @@ def main() -> int:
     import wldata
 
     wldata.save(wldata.load("digits"), tmp / "digits.npz")
-    state = lab.up(nodes, name=args.name, subnet=args.subnet, directory=tmp / "lab")
+    state = lifecycle.up(nodes, name=args.name, subnet=args.subnet, directory=tmp / "lab")
     try:
         inv = loader.load(state.inventory)
         master = state.nodes[0].address
@@ -121,7 +121,7 @@ def main() -> int:
                     line = [x for x in r["node1"].stdout.splitlines() if x.startswith("{")][-1]
                     results[name].append(json.loads(line)["images_per_s"])
     finally:
-        lab.down(args.name, tmp / "lab")
+        lifecycle.down(args.name, tmp / "lab")
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in results.items()}
