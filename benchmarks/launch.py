@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,43 +91,6 @@ def first_lines(dirs: list[Path], ranks: int, timeout: float = 600) -> float:
     raise RuntimeError(f"not every rank printed within {timeout} s: {dirs}")
 
 
-def own_by_launch(env: dict[str, str], state: lifecycle.LabState, n: int) -> tuple[float, str]:
-    limit = ",".join(x.name for x in state.nodes[:n])
-    t0 = time.time()
-    r = ctl(env, "launch", "--code", str(OWN), "--detach", "--json", "--limit", limit, "--",
-            "python", "train.py", "--seconds", "20")
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    run_id = json.loads(r.stdout)["run_id"]
-    dirs = [Path(x.dir) / "srv" / "runs" / run_id for x in state.nodes[:n]]
-    took = first_lines(dirs, n) - t0
-    ctl(env, "stop", run_id, "--grace", "5")
-    return took, run_id
-
-
-def own_by_hand(state: lifecycle.LabState, inv: model.Inventory, n: int, template_run: str, k: int) -> float:
-    """The launched run's files copied to a new run folder on each node, then one ssh per node."""
-    new_id = f"{template_run}-hand{k}"
-    dirs = []
-    for x in state.nodes[:n]:
-        src, dst = Path(x.dir) / "srv" / "runs" / template_run, Path(x.dir) / "srv" / "runs" / new_id
-        shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(src / "program", dst / "program", ignore=shutil.ignore_patterns("results", "logs"))
-        (dst / "out").mkdir()
-        for name in ("launch.sh", "job.json"):
-            (dst / name).write_text((src / name).read_text().replace(template_run, new_id))
-        dirs.append(dst)
-    t0 = time.time()
-    procs = [_ssh(inv, x.name, f"cd {inv.hosts[x.name].workdir}/runs/{new_id} && sh launch.sh > node.log 2>&1")
-             for x in state.nodes[:n]]
-    took = first_lines(dirs, n) - t0
-    for d in dirs:
-        stop_dir(d)
-    for p in procs:
-        p.wait(timeout=60)
-    return took
-
-
 def _ssh(inv: model.Inventory, node: str, command: str) -> subprocess.Popen[bytes]:
     h = inv.hosts[node]
     return subprocess.Popen(
@@ -140,29 +104,37 @@ def stop_dir(d: Path) -> None:
     subprocess.run([PY, str(AGENT), "stop", str(d), "5"], capture_output=True, timeout=60)
 
 
-def by_launch(env: dict[str, str], state: lifecycle.LabState, n: int) -> tuple[float, str]:
+OWN_LAUNCH = ["--code", str(OWN), "--", "python", "train.py", "--seconds", "20"]
+
+
+def by_launch(env: dict[str, str], state: lifecycle.LabState, n: int, what: list[str] | None = None,
+              ready: Callable[[list[Path], int], float] = lambda dirs, n: max(first_steps(dirs))) -> tuple[float, str]:
+    """`clusterctl launch WHAT --detach` on the first n nodes, timed until `ready` says the run is up
+    (default: the built-in job, to its first step on every node)."""
+    what = what or ["resnet50-ddp", *JOB]
     limit = ",".join(x.name for x in state.nodes[:n])
+    i = what.index("--") if "--" in what else len(what)  # `launch [OPTIONS] -- COMMAND`: options first
     t0 = time.time()
-    r = ctl(env, "launch", "resnet50-ddp", "--detach", "--json", "--limit", limit, *JOB)
+    r = ctl(env, "launch", *what[:i], "--detach", "--json", "--limit", limit, *what[i:])
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
     run_id = json.loads(r.stdout)["run_id"]
     dirs = [Path(x.dir) / "srv" / "runs" / run_id for x in state.nodes[:n]]
-    took = max(first_steps(dirs)) - t0
+    took = ready(dirs, n) - t0
     ctl(env, "stop", run_id, "--grace", "5")
     return took, run_id
 
 
-def by_hand(state: lifecycle.LabState, inv: model.Inventory, n: int, template_run: str, k: int) -> float:
+def by_hand(state: lifecycle.LabState, inv: model.Inventory, n: int, template_run: str, k: int,
+            ready: Callable[[list[Path]], float] = lambda dirs: max(first_steps(dirs))) -> float:
     """Copy a launched run's folder to a new one on each node (files in place, as a user who prepared
-    them by hand), then time one ssh per node running its launch.sh."""
+    them by hand), then time one ssh per node running its launch.sh until `ready` says the run is up."""
     new_id = f"{template_run}-hand{k}"
     dirs = []
     for x in state.nodes[:n]:
         src, dst = Path(x.dir) / "srv" / "runs" / template_run, Path(x.dir) / "srv" / "runs" / new_id
         shutil.rmtree(dst, ignore_errors=True)
-        dst.mkdir()
-        shutil.copytree(src / "program", dst / "program")
+        shutil.copytree(src / "program", dst / "program", ignore=shutil.ignore_patterns("results", "logs"))
         (dst / "out").mkdir()
         for name in ("launch.sh", "job.json"):
             (dst / name).write_text((src / name).read_text().replace(template_run, new_id))
@@ -170,7 +142,7 @@ def by_hand(state: lifecycle.LabState, inv: model.Inventory, n: int, template_ru
     t0 = time.time()
     procs = [_ssh(inv, x.name, f"cd {inv.hosts[x.name].workdir}/runs/{new_id} && sh launch.sh > node.log 2>&1")
              for x in state.nodes[:n]]
-    took = max(first_steps(dirs)) - t0
+    took = ready(dirs) - t0
     for d in dirs:
         stop_dir(d)
     for p in procs:
@@ -197,13 +169,13 @@ def main() -> int:
         for n in sizes:
             launch_times, hand_times, own_times, own_hand = [], [], [], []
             _, template = by_launch(env, state, n)  # warm-up: page cache, dataset prepared and staged
-            own_template = own_by_launch(env, state, n)[1] if args.own else ""  # warm-up: the code cache
+            own_template = by_launch(env, state, n, OWN_LAUNCH, first_lines)[1] if args.own else ""  # warm-up
             for k in range(args.repeats):
                 hand_times.append(by_hand(state, inv, n, template, k))
                 launch_times.append(by_launch(env, state, n)[0])
                 if args.own:
-                    own_hand.append(own_by_hand(state, inv, n, own_template, k))
-                    own_times.append(own_by_launch(env, state, n)[0])
+                    own_hand.append(by_hand(state, inv, n, own_template, k, lambda dirs: first_lines(dirs, n)))
+                    own_times.append(by_launch(env, state, n, OWN_LAUNCH, first_lines)[0])
             rows.append((n, statistics.median(hand_times), statistics.median(launch_times), hand_times,
                          launch_times))
             if args.own:
