@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the node's system Python may be older than the head's: alia
 LOG = "node.log"
 STOP = "stop.json"  # a stop was asked for: the run is stopped, or never starts
 ORPHAN_AGENT_S = 360.0  # see _wait_launcher
+KILL_SETTLE_S = 5.0  # how long `stop` waits for SIGKILLed processes to be gone before it says what is left
 
 
 def _write_json(path: Path, data: Doc) -> None:
@@ -384,9 +385,12 @@ def stop(run_dir: Path, grace: float = 10.0) -> Doc:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(0.2)
-    return {"ok": not run_processes(run_dir), "terminated": sent, "killed": killed,
-            "left": run_processes(run_dir)}
+    # a killed process is gone once the kernel has torn it down: on a loaded PC that takes more than a moment
+    deadline = time.time() + KILL_SETTLE_S
+    while killed and time.time() < deadline and run_processes(run_dir):
+        time.sleep(0.1)
+    left = run_processes(run_dir)
+    return {"ok": not left, "terminated": sent, "killed": killed, "left": left}
 
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
