@@ -45,6 +45,8 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", metavar="NAME", help="with `-- COMMAND`: the job's name (default: the folder's)")
     p.add_argument("--requirements", metavar="FILE", help="with `-- COMMAND`: a requirements file in the folder, "
                    "installed offline on every node beside the provisioned environment")
+    p.add_argument("--data", metavar="PATH", help="with `-- COMMAND`: a file or folder on this PC, staged on every "
+                   "node once and named to the program as $CLUSTER_DATA")
     add_inventory_option(p)
     p.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -170,12 +172,13 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
             raise UsageError("give either a JOB or `-- COMMAND`, not both" if args.job else
                              "--plan plans the built-in jobs only", "e.g. clusterctl launch -- python train.py --lr 0.1")
         extra = [f"requirements={args.requirements}"] if args.requirements else []
+        extra += [f"data={Path(args.data).expanduser().resolve()}"] if args.data else []
         return jobs.from_command(args.command, Path(args.code or "."), args.launcher or "torchrun", args.name,
                                  [*extra, *(args.set or [])])
     if not args.job:
         raise UsageError("launch needs a JOB or `-- COMMAND`",
                          "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")
-    for given in ("code", "name", "launcher", "requirements"):
+    for given in ("code", "name", "launcher", "requirements", "data"):
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
     return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))

@@ -298,7 +298,7 @@ def _failed(step: str, r: CommandResult, reply: dict[str, Any] | None) -> Shippe
 
 def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, str],
          cache_dir: Callable[[Host], str] | None = None,
-         log: Callable[[str], None] = lambda s: None) -> GroupResult:
+         log: Callable[[str], None] = lambda s: None, into: str = "program") -> GroupResult:
     """`tree` into `run_dirs[host.name]/program/` on every node at once, each sent only the blobs its cache
     lacks. Needs the node agent staged (launch's _stage); puts codecache.py beside it. One HostResult per
     node, its value a `Shipped` (`.summary()`: "sent 1 file (812 B), reused 41")."""
@@ -334,7 +334,7 @@ def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, st
             sent += tree.files[source_of[sha]].size
         r = t.run(render.agent_command(host, "code-tree", cache, run_dirs[host.name]),
                   timeout=_bound(tree.total + sent, len(tree.files)),
-                  stdin=canonical({**manifest, "incoming": incoming}))
+                  stdin=canonical({**manifest, "incoming": incoming, "into": into}))
         reply = agent_reply(r.stdout)
         if r.exit_code != 0 or not reply or reply.get("ok") is not True:
             return _failed("code-tree", r, reply)

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "args": [],  # the program's arguments, each shell-quoted
     "launcher": None,  # torchrun | tensorflow | plain (one process per node); built-ins: from `framework`
     "requirements": None,  # a list, or a requirements file inside `code`: installed offline as a layer
+    "data": None,  # a file or folder on the head, in every run's data/ ($CLUSTER_DATA), sent once per node
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "epochs": 4,
@@ -407,6 +408,9 @@ class _Checks:
                 self.fail("requirements", f"expected a list of requirements or a requirements file inside "
                           f"`code` ({code}), got {req!r}", "requirements: [tabulate==0.9.0] or requirements: "
                           "requirements.txt")
+        if s["data"] is not None and not _head_path_exists(s["data"]):
+            self.fail("data", f"no file or folder {s['data']!r} on the head", "data: the path of your data set on "
+                      "this PC (it is sent to every node once: the lab has no internet)")
         if s["launcher"] == "tensorflow" and s["procs_per_node"] not in ("auto", 1):
             self.fail("procs_per_node", "a tensorflow program runs one worker per node", "procs_per_node: 1")
 

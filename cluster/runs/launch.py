@@ -345,6 +345,8 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
     """Each node's run folder: its rendered files, the program (a user's code shipped through each node's
     cache: only what it lacks is sent), the secrets (owner-only)."""
     _ship_code(group, record, request, log)
+    if request.job.own and request.job["data"] is not None:
+        _ship_data(group, record, request, log)
     if request.layer is not None:
         _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
@@ -381,6 +383,25 @@ def _ship_code(group: Group, record: runs.RunRecord, request: LaunchRequest, log
                                          "files_reused": v.files_reused} for n, v in sent.items()}}
 
     runs.update(record.run_id, keep)
+
+
+DATA_LIMIT_BYTES = 64 * 2**30  # a data set is sent once per node and linked into each run: larger than code
+
+
+def _ship_data(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """The job's `data` into every run's data/, through the nodes' cache like code: sent once, verified."""
+    p = Path(str(request.job["data"])).expanduser()
+    tree = (code.scan(p, limit_bytes=DATA_LIMIT_BYTES, source="data") if p.is_dir()
+            else code.named(p.parent, [p.name]))
+    shipped = code.ship(group, [t.host for t in request.targets], tree, {n.node: n.run_dir for n in request.nodes},
+                        log=log, into="data")
+    if not shipped.ok:
+        _fail_start(record, *_first_error(shipped, "staging the data"))
+    for n, r in shipped.items():
+        log(f"{n}: data {r.value.summary()}")
+    runs.update(record.run_id, lambda r: r.extra.__setitem__("data", {
+        "source": str(p), "digest": tree.digest, "bytes": tree.total,
+        "nodes": {n: {"bytes_sent": v.value.bytes_sent} for n, v in shipped.items()}}))
 
 
 def _layer_dir(layer: layers.Layer | None) -> str | None:

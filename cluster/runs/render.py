@@ -133,6 +133,14 @@ def program_words(spec: JobSpec, data_file: str) -> tuple[bool, list[str]]:
     return False, (["--no-python"] if spec.launcher == "torchrun" else []) + command + args
 
 
+def data_path(spec: JobSpec) -> str | None:
+    """Where the job's `data` is in each run folder: data/ for a folder, data/<its name> for a file."""
+    if not spec.own or spec["data"] is None:
+        return None
+    p = Path(str(spec["data"])).expanduser()
+    return "data" if p.is_dir() else f"data/{shlex.quote(p.name)}"
+
+
 def procs_per_node(spec: JobSpec, target: Target) -> int:
     want = spec["procs_per_node"]
     if spec.launcher in ("tensorflow", "plain"):
@@ -177,7 +185,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 job=spec.name, run_id=run_id, node=h.name, node_rank=rank, nnodes=len(targets), nproc=nproc,
                 workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, python=python, target=target,
                 own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
-                layer=f"{h.workdir}/{layer}" if layer else None,
+                layer=f"{h.workdir}/{layer}" if layer else None, data=data_path(spec),
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,

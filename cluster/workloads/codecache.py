@@ -173,8 +173,11 @@ def tree(cache: str, run_dir: str, doc: object) -> Doc:
             os.unlink(blob)
             raise Refused("%s: blob %s in %s does not match its sha256 (corrupted: removed, not linked; the "
                           "next launch sends it again)" % (_paths(files, sha), sha, cache))
+    into = doc.get("into", "program")  # the run's program/ (its code) or data/ (the job's `data`)
+    if into not in ("program", "data"):
+        raise Refused("into %r: expected program or data" % (into,))
     os.makedirs(run_dir, 0o700, exist_ok=True)
-    made = {"": _folder(run_dir, "program", {})}
+    made = {"": _folder(run_dir, into, {})}
     linked = copied = 0
     for rel in sorted(files):
         f = files[rel]

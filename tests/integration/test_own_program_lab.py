@@ -191,3 +191,18 @@ def test_report_of_an_own_program_shows_wall_time_exit_codes_usage_and_its_metri
     m = re.search(r"<p id=\"probe\">width (\d+) images (\d+)</p>", r.stdout)
     assert m, r.stdout[-1500:] + r.stderr[-1500:]
     assert int(m.group(1)) <= 1280 and int(m.group(2)) == 2, m.group(0)
+
+
+def test_data_is_staged_once_and_named_to_the_program(olab, tmp_path: Path) -> None:
+    state, env = olab
+    data = tmp_path / "my data.csv"  # a space: every value reaches the node shell-quoted
+    data.write_text("".join(f"{i},{i * i}\n" for i in range(1000)))
+    argv = ("--launcher", "plain", "--data", str(data), "--", "python", "reads_data.py")
+    rc, rec = launch_in(OWN, env, *argv)
+    assert rc == 0 and rec["state"] == "succeeded", rec.get("failure")
+    for i in range(2):
+        assert (node_program(state, i, rec["run_id"]) / "results" / f"rows{i}.txt").read_text() == "1000"
+    size = data.stat().st_size
+    assert {v["bytes_sent"] for v in rec["data"]["nodes"].values()} == {size}
+    rc, again = launch_in(OWN, env, *argv)
+    assert rc == 0 and {v["bytes_sent"] for v in again["data"]["nodes"].values()} == {0}
