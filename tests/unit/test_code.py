@@ -338,3 +338,16 @@ def test_the_node_half_is_python_3_8(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(tmp_path / "nodeagent.py"), "code-missing", str(tmp_path / "c")],
                        input=b'{"files": {}}', capture_output=True, timeout=60)
     assert r.returncode == 1 and "codecache.py is missing" in json.loads(r.stdout)["error"]
+
+
+def test_data_goes_to_the_runs_data_folder_and_nowhere_else(tmp_path: Path) -> None:
+    """`into`: a job's data lands in RUN_DIR/data (program/ untouched); any other folder is refused."""
+    root = write(tmp_path / "ds", {"train.csv": "1,2\n", "sub/val.csv": "3,4\n"})
+    hosts = local_hosts(tmp_path, "a")
+    with Group(hosts) as g:
+        res = code.ship(g, hosts, code.scan(root, source="data"), run_dirs(hosts, "r1"), into="data")
+    assert res.ok, res["a"]
+    run = Path(run_dirs(hosts, "r1")["a"])
+    assert (run / "data" / "sub" / "val.csv").read_text() == "3,4\n" and not (run / "program").exists()
+    reply = agent("code-tree", str(tmp_path / "cache"), str(tmp_path / "run"), stdin={"files": {}, "into": "../x"})
+    assert reply["ok"] is False and "into" in reply["error"] and not (tmp_path / "x").exists()
