@@ -1,7 +1,7 @@
 """What `clusterctl provision` did, node by node: outcomes as data (a node that fails never stops the others).
 
-Shared by the stages of provision (cluster/provision.py: facts, build plan, playbook) and of the
-verification (cluster/verify.py): each records a node's outcome the same way, and a node lost in the
+Shared by the stages of provision (cluster/provision/apply.py: facts, build plan, playbook) and of the
+verification (cluster/provision/verify.py): each records a node's outcome the same way, and a node lost in the
 middle of a stage is unreachable (exit 3), not failed (exit 1).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Lab networks often have no internet: the head downloads (or finds on disk) the
 wheels for each requirement set once, pins them in a lock, and puts them on every
 node incrementally (only missing files travel) with sha256 verification: by default
-the head sends each file once and the nodes relay it to each other (cluster/relay.py),
+the head sends each file once and the nodes relay it to each other (cluster/relay/distribute.py),
 so a room of PCs takes about as long as one; `vars.distribute: push` sends to each node.
 """
 from __future__ import annotations

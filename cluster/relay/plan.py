@@ -1,4 +1,4 @@
-"""The peer relay's plan: what each node lacks, who it receives from, and what it got (cluster/relay.py).
+"""The peer relay's plan: what each node lacks, who it receives from, and what it got (cluster/relay/distribute.py).
 
 Why apart from the run: the plan is what `provision --dry-run` shows and what a run starts from, and it
 needs no node-side code: each node answers one survey (sizes and its manifest of verified files).

@@ -1,4 +1,4 @@
-"""Progress per byte of a distribution (cluster/relay.py): how much of its files each node holds, while they move.
+"""Progress per byte of a distribution (cluster/relay/distribute.py): how much of its files each node holds, while they move.
 
 Why polled: a node receives either from a peer (relaynode.py's fetch, which writes only verified pieces into
 `.NAME.part`) or from the head (SFTP into the same `.NAME.part`); in both cases the size of that file is the

@@ -1,4 +1,4 @@
-"""One peer-relayed distribution in progress (cluster/relay.py): each node's loop over its batches, the
+"""One peer-relayed distribution in progress (cluster/relay/distribute.py): each node's loop over its batches, the
 relays on the nodes, and the head's copies where no peer can serve.
 
 Why a class: the nodes' loops run at once and share one view of which nodes may still serve which files

@@ -3,7 +3,7 @@
 The prepared file's name is a hash of what it is made from (dataset, source file,
 image size, split seed, loader code), so a second launch finds it in the head's
 cache and on the nodes, and staging sends nothing. `stage_all` puts it on every node
-of a launch at once by peer relay (cluster/relay.py): the head sends it once.
+of a launch at once by peer relay (cluster/relay/distribute.py): the head sends it once.
 """
 from __future__ import annotations
 

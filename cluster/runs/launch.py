@@ -4,7 +4,7 @@ torchx's shape: `prepare` returns the LaunchRequest that `launch --dry-run` prin
 and start command, nothing changed), and `execute` starts exactly that request. Every node is started
 by the node agent (cluster/workloads/nodeagent.py) in a session of its own, so a run outlives the SSH
 connection that started it. What happens after the start (poll, judge, settle, refresh, follow, stop,
-logs) is cluster/runstate.py; its names stay importable from here.
+logs) is cluster/runs/state.py; its names stay importable from here.
 """
 from __future__ import annotations
 

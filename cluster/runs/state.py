@@ -7,7 +7,7 @@ hanging in a collective; everything written so far stays on the nodes.
 Who judges a run: whichever clusterctl process polls it (the foreground
 `launch`, `status`, the busy check of another launch) and, so that a run left
 alone overnight still gets its verdict, a watcher process on the head started
-by launch (cluster/watch.py). They all write through records.update, under the
+by launch (cluster/runs/watch.py). They all write through records.update, under the
 run's lock, and the silence clock lives in the record, so they agree.
 Independently of the head, the training programs' collective timeouts
 (`collective_timeout_s`) end the survivors of a dead peer by themselves.

@@ -2,7 +2,7 @@
 
 Reads only what `collect` brought to the head (runs/<run-id>/<node>/...), so a
 report can be rebuilt offline at any time. The figures are computed in
-cluster/figures.py; this module renders them as tables (terminal, HTML,
+cluster/study/figures.py; this module renders them as tables (terminal, HTML,
 Markdown, JSON) and PNG plots (matplotlib), and writes the pages; the HTML page
 embeds its plots.
 """

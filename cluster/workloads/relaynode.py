@@ -21,7 +21,7 @@ Each prints one JSON object on its last line. Why it is safe to leave to a node:
   resumes after its last verified piece. The file gets its name when every piece matched: the head made
   the piece list in the pass that checked the file against the manifest's sha256, so each byte is
   hashed once per node (hashing is most of a relay's CPU).
-  The size of the `.part` is also the node's progress: the head polls it (cluster/relay_progress.py).
+  The size of the `.part` is also the node's progress: the head polls it (cluster/relay/progress.py).
 """
 from __future__ import annotations
 

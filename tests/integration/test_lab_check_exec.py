@@ -162,7 +162,7 @@ def test_trust_records_new_keys_only_when_confirmed(lab3, tmp_path: Path) -> Non
 
 
 def test_the_disk_check_sees_the_three_nodes_on_one_machine_and_one_disk(lab3) -> None:
-    """provision's disk check (cluster/diskspace.py) over real SSH: the lab's nodes share this machine's
+    """provision's disk check (cluster/provision/diskspace.py) over real SSH: the lab's nodes share this machine's
     kernel (one boot_id) and disk, so a need that fits each node alone but not the three is refused for all."""
     hosts = list(loader.load(lab3.inventory).hosts.values())
     with Group(hosts) as g:

@@ -1,4 +1,4 @@
-"""provision's disk check (cluster/diskspace.py): the node's answer parsed, what a node still needs, and
+"""provision's disk check (cluster/provision/diskspace.py): the node's answer parsed, what a node still needs, and
 nodes of one machine sharing one free space (the simulated lab; several GPUs of one PC as nodes)."""
 from __future__ import annotations
 
