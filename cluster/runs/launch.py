@@ -344,9 +344,10 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
             log: Log) -> None:
     """Each node's run folder: its rendered files, the program (a user's code shipped through each node's
     cache: only what it lacks is sent), the secrets (owner-only)."""
-    _ship_code(group, record, request, log)
+    _ship(group, record, request, request.code if request.code is not None else program_tree(request.job),
+          "program", log)
     if request.job.own and request.job["data"] is not None:
-        _ship_data(group, record, request, log)
+        _ship(group, record, request, _data_tree(request.job), "data", log)
     if request.layer is not None:
         _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
@@ -365,43 +366,30 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
         _fail_start(record, *_first_error(uploaded, "upload"))
 
 
-def _ship_code(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
-    """A user's `code` into every node's run folder (program/), recorded per node: bytes sent, files reused."""
-    tree = request.code if request.code is not None else program_tree(request.job)
-    shipped = code.ship(group, [t.host for t in request.targets], tree, {n.node: n.run_dir for n in request.nodes},
-                        log=log)
-    if not shipped.ok:
-        _fail_start(record, *_first_error(shipped, "shipping the code"))
-    sent = {n: r.value for n, r in shipped.items()}
-    for n, v in sent.items():
-        log(f"{n}: code {v.summary()}")
-
-    def keep(r: runs.RunRecord) -> None:
-        r.extra["code"] = {"root": str(tree.root), "digest": tree.digest, "files": len(tree.files),
-                           "bytes": tree.total,
-                           "nodes": {n: {"bytes_sent": v.bytes_sent, "files_sent": v.files_sent,
-                                         "files_reused": v.files_reused} for n, v in sent.items()}}
-
-    runs.update(record.run_id, keep)
-
-
 DATA_LIMIT_BYTES = 64 * 2**30  # a data set is sent once per node and linked into each run: larger than code
 
 
-def _ship_data(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
-    """The job's `data` into every run's data/, through the nodes' cache like code: sent once, verified."""
-    p = Path(str(request.job["data"])).expanduser()
-    tree = (code.scan(p, limit_bytes=DATA_LIMIT_BYTES, source="data") if p.is_dir()
-            else code.named(p.parent, [p.name]))
+def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: code.CodeTree, into: str,
+          log: Log) -> None:
+    """A tree (the program, or the job's data) into every node's run folder (program/ or data/) through the
+    nodes' cache: each sent only what it lacks, verified; recorded per node as bytes sent and files reused."""
     shipped = code.ship(group, [t.host for t in request.targets], tree, {n.node: n.run_dir for n in request.nodes},
-                        log=log, into="data")
+                        log=log, into=into)
+    what = {"program": "code", "data": "data"}[into]
     if not shipped.ok:
-        _fail_start(record, *_first_error(shipped, "staging the data"))
-    for n, r in shipped.items():
-        log(f"{n}: data {r.value.summary()}")
-    runs.update(record.run_id, lambda r: r.extra.__setitem__("data", {
-        "source": str(p), "digest": tree.digest, "bytes": tree.total,
-        "nodes": {n: {"bytes_sent": v.value.bytes_sent} for n, v in shipped.items()}}))
+        _fail_start(record, *_first_error(shipped, f"shipping the {what}"))
+    sent = {n: r.value for n, r in shipped.items()}
+    for n, v in sent.items():
+        log(f"{n}: {what} {v.summary()}")
+    runs.update(record.run_id, lambda r: r.extra.__setitem__(what, {
+        "root": str(tree.root), "digest": tree.digest, "files": len(tree.files), "bytes": tree.total,
+        "nodes": {n: {"bytes_sent": v.bytes_sent, "files_sent": v.files_sent, "files_reused": v.files_reused}
+                  for n, v in sent.items()}}))
+
+
+def _data_tree(spec: JobSpec) -> code.CodeTree:
+    p = Path(str(spec["data"])).expanduser()
+    return code.scan(p, limit_bytes=DATA_LIMIT_BYTES, source="data") if p.is_dir() else code.named(p.parent, [p.name])
 
 
 def _layer_dir(layer: layers.Layer | None) -> str | None:
