@@ -26,7 +26,7 @@ from cluster.runs.jobs import JobError, JobSpec
 from cluster.runs.render import LaunchRequest
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
-                              NodeStatus, _stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
+                              NodeStatus, stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
                               stop_nodes)
 from cluster.transport import Transport
 
@@ -465,7 +465,7 @@ def _abort_start(record: runs.RunRecord, reason: str, node: str | None = None, *
 
     record = runs.update(record.run_id, begin)
     try:
-        record = _stop_and_record(record, list(record.node_dirs()))
+        record = stop_and_record(record, list(record.node_dirs()))
     finally:
         if watch and runs.load(record.run_id).stop_pending:
             from cluster.runs import watch as watch_mod

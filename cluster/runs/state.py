@@ -202,14 +202,14 @@ def settle(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> record
     if not record.stop_pending:
         return record
     if record.state == "failed" and record.stop_tried is None:  # the verdict just came: stop them all now
-        return _stop_and_record(record, list(record.stop_pending))
+        return stop_and_record(record, list(record.stop_pending))
     back = [n for n in record.stop_pending if n in statuses and statuses[n].state not in SILENT_STATES]
     if back and time.time() - (record.stop_tried or 0) >= STOP_RETRY_S:
-        record = _stop_and_record(record, back)
+        record = stop_and_record(record, back)
     return record
 
 
-def _stop_and_record(record: records.RunRecord, nodes: list[str], grace: float = 10.0) -> records.RunRecord:
+def stop_and_record(record: records.RunRecord, nodes: list[str], grace: float = 10.0) -> records.RunRecord:
     records.update(record.run_id, lambda r: setattr(r, "stop_tried", time.time()))
     results = stop_nodes(record, grace, only=nodes)
     confirmed = {n for n, r in results.items() if r.get("ok")}
@@ -249,7 +249,7 @@ def refresh(record: records.RunRecord) -> records.RunRecord:
     if record.active and not record.stopped_by_user:
         return settle(record, poll(record))  # a failure found now is stopped there
     if record.stop_pending:
-        record = _stop_and_record(record, list(record.stop_pending))
+        record = stop_and_record(record, list(record.stop_pending))
     return record
 
 
@@ -311,7 +311,7 @@ def stop(record: records.RunRecord, grace: float = 10.0) -> records.RunRecord:
             r.stop_pending = sorted(set(r.stop_pending) | set(r.node_dirs()))
 
     record = records.update(record.run_id, mark)
-    return _stop_and_record(record, list(record.node_dirs()), grace)
+    return stop_and_record(record, list(record.node_dirs()), grace)
 
 
 class LogReads(dict[str, tuple[str, int]]):
