@@ -97,6 +97,10 @@ def _print_collect(run: RunCollect) -> None:
             out.print(f"[red]refused[/red] {c.node}: {escape(x['reason'])}")
         for x in c.skipped:
             out.print(f"[yellow]skipped[/yellow] {c.node}: {escape(x['path'])} ({escape(x['reason'])})")
+        left = [f"{c.shipped} shipped file(s), unchanged (the head has them)"] if c.shipped else []
+        left += [f"{c.not_outputs} path(s) of the program's folder outside its outputs"] if c.not_outputs else []
+        if left:
+            out.print(f"[dim]left on {c.node}: {'; '.join(left)}[/dim]")
 
 
 # --------------------------------------------------------------------------- report

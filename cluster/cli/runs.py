@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -47,6 +48,9 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
                    "installed offline on every node beside the provisioned environment")
     p.add_argument("--data", metavar="PATH", help="with `-- COMMAND`: a file or folder on this PC, staged on every "
                    "node once and named to the program as $CLUSTER_DATA")
+    p.add_argument("--outputs", metavar="DIR", action="append",
+                   help="with `-- COMMAND`: a folder (or file) of the program's working directory that collect "
+                        "brings back; repeatable (default: everything the program wrote there)")
     add_inventory_option(p)
     p.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -173,12 +177,13 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
                              "--plan plans the built-in jobs only", "e.g. clusterctl launch -- python train.py --lr 0.1")
         extra = [f"requirements={args.requirements}"] if args.requirements else []
         extra += [f"data={Path(args.data).expanduser().resolve()}"] if args.data else []
+        extra += [f"outputs={json.dumps(args.outputs)}"] if args.outputs else []
         return jobs.from_command(args.command, Path(args.code or "."), args.launcher or "torchrun", args.name,
                                  [*extra, *(args.set or [])])
     if not args.job:
         raise UsageError("launch needs a JOB or `-- COMMAND`",
                          "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")
-    for given in ("code", "name", "launcher", "requirements", "data"):
+    for given in ("code", "name", "launcher", "requirements", "data", "outputs"):
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
     return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))

@@ -42,6 +42,8 @@ class NodeCollect:
     total_bytes: int = 0  # bytes the node holds for this run
     skipped: list[dict[str, str]] = field(default_factory=list)
     refused: list[dict[str, str]] = field(default_factory=list)
+    shipped: int = 0  # files left on the node: shipped by launch, unchanged (the head has them)
+    not_outputs: int = 0  # files and folders of the program's folder outside the job's `outputs`, left there
     error: str | None = None
     fix: str | None = None
     duration: float = 0.0
@@ -133,6 +135,7 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
                            "check `clusterctl runs`")
     dest.mkdir(parents=True, exist_ok=True)
     res.skipped = [x for x in listing.get("skipped", []) if isinstance(x, dict)]
+    res.shipped, res.not_outputs = (int(listing.get(k) or 0) for k in ("shipped", "not_outputs"))
     for entry in listing["files"]:
         rel = entry.get("path") if isinstance(entry, dict) else None
         try:

@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "launcher": None,  # torchrun | tensorflow | plain (one process per node); built-ins: from `framework`
     "requirements": None,  # a list, or a requirements file inside `code`: installed offline as a layer
     "data": None,  # a file or folder on the head, in every run's data/ ($CLUSTER_DATA), sent once per node
+    "outputs": None,  # what collect brings of the program's folder: these paths; default everything it wrote
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "epochs": 4,
@@ -313,6 +314,12 @@ def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+def _relative_inside(path: object) -> bool:
+    """A relative POSIX path with no empty, '.' or '..' part (what the node agent accepts as an output)."""
+    return isinstance(path, str) and bool(path) and not path.startswith("/") and "\0" not in path and all(
+        part not in ("", ".", "..") for part in path.rstrip("/").split("/"))
+
+
 def _head_path_exists(path: Any) -> bool:
     """A non-empty path that exists on the head (`~user` of an unknown user or a NUL byte: it does not)."""
     if not isinstance(path, str) or not path:
@@ -411,6 +418,11 @@ class _Checks:
         if s["data"] is not None and not _head_path_exists(s["data"]):
             self.fail("data", f"no file or folder {s['data']!r} on the head", "data: the path of your data set on "
                       "this PC (it is sent to every node once: the lab has no internet)")
+        out = s["outputs"]
+        if out is not None and not (isinstance(out, list) and out and all(_relative_inside(o) for o in out)):
+            self.fail("outputs", f"expected a list of folders or files inside the program's working directory, "
+                      f"got {out!r}", "outputs: [checkpoints, results/metrics.csv] (relative paths, no '..'); "
+                      "leave it out to collect everything the program wrote")
         if s["launcher"] == "tensorflow" and s["procs_per_node"] not in ("auto", 1):
             self.fail("procs_per_node", "a tensorflow program runs one worker per node", "procs_per_node: 1")
 

@@ -36,6 +36,7 @@ SHA_RE = re.compile(r"[0-9a-f]{64}\Z")
 PART_RE = re.compile(r"\.([0-9a-f]{64})\.[0-9a-f]{8,64}\.part\Z")  # the names the head uploads into
 MODES = (0o644, 0o755)
 STALE_PART_S = 86400.0  # an upload cut short (a lost link) is removed after a day
+SHIPPED = ".shipped-%s.json"  # in the run folder: {path under program/ or data/: sha256} of what was shipped
 
 
 class Refused(ValueError):
@@ -196,6 +197,11 @@ def tree(cache: str, run_dir: str, doc: object) -> Doc:
         os.replace(tmp, dest)
         if os.path.lexists(tmp):  # dest was already a link to the same blob: rename(2) left both names
             os.unlink(tmp)
+    # what was shipped, so that collect leaves it on the node (the head has it) and brings what the program wrote
+    record = os.path.join(run_dir, SHIPPED % into)
+    with open(record + ".tmp", "w") as f:
+        json.dump({rel: files[rel]["sha256"] for rel in sorted(files)}, f)
+    os.replace(record + ".tmp", record)
     return {"ok": True, "files": len(files), "linked": linked, "copied": copied}
 
 

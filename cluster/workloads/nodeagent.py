@@ -395,6 +395,7 @@ def stop(run_dir: Path, grace: float = 10.0) -> Doc:
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
 PRIVATE_FILES = ("secrets.env",)
+SHIPPED = ".shipped-%s.json"  # codecache.SHIPPED: what launch shipped into program/ or data/
 
 
 def _sha256_prefix(path: Path, length: int | None = None) -> str:
@@ -413,12 +414,50 @@ def _sha256_prefix(path: Path, length: int | None = None) -> str:
     return h.hexdigest()
 
 
+def _shipped(run_dir: Path) -> "dict[str, str]":
+    """{run-relative path: sha256} of what launch shipped into program/ and data/ (codecache.SHIPPED)."""
+    found = {}  # type: dict[str, str]
+    for into in ("program", "data"):
+        try:
+            with open(run_dir / (SHIPPED % into)) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            found.update({"%s/%s" % (into, k): v for k, v in doc.items() if isinstance(v, str)})
+    return found
+
+
+def _outputs(run_dir: Path) -> "list[str] | None":
+    """The job's `outputs` (paths under program/), from the run's job.json; None: all the program wrote."""
+    try:
+        with open(run_dir / "job.json") as f:
+            out = json.load(f).get("job", {}).get("outputs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(out, list):
+        return None
+    return ["program/" + o.rstrip("/") for o in out if isinstance(o, str) and o and ".." not in o.split("/")]
+
+
+def _wanted(rel: str, outputs: "list[str] | None", folder: bool) -> bool:
+    """Whether rel (run-relative) is collected under `outputs`: anything outside program/, and inside it the
+    outputs and what lies under them (a folder also when an output lies under it)."""
+    if outputs is None or not rel.startswith("program/"):
+        return True
+    return any(rel == o or rel.startswith(o + "/") or (folder and o.startswith(rel + "/")) for o in outputs)
+
+
 def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     """Every regular file under the run folder (never following a link), with size and sha256;
-    links and other special files are listed as skipped, not read."""
+    links and other special files are listed as skipped, not read. Left out, and counted: files the
+    launch shipped that are unchanged (the head has them: `shipped`) and, where the job names its
+    `outputs`, the rest of the program's folder (`not_outputs`)."""
     import stat as stat_mod
 
     files, skipped = [], []
+    shipped, outputs = _shipped(run_dir), _outputs(run_dir)
+    unchanged = left = 0
     for root, dirs, names in os.walk(run_dir, followlinks=False):
         rel_root = Path(root).relative_to(run_dir)
         for d in list(dirs):
@@ -428,6 +467,9 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
                 dirs.remove(d)
             elif not checkpoints and d.startswith(CHECKPOINT_NAMES):
                 dirs.remove(d)
+            elif not _wanted(rel, outputs, True):
+                dirs.remove(d)
+                left += 1
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
             if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
@@ -435,16 +477,24 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if rel in PRIVATE_FILES:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
                 continue
+            if not _wanted(rel, outputs, False):
+                left += 1
+                continue
             st = os.lstat(full)
             if not stat_mod.S_ISREG(st.st_mode):
                 skipped.append({"path": rel, "reason": "symbolic link" if stat_mod.S_ISLNK(st.st_mode)
                                 else "not a regular file"})
                 continue
             try:
-                files.append({"path": rel, "size": st.st_size, "sha256": _sha256_prefix(full, st.st_size)})
+                sha = _sha256_prefix(full, st.st_size)
             except OSError as e:
-                skipped.append({"path": rel, "reason": f"unreadable: {e.strerror}"})
-    return {"ok": True, "files": files, "skipped": skipped}
+                skipped.append({"path": rel, "reason": "unreadable: %s" % e.strerror})
+                continue
+            if shipped.get(rel) == sha:
+                unchanged += 1
+                continue
+            files.append({"path": rel, "size": st.st_size, "sha256": sha})
+    return {"ok": True, "files": files, "skipped": skipped, "shipped": unchanged, "not_outputs": left}
 
 
 def prefix_sha(path: Path, length: int) -> Doc:

@@ -59,8 +59,14 @@ def test_own_torchrun_program_ships_only_what_changed(olab, tmp_path: Path) -> N
 
 def test_plain_and_module_forms(olab) -> None:
     state, env = olab
-    rc, rec = launch_in(OWN, env, "--launcher", "plain", "--", "python", "plain_job.py")
+    rc, rec = launch_in(OWN, env, "--launcher", "plain", "--outputs", "results", "--", "python", "plain_job.py")
     assert rc == 0 and rec["state"] == "succeeded", rec
+    (node_program(state, 1, rec["run_id"]) / "scratch.bin").write_bytes(b"not an output")
+    rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
+    got = Path(env["CLUSTERCTL_HOME"]) / "runs" / rec["run_id"] / "node2"
+    assert rc == 0 and {p.relative_to(got).as_posix() for p in (got / "program").rglob("*") if p.is_file()} == {
+        "program/results/node1.json"}, res  # its `outputs` only: not the code, not the scratch file
+    assert (got / "node.log").is_file() and (got / "job.json").is_file()
     told = [json.loads((node_program(state, i, rec["run_id"]) / "results" / f"node{i}.json").read_text())
             for i in range(2)]
     addrs = ",".join(n.address for n in state.nodes)
@@ -80,7 +86,9 @@ def test_a_public_ddp_program_written_by_others_runs_as_is(olab) -> None:
     rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
     assert rc == 0, res
     home = Path(env["CLUSTERCTL_HOME"])
-    assert (home / "runs" / rec["run_id"] / "node1" / "program" / "snapshot.pt").stat().st_size > 0
+    got = home / "runs" / rec["run_id"] / "node1"
+    assert (got / "program" / "snapshot.pt").stat().st_size > 0  # what it wrote comes back ...
+    assert not (got / "program" / "ddp.py").exists() and res["nodes"][0]["shipped"] == 3  # ... not what was shipped
 
 
 def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> None:
@@ -94,8 +102,8 @@ def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> 
         assert not [p for p in Path("/proc").glob("[0-9]*") if _carries(p, rec["run_id"], n)]
     r = clusterctl("logs", rec["run_id"], "--node", "node2", env=env, timeout=120)  # each line: its rank
     assert "[rank1]:" in r.stdout and r.returncode == 0, r.stdout[-2000:]
-    rank_logs = sorted(p.relative_to(node_program(state, 1, rec["run_id"])).parts[-2:]
-                       for p in (node_program(state, 1, rec["run_id"]) / "logs").rglob("*.log"))
+    logs = node_program(state, 1, rec["run_id"]).parent / "logs"  # torchrun's --log-dir, beside program/
+    rank_logs = sorted(p.relative_to(logs).parts[-2:] for p in logs.rglob("*.log"))
     assert rank_logs == [("0", "stderr.log"), ("0", "stdout.log")], rank_logs  # one file per local rank
 
 
@@ -113,6 +121,7 @@ def _carries(p: Path, run_id: str, node: str) -> bool:
     (["--launcher", "plain", "--set", "args=notalist", "--", "python", "plain_job.py"], "args"),
     (["--requirements", "nosuch.txt", "--", "python", "plain_job.py"], "requirements"),
     (["--set", "requirements=[nosuch-package-clusterctl-test==1.0]", "--", "python", "plain_job.py"], "requirements"),
+    (["--outputs", "../elsewhere", "--", "python", "plain_job.py"], "outputs"),
 ])
 def test_bad_input_is_refused_before_anything_starts(olab, argv: list[str], field: str) -> None:
     state, env = olab

@@ -351,3 +351,32 @@ def test_data_goes_to_the_runs_data_folder_and_nowhere_else(tmp_path: Path) -> N
     assert (run / "data" / "sub" / "val.csv").read_text() == "3,4\n" and not (run / "program").exists()
     reply = agent("code-tree", str(tmp_path / "cache"), str(tmp_path / "run"), stdin={"files": {}, "into": "../x"})
     assert reply["ok"] is False and "into" in reply["error"] and not (tmp_path / "x").exists()
+
+
+def test_collect_leaves_shipped_code_on_the_node_and_honours_outputs(tmp_path: Path) -> None:
+    """The agent's file list for collect: what launch shipped and is unchanged stays on the node (counted);
+    what the program wrote or changed comes back; with `outputs` only those paths of program/."""
+    root = write(tmp_path / "prog", {"train.py": "print(1)\n", "pkg/m.py": "X = 1\n"})
+    hosts = local_hosts(tmp_path, "a")
+    with Group(hosts) as g:
+        assert code.ship(g, hosts, code.scan(root), run_dirs(hosts, "r1")).ok
+    run = Path(run_dirs(hosts, "r1")["a"])
+    write(run, {"program/results/rank0.json": "{}", "program/ckpt/last.pt": "w", "program/cache/tmp.bin": "c",
+                "out/metrics-rank0.jsonl": "{}\n", "node.log": "ok\n", "logs/0/stdout.log": "x\n"})
+    (run / "program" / "pkg" / "m.py").unlink()
+    (run / "program" / "pkg" / "m.py").write_text("X = 2  # the program rewrote its own file\n")
+
+    def listing() -> tuple[set[str], dict]:
+        r = subprocess.run([sys.executable, str(AGENT), "manifest", str(run)], capture_output=True, timeout=60)
+        doc = json.loads(r.stdout)
+        return {f["path"] for f in doc["files"]}, doc
+
+    got, doc = listing()
+    assert got == {"program/results/rank0.json", "program/ckpt/last.pt", "program/cache/tmp.bin", "program/pkg/m.py",
+                   "out/metrics-rank0.jsonl", "node.log", "logs/0/stdout.log", ".shipped-program.json"}, got
+    assert doc["shipped"] == 1 and doc["not_outputs"] == 0  # train.py, unchanged
+    (run / "job.json").write_text(json.dumps({"job": {"outputs": ["results", "ckpt/last.pt"]}}))
+    got, doc = listing()
+    assert got == {"program/results/rank0.json", "program/ckpt/last.pt", "out/metrics-rank0.jsonl", "node.log",
+                   "logs/0/stdout.log", ".shipped-program.json", "job.json"}, got
+    assert doc["not_outputs"] == 3  # pkg/, cache/ and train.py (folders are not entered)

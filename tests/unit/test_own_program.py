@@ -67,11 +67,21 @@ def test_a_plain_node_is_told_where_it_stands() -> None:
     ("args=--lr 0.1", "args"),
     ("code=/nonexistent/folder", "code"),
     ("framework=tensorflow", "framework"),
+    ("outputs=results", "outputs"),  # a list
+    ("outputs=[../up]", "outputs"),
+    ("outputs=[/abs]", "outputs"),
+    ("outputs=[a/./b]", "outputs"),
+    ("outputs=[]", "outputs"),
 ])
 def test_bad_own_program_settings_name_the_field(override: str, field: str) -> None:
     with pytest.raises(JobError) as e:
         jobs.load(str(OWN / "own-ddp.yaml"), [override])
     assert e.value.field == field and e.value.exit_code == 2, str(e.value)
+
+
+def test_outputs_are_paths_in_the_programs_folder() -> None:
+    spec = jobs.load(str(OWN / "own-ddp.yaml"), ["outputs=[results, ckpt/last.pt, logs/]"])
+    assert spec["outputs"] == ["results", "ckpt/last.pt", "logs/"]
 
 
 def test_a_builtin_job_refuses_a_launcher_of_its_own() -> None:

@@ -6,7 +6,7 @@
 # is_host says outright which node serves the rendezvous store: torchrun would guess it from the
 # hostname, and a Debian PC's hostname resolves to 127.0.1.1, so no node would serve it.
 # Each worker's output goes to node.log with its global rank in front ([rank3]:) and to a file of its own
-# under logs/ (torchrun's --tee). Every value below is shell-quoted.
+# under the run folder's logs/ (torchrun's --tee). Every value below is shell-quoted.
 set -eu
 cd -- /srv/cluster
 . ./cluster.env
@@ -17,6 +17,10 @@ export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
 # JSON lines a program may append ({"step": 3, "loss": 0.4}): `clusterctl report` plots their numbers
 CLUSTER_METRICS=/srv/cluster/runs/resnet50-20261129-120000-abcd/out/user-metrics.jsonl
 export CLUSTER_METRICS
+# Python writes its output as it goes, not at exit: torchrun relays its workers' lines into node.log
+# (`logs -f`), and a block-buffered pipe or file would hold them back (a job's env may set it to "")
+PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
 # your own program runs in its code folder, as shipped (the run's program/ folder)
 cd program
@@ -25,5 +29,5 @@ exec "$CLUSTER_PYTHON" -m torch.distributed.run \
   --rdzv-backend c10d --rdzv-endpoint 192.168.1.11:29401 --rdzv-id resnet50-20261129-120000-abcd \
   --rdzv-conf is_host=0 \
   --max-restarts 0 --local-addr "$CLUSTER_NODE_ADDRESS" \
-  --log-dir logs --tee 3 --log-line-prefix-template '[rank${rank}]:' \
+  --log-dir /srv/cluster/runs/resnet50-20261129-120000-abcd/logs --tee 3 --log-line-prefix-template '[rank${rank}]:' \
   train.py --steps 3 --out results

@@ -14,6 +14,10 @@ export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
 # JSON lines a program may append ({"step": 3, "loss": 0.4}): `clusterctl report` plots their numbers
 CLUSTER_METRICS=/srv/cluster/runs/resnet50-20261129-120000-abcd/out/user-metrics.jsonl
 export CLUSTER_METRICS
+# Python writes its output as it goes, not at exit: torchrun relays its workers' lines into node.log
+# (`logs -f`), and a block-buffered pipe or file would hold them back (a job's env may set it to "")
+PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
 CLUSTER_NNODES=4
 CLUSTER_NODE_ADDRS=192.168.1.11,192.168.1.12,192.168.1.13,192.168.1.14

@@ -9,6 +9,10 @@ CLUSTER_RUN_ID=resnet50-20261129-120000-abcd
 CLUSTER_NODE_NAME=pc4
 CLUSTER_NODE_RANK=3
 export CLUSTER_RUN_ID CLUSTER_NODE_NAME CLUSTER_NODE_RANK
+# Python writes its output as it goes, not at exit: torchrun relays its workers' lines into node.log
+# (`logs -f`), and a block-buffered pipe or file would hold them back (a job's env may set it to "")
+PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED
 OMP_PROC_BIND=close
 export OMP_PROC_BIND
 cd -- /srv/cluster/runs/resnet50-20261129-120000-abcd
