@@ -92,6 +92,15 @@ def _deliver(run: Run, by_host: dict[str, Host], needing: list[str], deliveries:
             run.stop_servers([by_host[n] for n in servers if n in run.ports])
 
 
+RELAY_MIN_BYTES = 16 << 20  # below this in all, the head sends each node its files itself (SFTP)
+
+
+def worth_relaying(total_bytes: int, nodes: int) -> bool:
+    """Whether `total_bytes` (summed over the nodes that need them) go by relay: the relay's start-up
+    (its node program, a port per node) costs about a second, which a few MiB per node do not repay."""
+    return nodes > 1 and total_bytes >= RELAY_MIN_BYTES
+
+
 def distribute(group: Group, hosts: list[Host], files: list[Item], dest: dict[str, str], mode: str = "relay",
                dry: bool = False, rehash: bool = False, progress: ProgressFn | None = None,
                log: Callable[[str], None] = lambda s: None,

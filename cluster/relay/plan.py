@@ -52,6 +52,12 @@ def _piece_hashes(path: Path, sha256: str) -> list[str]:
     return out
 
 
+def item(name: str, path: Path, size: int, sha256: str) -> Item:
+    """One file as an Item under a name of its own (a code blob: named by its sha256), its piece hashes
+    computed now (refused if the file is no longer the one scanned)."""
+    return Item(name, path, size, sha256, tuple(_piece_hashes(path, sha256)))
+
+
 def _save_cache(cache_path: Path, cache: dict[str, Any]) -> None:
     try:
         tmp = cache_path.with_name(f"{PIECES_CACHE}.{threading.get_ident()}.tmp")

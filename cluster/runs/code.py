@@ -266,8 +266,9 @@ class Shipped:
     node's HostResult is `failed` with it (launch.require names it)."""
     files: int  # in the run's program/ folder
     files_sent: int  # of those, the ones whose content this launch sent
-    bytes_sent: int  # each missing blob once
+    bytes_sent: int  # each missing blob once (from the head, or from a peer when relayed)
     linked: int = 0  # hard links to the cache (the others are copies)
+    via: str = "sftp"  # how the missing blobs came: sftp (the head to each node) or relay (node to node)
     exit_code: int = 0
     stdout: str = ""
     stderr: str = ""
@@ -278,8 +279,9 @@ class Shipped:
 
     def summary(self) -> str:
         """e.g. `sent 1 file (812 B), reused 41`."""
-        return (f"sent {self.files_sent} file{'' if self.files_sent == 1 else 's'} ({size_text(self.bytes_sent)}), "
-                f"reused {self.files_reused}")
+        via = " by relay" if self.via == "relay" and self.files_sent else ""
+        return (f"sent {self.files_sent} file{'' if self.files_sent == 1 else 's'} ({size_text(self.bytes_sent)}"
+                f"{via}), reused {self.files_reused}")
 
 
 def default_cache_dir(host: Host) -> str:
@@ -291,17 +293,23 @@ def _bound(nbytes: int, nfiles: int) -> float:
     return 60.0 + nbytes / HASH_RATE + nfiles * 0.01
 
 
-def _failed(step: str, r: CommandResult, reply: dict[str, Any] | None) -> Shipped:
-    why = (reply or {}).get("error") or error_tail(r.stderr or r.stdout) or f"exit {r.exit_code}"
-    return Shipped(0, 0, 0, exit_code=1, stdout=r.stdout, stderr=f"{step}: {why}")
+def _failed(step: str, r: CommandResult | None, reply: dict[str, Any] | None) -> Shipped:
+    why = (reply or {}).get("error") or (r and (error_tail(r.stderr or r.stdout) or f"exit {r.exit_code}"))
+    return Shipped(0, 0, 0, exit_code=1, stdout=r.stdout if r else "", stderr=f"{step}: {why}")
 
 
 def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, str],
          cache_dir: Callable[[Host], str] | None = None,
          log: Callable[[str], None] = lambda s: None, into: str = "program") -> GroupResult:
-    """`tree` into `run_dirs[host.name]/program/` on every node at once, each sent only the blobs its cache
-    lacks. Needs the node agent staged (launch's _stage); puts codecache.py beside it. One HostResult per
-    node, its value a `Shipped` (`.summary()`: "sent 1 file (812 B), reused 41")."""
+    """`tree` into `run_dirs[host.name]/<into>/` on every node at once, each sent only the blobs its cache
+    lacks: over SFTP from the head, or by the peer relay (cluster/relay) when the nodes lack
+    `distribute.RELAY_MIN_BYTES` or more in all. Needs the node agent staged (launch's _stage); puts
+    codecache.py beside it. One HostResult per node, its value a `Shipped` (`.summary()`: "sent 1 file
+    (812 B), reused 41")."""
+    from cluster.nodes.fanout import GroupResult, HostResult
+    from cluster.provision.wheelhouse import distribution_mode
+    from cluster.relay import distribute, plan
+
     lacking = [h.name for h in hosts if h.name not in run_dirs]
     if lacking:
         raise ValueError(f"no run folder given for {', '.join(lacking)}")
@@ -311,27 +319,54 @@ def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, st
     source_of: dict[str, str] = {}  # sha256 -> the first path with that content
     for rel, f in sorted(tree.files.items()):
         source_of.setdefault(f.sha256, rel)
+    size_of = {sha: tree.files[rel].size for sha, rel in source_of.items()}
     where = cache_dir or default_cache_dir
     log(f"shipping {tree.root}: {len(tree.files)} files ({size_text(tree.total)}), digest {tree.digest[:12]}")
 
-    def one(t: Transport) -> Shipped:
-        host, cache = t.host, where(t.host)
+    def ask(t: Transport) -> Shipped | list[str]:  # a Shipped only when it failed
+        """The blobs this node's cache lacks (it re-hashes those it has and drops any damaged one)."""
+        host = t.host
         t.put_bytes(helper, f"{host.workdir}/{posixpath.dirname(render.AGENT)}/{HELPER}", 0o644)
-        r = t.run(render.agent_command(host, "code-missing", cache), timeout=_bound(tree.total, len(tree.files)),
-                  stdin=body)
+        r = t.run(render.agent_command(host, "code-missing", where(host)),
+                  timeout=_bound(tree.total, len(tree.files)), stdin=body)
         reply = agent_reply(r.stdout)
         if r.exit_code != 0 or not reply or reply.get("ok") is not True:
             return _failed("code-missing", r, reply)
         missing = reply.get("missing")
         if not isinstance(missing, list) or not all(isinstance(s, str) and s in source_of for s in missing):
             return _failed("code-missing", r, {"error": f"the agent asked for blobs not in the manifest: {missing!r}"})
+        return sorted(set(missing))
+
+    asked = group.call(ask, hosts)
+    out = GroupResult((h.name, asked[h.name]) for h in hosts if not asked[h.name].ok)  # a failed Shipped
+    need: dict[str, list[str]] = {h.name: asked[h.name].value for h in hosts if asked[h.name].ok}
+    wanting = [h for h in hosts if need.get(h.name)]
+    received: dict[str, int] = {}
+    if wanting and distribute.worth_relaying(sum(size_of[s] for h in wanting for s in need[h.name]), len(wanting)):
+        blobs = sorted({s for h in wanting for s in need[h.name]})
+        items = [plan.item(s, tree.root / source_of[s], size_of[s], s) for s in blobs]
+        log(f"relaying {len(blobs)} blobs ({size_text(sum(size_of[s] for s in blobs))}) to {len(wanting)} nodes")
+        _, relayed = distribute.distribute(group, wanting, items, {h.name: where(h) for h in wanting},
+                                           mode=distribution_mode(wanting[0]), log=log)
+        for h in wanting:
+            r = relayed[h.name]
+            if not r.ok:
+                out[h.name] = HostResult(h.name, r.status, r.duration, value=_failed("relay", None, {
+                    "error": r.error or r.stderr}), exit_code=1, stderr=f"relay: {r.error or r.stderr}", fix=r.fix)
+                del need[h.name]
+            else:
+                received[h.name] = r.value.received
+                need[h.name] = []  # in the cache under their names, verified by the relay
+
+    def build(t: Transport) -> Shipped:
+        host, cache = t.host, where(t.host)
         incoming: dict[str, str] = {}
-        sent = 0
-        for sha in missing:
+        sent = received.get(host.name, 0)
+        for sha in need[host.name]:
             tmp = f".{sha}.{secrets.token_hex(8)}.part"
             t.put_file(tree.root / source_of[sha], f"{cache}/{tmp}", 0o600)  # the transport's copy, bounded
             incoming[tmp] = sha
-            sent += tree.files[source_of[sha]].size
+            sent += size_of[sha]
         r = t.run(render.agent_command(host, "code-tree", cache, run_dirs[host.name]),
                   timeout=_bound(tree.total + sent, len(tree.files)),
                   stdin=canonical({**manifest, "incoming": incoming, "into": into}))
@@ -340,8 +375,9 @@ def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, st
             return _failed("code-tree", r, reply)
         if reply.get("files") != len(tree.files):
             return _failed("code-tree", r, {"error": f"{reply.get('files')!r} files made, {len(tree.files)} sent"})
-        lacked = set(missing)
+        lacked = set(asked[host.name].value)
         return Shipped(len(tree.files), sum(f.sha256 in lacked for f in tree.files.values()), sent,
-                       int(reply.get("linked") or 0))
+                       int(reply.get("linked") or 0), via="relay" if host.name in received else "sftp")
 
-    return group.call(one, hosts)
+    built = group.call(build, [h for h in hosts if h.name in need])
+    return GroupResult((h.name, out.get(h.name) or built[h.name]) for h in hosts)

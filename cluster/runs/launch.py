@@ -383,7 +383,8 @@ def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: co
         log(f"{n}: {what} {v.summary()}")
     runs.update(record.run_id, lambda r: r.extra.__setitem__(what, {
         "root": str(tree.root), "digest": tree.digest, "files": len(tree.files), "bytes": tree.total,
-        "nodes": {n: {"bytes_sent": v.bytes_sent, "files_sent": v.files_sent, "files_reused": v.files_reused}
+        "nodes": {n: {"bytes_sent": v.bytes_sent, "files_sent": v.files_sent, "files_reused": v.files_reused,
+                      "via": v.via}
                   for n, v in sent.items()}}))
 
 
@@ -399,11 +400,12 @@ def _layer_dir(layer: layers.Layer | None) -> str | None:
 def _install_layer(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
     """The job's requirements on every node, offline, where a node does not have them yet."""
     layer: layers.Layer = request.layer
-    done = layers.install(group, [t.host for t in request.targets], layer)
+    done = layers.install(group, [t.host for t in request.targets], layer, log)
     if not done.ok:
         _fail_start(record, *_first_error(done, "installing the job's requirements"))
     for n, r in done.items():
-        log(f"{n}: requirements " + (f"installed ({r.value['bytes']} bytes of wheels sent)" if r.value["installed"]
+        log(f"{n}: requirements " + (f"installed ({r.value['bytes']} bytes of wheels sent by {r.value['via']})"
+                                     if r.value["installed"]
                                      else "already installed, nothing sent"))
     runs.update(record.run_id, lambda r: r.extra.__setitem__("requirements", {
         "lock": layer.lock.split(), "digest": layer.digest, "nodes": {n: v.value for n, v in done.items()}}))

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from cluster.errors import ClusterError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group, GroupResult
+from cluster.relay import distribute
 from cluster.provision import wheelhouse
 from cluster.provision.wheelhouse import Wheelhouse
 from cluster.runs.jobs import JobError, JobSpec
@@ -94,24 +95,44 @@ def resolve(spec: JobSpec, python: str, base: dict[str, str],
     return Layer(Wheelhouse(wh.dir, wh.requirements, files), lock, hashlib.sha256(lock.encode()).hexdigest()[:16])
 
 
-def install(group: Group, hosts: list[Host], layer: Layer) -> GroupResult:
-    """The layer on every node: skipped where it is already installed, else its missing wheels sent
-    (sha256-verified) and installed offline. Each node's value: {"installed": bool, "bytes": sent}."""
+def install(group: Group, hosts: list[Host], layer: Layer, log: Callable[[str], None] = lambda s: None) -> GroupResult:
+    """The layer on every node: skipped where it is already installed, else its wheels sent (sha256-verified;
+    by the peer relay when the nodes lacking it need `distribute.RELAY_MIN_BYTES` or more in all, else over
+    SFTP, each only the wheels it lacks) and installed offline. Each node's value: {"installed", "bytes"}."""
+    from cluster.nodes.fanout import HostResult
+
+    done = group.run(lambda h: f"test -f {shlex.quote(layer.dir(h))}/.done", timeout=30, hosts=hosts)
+    lacking = [h for h in hosts if done[h.name].status == "failed" and done[h.name].exit_code == 1]
+    out = GroupResult((h.name, done[h.name]) for h in hosts if not done[h.name].ok and h not in lacking)
+    relayed: dict[str, int] = {}
+    if distribute.worth_relaying(layer.wheels.total_bytes * len(lacking), len(lacking)):
+        log(f"relaying {len(layer.wheels.files)} wheels ({layer.wheels.total_bytes / 2**20:.1f} MiB) to "
+            f"{len(lacking)} nodes")
+        _, res = distribute.distribute(group, lacking, distribute.items(layer.wheels.dir, layer.wheels.files),
+                                       {h.name: f"{layer.dir(h)}/wheels" for h in lacking},
+                                       mode=wheelhouse.distribution_mode(lacking[0]), log=log)
+        for h in lacking:
+            if res[h.name].ok:
+                relayed[h.name] = res[h.name].value.received
+            else:
+                out[h.name] = res[h.name]
 
     def one(t: Transport) -> dict[str, Any]:
         d = layer.dir(t.host)
         q = shlex.quote(d)
-        if t.run(f"test -f {q}/.done", timeout=30).exit_code == 0:
-            return {"installed": False, "bytes": 0}
-        sent: list[int] = []
-        t.run(f"mkdir -p -- {q}/wheels", timeout=30)
-        wheelhouse.push(t, layer.wheels, f"{d}/wheels", progress=sent.append)
+        sent: list[int] = [relayed.get(t.host.name, 0)]
+        if t.host.name not in relayed:
+            t.run(f"mkdir -p -- {q}/wheels", timeout=30)
+            wheelhouse.push(t, layer.wheels, f"{d}/wheels", progress=sent.append)
         pins = " ".join(shlex.quote(p) for p in layer.lock.split())
         r = t.run(f". {shlex.quote(t.host.workdir)}/cluster.env && rm -rf -- {q}/site && "
                   f'"$CLUSTER_PYTHON" -m pip install --disable-pip-version-check -q --no-index --no-deps '
                   f"--find-links {q}/wheels --target {q}/site {pins} && touch -- {q}/.done", timeout=INSTALL_TIMEOUT_S)
         if r.exit_code != 0:
             raise ClusterError(f"{t.host.name}: installing {layer.lock.split()} failed: {r.stderr.strip()[-500:]}")
-        return {"installed": True, "bytes": sum(sent)}
+        return {"installed": True, "bytes": sum(sent), "via": "relay" if t.host.name in relayed else "sftp"}
 
-    return group.call(one, hosts)
+    installed = group.call(one, [h for h in lacking if h.name not in out])
+    return GroupResult((h.name, out.get(h.name) or installed.get(h.name)
+                        or HostResult(h.name, "ok", done[h.name].duration, value={"installed": False, "bytes": 0}))
+                       for h in hosts)

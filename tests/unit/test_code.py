@@ -380,3 +380,28 @@ def test_collect_leaves_shipped_code_on_the_node_and_honours_outputs(tmp_path: P
     assert got == {"program/results/rank0.json", "program/ckpt/last.pt", "out/metrics-rank0.jsonl", "node.log",
                    "logs/0/stdout.log", ".shipped-program.json", "job.json"}, got
     assert doc["not_outputs"] == 3  # pkg/, cache/ and train.py (folders are not entered)
+
+
+def test_a_large_tree_goes_by_relay_and_builds_the_same_program_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over distribute.RELAY_MIN_BYTES in all (lowered here), the blobs go head -> a -> b -> c, not the head
+    to each; the run folders are the same as by SFTP, and a second launch sends nothing."""
+    from cluster.relay import distribute
+
+    monkeypatch.setattr(distribute, "RELAY_MIN_BYTES", 4096)
+    root = write(tmp_path / "prog", {"train.py": "print(1)\n", "weights.bin": os.urandom(300_000),
+                                     "pkg/m.py": "X = 1\n", "pkg/same.py": "X = 1\n"})
+    hosts = local_hosts(tmp_path, "a", "b", "c")
+    tree = code.scan(root)
+    with Group(hosts) as g:
+        first = code.ship(g, hosts, tree, run_dirs(hosts, "r1"))
+        assert first.ok, {n: r.stderr or r.error for n, r in first.items()}
+        assert {r.value.via for r in first.values()} == {"relay"}
+        assert all(r.value.bytes_sent == tree.total - 6 and r.value.files_sent == 4 for r in first.values())
+        for h in hosts:
+            prog = Path(h.workdir) / "runs" / "r1" / "program"
+            assert (prog / "weights.bin").read_bytes() == (root / "weights.bin").read_bytes()
+            assert (prog / "pkg" / "same.py").read_text() == "X = 1\n"
+            assert not Path(distribute.pidfile(h)).exists()  # no relay left running
+        second = code.ship(g, hosts, tree, run_dirs(hosts, "r2"))
+        assert second.ok and all(r.value.bytes_sent == 0 and r.value.via == "sftp" for r in second.values())
