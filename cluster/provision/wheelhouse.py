@@ -71,9 +71,11 @@ class Delivered(Wheelhouse):
 LAYOUT = 2  # 2: tf-keras without the `tensorflow` it names where tensorflow-cpu provides it (_alone)
 
 
-def key(requirements: list[str], python: str, index_url: str | None) -> str:
-    blob = json.dumps({"r": sorted(requirements), "py": python, "index": index_url, "layout": LAYOUT},
-                      sort_keys=True)
+def key(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = ()) -> str:
+    doc: dict[str, Any] = {"r": sorted(requirements), "py": python, "index": index_url, "layout": LAYOUT}
+    if constraints:
+        doc["c"] = sorted(constraints)
+    blob = json.dumps(doc, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -103,13 +105,14 @@ def cache_dir() -> Path:
     return Path(env) if env else paths.home() / "wheelhouse"
 
 
-def _dir(requirements: list[str], python: str, index_url: str | None) -> Path:
-    return cache_dir() / key(requirements, python, index_url)
+def _dir(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = ()) -> Path:
+    return cache_dir() / key(requirements, python, index_url, constraints)
 
 
-def cached(requirements: list[str], python: str, index_url: str | None = None) -> Wheelhouse | None:
+def cached(requirements: list[str], python: str, index_url: str | None = None,
+           constraints: tuple[str, ...] = ()) -> Wheelhouse | None:
     """The wheelhouse built earlier for this set, if all its files are still there at their size."""
-    d = _dir(requirements, python, index_url)
+    d = _dir(requirements, python, index_url, constraints)
     try:
         data = json.loads((d / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -141,17 +144,23 @@ def _download(d: Path, requirements: list[str], python: str, index_url: str | No
 
 
 def build(requirements: list[str], python: str, index_url: str | None = None,
-          log: Callable[[str], None] = lambda s: None) -> Wheelhouse:
-    """Download (once) every wheel for `requirements` on Python `python` ("3.11") into the head's cache."""
-    wh = cached(requirements, python, index_url)
+          log: Callable[[str], None] = lambda s: None, constraints: tuple[str, ...] = ()) -> Wheelhouse:
+    """Download (once) every wheel for `requirements` on Python `python` ("3.11") into the head's cache.
+    `constraints` (`name==version` lines, pip's `-c`): the versions a dependency must have if it is needed
+    (a job's layer: the provisioned environment's, so that its dependencies are the ones already there)."""
+    wh = cached(requirements, python, index_url, constraints)
     if wh is not None:
         return wh
-    d = _dir(requirements, python, index_url)
+    d = _dir(requirements, python, index_url, constraints)
     manifest = d / "manifest.json"
     (d / "files").mkdir(parents=True, exist_ok=True)
     log(f"downloading wheels for {len(requirements)} requirements (Python {python}) into {d}")
     alone = _alone(requirements)
-    _download(d, [r for r in requirements if r not in alone], python, index_url)
+    extra: list[str] = []
+    if constraints:
+        (d / "constraints.txt").write_text("".join(f"{c}\n" for c in sorted(constraints)))
+        extra = ["-c", str(d / "constraints.txt")]
+    _download(d, [r for r in requirements if r not in alone], python, index_url, *extra)
     if alone:
         _download(d, alone, python, index_url, "--no-deps")
     wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}

@@ -76,12 +76,15 @@ def resolve(spec: JobSpec, python: str, base: dict[str, str],
     reqs = requirements(spec)
     if not reqs:
         return None
-    try:
-        wh = wheelhouse.build(reqs, python, log=log)
-    except ClusterError as e:
-        raise JobError(str(spec.path), None, "requirements", f"cannot resolve {', '.join(reqs)} for Python "
-                       f"{python} on the head: {e.message}", "check the names and versions, or put their wheels "
-                       "in the head's wheelhouse (clusterctl reads no index from the nodes)") from None
+    try:  # first with the environment's versions as constraints: dependencies it has are taken from it
+        wh = wheelhouse.build(reqs, python, log=log, constraints=tuple(f"{n}=={v}" for n, v in sorted(base.items())))
+    except ClusterError:
+        try:  # they cannot all hold: resolved alone, the clash below names the versions
+            wh = wheelhouse.build(reqs, python, log=log)
+        except ClusterError as e:
+            raise JobError(str(spec.path), None, "requirements", f"cannot resolve {', '.join(reqs)} for Python "
+                           f"{python} on the head: {e.message}", "check the names and versions, or put their "
+                           "wheels in the head's wheelhouse (clusterctl reads no index from the nodes)") from None
     pins = {f: wheelhouse.wheel_pin(f) for f in wh.files}
     clash = sorted(f"{n}=={v} would replace {n}=={base[n]}" for n, v in pins.values() if n in base and base[n] != v)
     if clash:

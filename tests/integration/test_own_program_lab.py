@@ -91,6 +91,49 @@ def test_a_public_ddp_program_written_by_others_runs_as_is(olab) -> None:
     assert not (got / "program" / "ddp.py").exists() and res["nodes"][0]["shipped"] == 3  # ... not what was shipped
 
 
+KUBEFLOW = ROOT / "tests" / "fixtures" / "public_ddp" / "kubeflow-mnist"
+KUBEFLOW_ARGV = ("--data", str(KUBEFLOW / "data"), "--set", "requirements=[tensorboardX==2.6.2.2]",
+                 "--outputs", "mnist_cnn.pt", "--outputs", "logs",
+                 "--", "python", "mnist.py", "--epochs", "1", "--save-model", "--no-cuda")
+
+
+def test_a_public_program_with_a_requirement_it_lacks_runs_and_comes_back(olab, tmp_path: Path) -> None:
+    """Kubeflow's distributed MNIST example, unmodified (tensorboardX, absent from the provisioned environment;
+    its data read from `../data`, the run's staged `data`): the requirement installed offline from the head's
+    wheelhouse, the model and event files it writes collected, the report's wall time and per-node CPU; a
+    second launch installs nothing and, after one file is edited, sends only that file."""
+    state, env = olab
+    src = tmp_path / "src"
+    shutil.copytree(KUBEFLOW / "src", src)
+    rc, rec = launch_in(src, env, *KUBEFLOW_ARGV, timeout=900)
+    assert rc == 0 and rec["state"] == "succeeded", (rec.get("failure"), rec.get("requirements"))
+    assert rec["requirements"]["lock"] == ["tensorboardx==2.6.2.2"]  # numpy, packaging, protobuf: from the base
+    assert all(v["installed"] and v["bytes"] > 0 for v in rec["requirements"]["nodes"].values()), rec["requirements"]
+    rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
+    assert rc == 0, res
+    for node in ("node1", "node2"):
+        got = Path(env["CLUSTERCTL_HOME"]) / "runs" / rec["run_id"] / node / "program"
+        assert (got / "mnist_cnn.pt").stat().st_size > 100_000 and list((got / "logs").glob("events.out.tfevents.*"))
+        assert not (got / "mnist.py").exists()  # shipped, unchanged: left on the node
+    rc, rep = clusterctl_json("report", rec["run_id"], "--html", str(tmp_path / "r.html"), env=env, timeout=300)
+    fig = rep["runs"][0]
+    assert rc == 0 and fig["wall_s"] > 0 and all(n["cpu_percent"] for n in fig["per_node"]), fig
+
+    rc, again = launch_in(src, env, *KUBEFLOW_ARGV, timeout=900)
+    assert rc == 0 and again["state"] == "succeeded", again.get("failure")
+    assert all(not v["installed"] and v["bytes"] == 0 for v in again["requirements"]["nodes"].values())
+    assert sent(again) == {"node1": 0, "node2": 0} and {v["bytes_sent"] for v in again["data"]["nodes"].values()} == {0}
+    (src / "mnist.py").write_text((src / "mnist.py").read_text() + "# a student's edit\n")
+    rc, edited = launch_in(src, env, *KUBEFLOW_ARGV, timeout=900)
+    assert rc == 0 and edited["state"] == "succeeded", edited.get("failure")
+    size = (src / "mnist.py").stat().st_size
+    assert sent(edited) == {"node1": size, "node2": size} and {v["files_sent"] for v in edited["code"]["nodes"].values()} == {1}
+    print(f"\nkubeflow mnist, bytes sent per node: code first {sent(rec)}, again {sent(again)}, one file edited "
+          f"{sent(edited)}; wheels first {[v['bytes'] for v in rec['requirements']['nodes'].values()]}, again "
+          f"{[v['bytes'] for v in again['requirements']['nodes'].values()]}; wall {fig['wall_s']:.1f} s, CPU % "
+          f"{[n['cpu_percent'] for n in fig['per_node']]}")
+
+
 def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> None:
     state, env = olab
     rc, rec = launch_in(OWN, env, "--", "python", "train.py", "--fail-on-group-rank", "1", timeout=300)
