@@ -104,6 +104,14 @@ def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None) -> d
     for h in hosts:
         s = states[h.name]
         gpus = len(s["fingerprint"].get("gpus") or []) if s["fingerprint"].get("cuda_available") else 0
+        chosen = render.visible_devices(h)
+        if chosen is not None:
+            beyond = [d for d in chosen if d.isdigit() and int(d) >= gpus]
+            if beyond:
+                raise LaunchRefused(f"{h.name}: cuda_visible_devices names GPU {', '.join(beyond)}, but the node's "
+                                    f"verified environment sees {gpus} GPU(s)",
+                                    "list indices from `nvidia-smi -L` on that node, or leave the var out")
+            gpus = len(chosen) if gpus else 0
         targets[h.name] = render.Target(h, gpus, (s.get("build") or {}).get("backend") or "gloo")
     return targets
 

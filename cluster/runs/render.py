@@ -9,12 +9,14 @@ every `{{ value }}` is shell-quoted (playbook.SCRIPT_ENV).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cluster import __version__
+from cluster.errors import UsageError
 from cluster.inventory.model import Host
 from cluster.runs.jobs import JobError, JobSpec
 from cluster.provision.playbook import SCRIPT_ENV
@@ -23,6 +25,7 @@ from cluster.provision.render import Raw
 NODE_PYTHON = Raw('"$CLUSTER_PYTHON"')  # the venv's interpreter, as cluster.env names it on each node
 TEMPLATES = {"torchrun": "torchrun.sh.j2", "tensorflow": "tf_worker.sh.j2", "plain": "plain.sh.j2"}
 AGENT = "clusterctl/nodeagent.py"  # under the node's workdir
+DEVICE_RE = re.compile(r"(\d{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9A-Za-z/-]{8,80})\Z")  # nvidia-smi's index or UUID
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,21 @@ def rule(title: str, width: int = 80) -> str:
         title = title[: max(0, width - 5)] + "…"
     side = (width - len(title)) // 2
     return ("─" * max(0, side - 1) + " " + title + " " + "─" * width)[:width]
+
+
+def visible_devices(host: Host) -> list[str] | None:
+    """The node's `cuda_visible_devices` (an inventory var: "0,2" or [0, 2]; indices or UUIDs as nvidia-smi
+    prints them): the only GPUs its processes see, one process each. None: every GPU the node has."""
+    value = host.vars.get("cuda_visible_devices")
+    if value is None:
+        return None
+    words = [str(w).strip() for w in (value if isinstance(value, list) else str(value).split(","))]
+    if not words or not all(DEVICE_RE.match(w) for w in words) or len(set(words)) != len(words) \
+            or isinstance(value, bool):
+        raise UsageError(f"{host.name}: inventory var cuda_visible_devices: expected GPU indices or UUIDs, each "
+                         f"once, got {value!r}", "e.g. cuda_visible_devices: \"0,2\" (nvidia-smi -L lists them), "
+                         "or leave it out to use every GPU of the node")
+    return words
 
 
 def run_dir(host: Host, run_id: str) -> str:
@@ -186,6 +204,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, python=python, target=target,
                 own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
                 layer=f"{h.workdir}/{layer}" if layer else None, data=data_path(spec),
+                devices=",".join(visible_devices(h) or []) or None,
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,

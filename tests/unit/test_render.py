@@ -11,6 +11,7 @@ import pytest
 
 from cluster.runs import jobs, launch, render
 from cluster.inventory import loader, model
+from cluster.errors import UsageError
 from cluster.runs.jobs import JobError
 from tests import goldens
 from tests.conftest import ROOT
@@ -190,3 +191,23 @@ def test_env_from_a_missing_source_names_the_field(value: str, match: str) -> No
 def test_env_from_refuses_what_it_cannot_read(value: str) -> None:
     with pytest.raises(JobError, match="env_from.TOKEN"):
         jobs.load("resnet50-ddp", [f"env_from.TOKEN={value}"])
+
+
+@pytest.mark.parametrize("value, want", [("0,2", "0,2"), ([1], "1"), (0, "0"),
+                                         ("GPU-5f3c9c2e-aaaa-bbbb-cccc-1234567890ab", "GPU-5f3c9c2e-aaaa-bbbb-cccc-1234567890ab")])
+def test_the_inventorys_visible_devices_reach_every_launcher(value: object, want: str) -> None:
+    for job in ("resnet50-ddp", "resnet50-tf"):
+        host = model.Host(name="pc1", address="127.0.0.1", vars={"cuda_visible_devices": value})
+        script = render.render(jobs.load(job), [render.Target(host, 1)], "run1", "d.npz",
+                               {"pc1": 29400}).nodes[0].files["launch.sh"]
+        assert f"CUDA_VISIBLE_DEVICES={want}" in script.splitlines() and "export CUDA_VISIBLE_DEVICES" in script
+    plain = render.render(jobs.load("resnet50-ddp"), [render.Target(model.Host(name="pc1", address="127.0.0.1"))],
+                          "run1", "d.npz", {"pc1": 29400}).nodes[0].files["launch.sh"]
+    assert "CUDA_VISIBLE_DEVICES" not in plain  # not in the inventory: every GPU of the node
+
+
+@pytest.mark.parametrize("value", ["0,0", "gpu0", "", "0;rm -rf /", True, [0, "x y"]])
+def test_bad_visible_devices_are_refused_naming_the_node_and_the_var(value: object) -> None:
+    host = model.Host(name="pc1", address="127.0.0.1", vars={"cuda_visible_devices": value})
+    with pytest.raises(UsageError, match="pc1: inventory var cuda_visible_devices"):
+        render.render(jobs.load("resnet50-ddp"), [render.Target(host)], "run1", "d.npz", {"pc1": 29400})
