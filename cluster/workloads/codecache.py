@@ -199,8 +199,8 @@ def tree(cache: str, run_dir: str, doc: object) -> Doc:
             os.unlink(tmp)
     # what was shipped, so that collect leaves it on the node (the head has it) and brings what the program wrote
     record = os.path.join(run_dir, SHIPPED % into)
-    with open(record + ".tmp", "w") as f:
-        json.dump({rel: files[rel]["sha256"] for rel in sorted(files)}, f)
+    with open(record + ".tmp", "w") as out:
+        json.dump({rel: files[rel]["sha256"] for rel in sorted(files)}, out)
     os.replace(record + ".tmp", record)
     return {"ok": True, "files": len(files), "linked": linked, "copied": copied}
 

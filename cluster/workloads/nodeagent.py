@@ -465,8 +465,8 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if os.path.islink(Path(root) / d):
                 skipped.append({"path": rel, "reason": "symbolic link"})
                 dirs.remove(d)
-            elif not checkpoints and d.startswith(CHECKPOINT_NAMES):
-                dirs.remove(d)
+            elif (not checkpoints and d.startswith(CHECKPOINT_NAMES)) or d == "__pycache__":
+                dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either)
             elif not _wanted(rel, outputs, True):
                 dirs.remove(d)
                 left += 1

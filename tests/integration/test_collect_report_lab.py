@@ -43,10 +43,14 @@ def sha(p: Path) -> str:
 
 
 def node_files(state, i: int, run_id: str, checkpoints: bool = False) -> dict[str, str]:
+    """The node's run folder as collect should bring it: all but the checkpoints (unless asked) and the
+    program files launch shipped, unchanged (the head has them: .shipped-program.json lists them)."""
     root = Path(state.nodes[i].dir) / "srv" / "runs" / run_id
-    return {p.relative_to(root).as_posix(): sha(p) for p in root.rglob("*")
+    shipped = {f"program/{k}": v for k, v in json.loads((root / ".shipped-program.json").read_text()).items()}
+    return {rel: digest for p in root.rglob("*")
             if p.is_file() and not p.is_symlink() and (checkpoints or not any(
-                part.startswith(("checkpoint", ".checkpoint-worker")) for part in p.relative_to(root).parts))}
+                part.startswith(("checkpoint", ".checkpoint-worker")) for part in p.relative_to(root).parts))
+            and shipped.get(rel := p.relative_to(root).as_posix()) != (digest := sha(p))}
 
 
 def test_collect_brings_everything_then_nothing_new(clab) -> None:
@@ -58,6 +62,7 @@ def test_collect_brings_everything_then_nothing_new(clab) -> None:
             got = home / "runs" / run_id / n.name
             want = node_files(state, i, run_id)
             assert want and {k: sha(got / k) for k in want} == want  # every file, byte for byte
+            assert not (got / "program").exists()  # the built-in program: shipped, left on the node
             assert (got / "facts.json").exists() and (got / "provision-state.json").exists()
             assert not list(got.rglob("*.part"))
         again_rc, again = clusterctl_json("collect", run_id, env=env, timeout=600)
