@@ -27,6 +27,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- trust
 
 _KEY_STYLE = {"new": "yellow", "known": "green", "changed": "bold red", "revoked": "bold red", "unreachable": "red",
+              "blocked": "yellow",
               "local": "dim"}
 
 
@@ -44,31 +45,45 @@ def _confirmed(args: argparse.Namespace, count: int) -> bool:
 
 def cmd_trust(args: argparse.Namespace) -> int:
     from cluster.inventory import hostkeys
+    from cluster.transport import firstcontact
 
     hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
-    with err.status(f"contacting {len(hosts)} nodes for their host keys"):
-        offers = hostkeys.survey(hosts, args.forks)
-    new = [o for o in offers if o.status == "new"]
-    if not args.json:
-        # Plain lines, not a table: a fingerprint must never be cut to fit the terminal.
-        for o in offers:
-            key = f"{o.key.get_name()} {o.fingerprint}" if o.key else "-"
-            out.print(f"{o.host.name:<12} {o.host.host_key_name:<22} [{_KEY_STYLE[o.status]}]{o.status:<11}[/] {key}")
-        for o in offers:
-            if o.message:
-                err.print(f"[red]{escape(o.message)}[/red]")
+    final: dict[str, firstcontact.Offer] = {}
     recorded: list[str] = []
-    if new and _confirmed(args, len(new)):
-        for o in new:
-            assert o.key is not None
-            hostkeys.record(o.host, o.key)
-            recorded.append(o.host.name)
+    declined = False
+    todo = hosts
+    # Round after round: a node behind jump hosts can be scanned once their keys are recorded (`blocked` before).
+    for _ in range(1 + max((len(h.jumps) for h in hosts), default=0)):
+        with err.status(f"contacting {len(todo)} nodes for their host keys"):
+            offers = [o for o in firstcontact.survey(todo, args.forks) if o.host.name not in final or not o.jump]
+        new = [o for o in offers if o.status == "new"]
         if not args.json:
-            out.print(f"recorded {len(recorded)} key(s) in "
-                      f"{', '.join(sorted({str(o.host.known_hosts_path) for o in new}))}")
+            # Plain lines, not a table: a fingerprint must never be cut to fit the terminal.
+            for o in offers:
+                key = f"{o.key.get_name()} {o.fingerprint}" if o.key else "-"
+                out.print(f"{escape(o.host.name):<12} {o.host.host_key_name:<22} [{_KEY_STYLE[o.status]}]"
+                          f"{o.status:<11}[/] {key}")
+            for o in offers:
+                if o.message:
+                    err.print(f"[red]{escape(o.message)}[/red]")
+        final.update({o.host.name: o for o in offers})
+        if new and _confirmed(args, len(new)):
+            for o in new:
+                assert o.key is not None
+                hostkeys.record(o.host, o.key)
+                recorded.append(o.host.name)
+            if not args.json:
+                out.print(f"recorded {len(new)} key(s) in "
+                          f"{', '.join(sorted({str(o.host.known_hosts_path) for o in new}))}")
+        elif new:
+            declined = True
+        blocked = [h for h in hosts if final[h.name].status == "blocked"]
+        if not blocked or not new or declined:
+            break
+        todo = blocked
     if args.json:
-        emit_json({"nodes": [{**o.to_dict(), "recorded": o.host.name in recorded} for o in offers]})
-    if any(o.status in ("changed", "revoked", "unreachable") for o in offers) or (new and not recorded):
+        emit_json({"nodes": [{**o.to_dict(), "recorded": o.host.name in recorded} for o in final.values()]})
+    if any(o.status in ("changed", "revoked", "unreachable", "blocked") for o in final.values()) or declined:
         return errors.EXIT_UNREACHABLE
     return errors.EXIT_OK
 

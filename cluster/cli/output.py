@@ -74,4 +74,7 @@ def load_inventory(given: str | None, overrides: list[str] | None = None) -> Inv
     path, why = context.resolve(given)
     if why != "given":
         err.print(f"[dim]inventory: {escape(str(path))} ({why})[/dim]")
-    return loader.load(path, overrides=overrides or ())
+    inv = loader.load(path, overrides=overrides or ())
+    for note in inv.notes:
+        err.print(f"[yellow]note[/yellow]: {escape(note)}")
+    return inv

@@ -15,6 +15,7 @@ from cluster.inventory.ansible_answer import Answer, AnsweredHost
 from cluster.errors import InventoryError
 from cluster.inventory.check import Checker, Layers, build_host, check_files, check_name, default_name
 from cluster.inventory.model import HOST_FIELDS, Inventory
+from cluster.inventory.sshconfig import Resolver
 from cluster.yamlfile import Map
 
 # Variables that become host fields (consumed: they are not copied into `vars`).
@@ -163,12 +164,13 @@ def finish(chk: Checker, path: Path, ans: Answer, cli: list[tuple[str, Any]],
     if not raw_hosts:
         raise chk.fail(None, None, "the inventory has no hosts", "add at least one host")
     groups = {g: tuple(members) for g, members in ans["groups"].items()}
-    hosts = {n: build_host(chk, n, layers, cli, groups) for n, layers in raw_hosts.items()}
+    ssh = Resolver(str(path))
+    hosts = {n: build_host(chk, n, layers, cli, groups, ssh) for n, layers in raw_hosts.items()}
     if len(rank0) > 1:
         raise chk.fail(None, "clusterctl_rank0", f"set true on several hosts ({', '.join(rank0)})",
                        "set clusterctl_rank0: true on one host only (not in group vars)")
     inv = Inventory(path=path, name=default_name(chk, path), hosts=hosts, groups=groups,
-                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible")
+                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible", notes=tuple(ssh.notes))
     if check_files_too:
         check_files(chk, inv, raw_hosts)
     return inv

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from cluster.errors import InventoryError
 from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, KNOWN_HOSTS_MAX_BYTES, NUMBERS, GpuSpec,
                                      Host, Inventory)
+from cluster.inventory.sshconfig import Resolver
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
 
@@ -161,8 +162,10 @@ _CLI_CHECKER = Checker(Path("command line"))
 
 
 def build_host(chk: Checker, name: str, layers: Layers, cli: list[tuple[str, Any]],
-               groups: Mapping[str, tuple[str, ...]]) -> Host:
-    """The host its layers make (defaults < groups < host < command line), its workdir resolved."""
+               groups: Mapping[str, tuple[str, ...]], ssh: Resolver | None = None) -> Host:
+    """The host its layers make (defaults < groups < host < command line), its address the name when none
+    is given (as in Ansible), then OpenSSH's client config where the layers are silent (`ssh`, a Resolver
+    shared by the inventory's hosts; sshconfig.py), its workdir resolved."""
     merged: dict[str, Any] = {}
     merged_vars: dict[str, Any] = {}
     for fields, _, _ in layers:
@@ -178,9 +181,12 @@ def build_host(chk: Checker, name: str, layers: Layers, cli: list[tuple[str, Any
             raise InventoryError("command line", None, path, "unknown field",
                                  f"did you mean '{close[0]}'?" if close else f"use one of: {', '.join(HOST_FIELDS)}")
         merged[key] = _CLI_CHECKER.value(key, value, None, path)
+    given = set(merged)
+    merged.setdefault("address", name)
     merged["vars"] = merged_vars
     merged["groups"] = tuple(g for g, members in groups.items() if name in members)
-    return _resolve_workdir(chk, Host(name=name, **merged), layers)
+    host = (ssh or Resolver(chk.file)).resolve(Host(name=name, **merged), given)
+    return _resolve_workdir(chk, host, layers)
 
 
 def _resolve_workdir(chk: Checker, host: Host, layers: Layers) -> Host:

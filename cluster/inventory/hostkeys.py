@@ -1,4 +1,4 @@
-"""SSH host keys: fingerprints, known_hosts files, and first contact (`clusterctl trust`).
+"""SSH host keys: fingerprints and known_hosts files (first contact, `clusterctl trust`, is transport/firstcontact.py).
 
 A key is only ever recorded by `trust`, which shows its fingerprint; connecting
 never adds one. A changed key is refused with both fingerprints shown.
@@ -9,9 +9,7 @@ import base64
 import binascii
 import hashlib
 import os
-import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,29 +206,6 @@ def changed_key_error(host: Host, got: paramiko.PKey, expected: paramiko.PKey) -
     )
 
 
-def scan(host: Host) -> paramiko.PKey:
-    """The key the node offers, fetched without authenticating (first contact)."""
-    try:
-        sock = socket.create_connection((host.address, host.port), timeout=host.connect_timeout)
-    except OSError as e:
-        raise TransportError(f"{host.name}: cannot reach {host.address}:{host.port}: {e}",
-                             "is the PC on, on the network, and running sshd?", "unreachable") from None
-    t = paramiko.Transport(sock)
-    try:
-        preferred = [k.get_name() for k in (known_hosts(host.known_hosts_path).lookup(host.host_key_name) or {}).values()]
-        if preferred:
-            opts = t.get_security_options()
-            opts.key_types = preferred + [k for k in opts.key_types if k not in preferred]
-        t.banner_timeout = host.connect_timeout
-        t.start_client(timeout=host.connect_timeout)
-        return t.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as e:
-        raise TransportError(f"{host.name}: SSH handshake with {host.address}:{host.port} failed: {e}",
-                             "is sshd running on that port?", "unreachable") from None
-    finally:
-        t.close()
-
-
 def check_key(host: Host, key: paramiko.PKey) -> str:
     """'known' when recorded and equal, 'unknown' when absent; raises HostKeyError when changed or revoked."""
     where = parsed(host.known_hosts_path).revoked_at(key)
@@ -271,42 +246,3 @@ def record(host: Host, key: paramiko.PKey) -> None:
             if problem is not None:
                 raise _unusable(path, problem, "write")
             f.write(line)
-
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What one node offered at first contact, compared with known_hosts."""
-
-    host: Host
-    status: str  # new | known | changed | revoked | unreachable | local
-    key: paramiko.PKey | None = None
-    message: str | None = None
-
-    @property
-    def fingerprint(self) -> str | None:
-        return fingerprint(self.key) if self.key is not None else None
-
-    def to_dict(self) -> dict[str, str | None]:
-        return {"host": self.host.name, "address": self.host.host_key_name, "status": self.status,
-                "key_type": self.key.get_name() if self.key else None, "fingerprint": self.fingerprint,
-                "known_hosts": str(self.host.known_hosts_path), "message": self.message}
-
-
-def survey(hosts: list[Host], forks: int = 32) -> list[Offer]:
-    """Scan every node at once; nothing is recorded here."""
-
-    def one(host: Host) -> Offer:
-        if host.connection != "ssh":
-            return Offer(host, "local")
-        try:
-            key = scan(host)
-        except TransportError as e:
-            return Offer(host, "unreachable", message=str(e))
-        try:
-            return Offer(host, "known" if check_key(host, key) == "known" else "new", key)
-        except HostKeyError as e:  # refused either way; the status says which fix applies
-            return Offer(host, "revoked" if e.problem == "hostkey-revoked" else "changed", key, message=str(e))
-
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))

@@ -18,6 +18,7 @@ from cluster.errors import InventoryError
 from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
 from cluster.inventory.check import check_files as _check_files
 from cluster.inventory.model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory
+from cluster.inventory.sshconfig import Resolver
 from cluster.yamlfile import Loader as _Loader
 from cluster.yamlfile import Map as _Map
 from cluster.yamlfile import line_of as _line
@@ -107,7 +108,8 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
     name = data.get("name")
     if name is not None:
         check_name(chk, str(name), _line(data, "name"), "name", "write a name of letters, digits, '.', '_' or '-'")
-    hosts = {n: build_host(chk, n, layers, cli, groups) for n, layers in raw_hosts.items()}
+    ssh = Resolver(str(path))
+    hosts = {n: build_host(chk, n, layers, cli, groups, ssh) for n, layers in raw_hosts.items()}
     if not hosts:
         raise chk.fail(_line(data), "hosts", "the inventory has no hosts", "add at least one host with an address")
     rank0 = next(iter(hosts))
@@ -117,7 +119,8 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
             raise chk.fail(_line(data, "rank0"), "rank0", f"'{rank0}' is not a host of this inventory",
                            f"use one of: {', '.join(hosts)}")
     inv_name = str(name) if name is not None else default_name(chk, path)
-    inv = Inventory(path=path, name=inv_name, hosts=hosts, groups=groups, rank0=rank0, format="clusterctl")
+    inv = Inventory(path=path, name=inv_name, hosts=hosts, groups=groups, rank0=rank0, format="clusterctl",
+                    notes=tuple(ssh.notes))
     if check_files:
         _check_files(chk, inv, raw_hosts)
     return inv
@@ -136,9 +139,6 @@ def _own_hosts(chk: Checker, data: _Map) -> dict[str, Layers]:
                    "rename the host (the name is a label: its address goes in `address:`)")
         hm = chk.mapping(hval, _line(hosts_m, hname), hpath)
         chk.keys(hm, HOST_FIELDS, hpath)
-        if "address" not in hm:
-            raise chk.fail(_line(hosts_m, hname), f"{hpath}.address", "missing address",
-                           f"add `address: <IP or DNS name of {hname}>` under {hpath}")
         raw[str(hname)] = [(base, _line(data, "defaults"), "defaults"),
                            (chk.host_fields(hm, hpath, allow_address=True), _line(hosts_m, hname), hpath)]
     return raw

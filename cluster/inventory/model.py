@@ -26,6 +26,10 @@ HOST_FIELDS = (
     "gpu",
     "connect_timeout",
     "command_timeout",
+    "ssh_config",
+    "proxy_jump",
+    "proxy_command",
+    "host_key_alias",
     "vars",
 )
 TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
@@ -69,8 +73,13 @@ class Host:
     gpu: GpuSpec | None = None
     connect_timeout: float = 5.0
     command_timeout: float = 600.0
+    ssh_config: str | None = None  # an OpenSSH client config file; None: OpenSSH's own (~/.ssh/config); "none"
+    proxy_jump: str | None = None  # OpenSSH's ProxyJump: [user@]host[:port][,...] (resolved into `jumps`)
+    proxy_command: str | None = None  # OpenSSH's ProxyCommand (%h %p %r %n %%), run by /bin/sh
+    host_key_alias: str | None = None  # OpenSSH's HostKeyAlias: the name its key has in known_hosts
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
+    jumps: tuple[Host, ...] = ()  # the jump hosts, first hop first (cluster.inventory.sshconfig resolves them)
 
     @property
     def known_hosts_path(self) -> Path:
@@ -82,15 +91,36 @@ class Host:
 
     @property
     def host_key_name(self) -> str:
-        """The name known_hosts files use for this node (OpenSSH's `[addr]:port` form)."""
+        """The name known_hosts files use for this node: its HostKeyAlias as it is, else OpenSSH's `addr` or
+        `[addr]:port` form (sshconnect.c get_hostfile_hostname_ipaddr)."""
+        if self.host_key_alias:
+            return self.host_key_alias
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    @property
+    def route(self) -> str:
+        """How the head reaches it, for messages: `user@addr:port`, after its jump hosts or proxy command."""
+        via = [f"{j.user}@{j.address}:{j.port}" for j in self.jumps]
+        if self.proxy_command:
+            via = [f"ProxyCommand {self.proxy_command}"]
+        return " -> ".join([*via, f"{self.user}@{self.address}:{self.port}"])
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("name",) + HOST_FIELDS}
         d["gpu"] = None if self.gpu is None else vars(self.gpu).copy()
         d["vars"] = dict(self.vars)
         d["groups"] = list(self.groups)
+        d["jumps"] = [j.to_dict() for j in self.jumps]
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Host:
+        """The inverse of to_dict (a run record's snapshot of how each node was reached)."""
+        d = dict(d)
+        gpu = d.pop("gpu", None)
+        d["groups"] = tuple(d.get("groups", ()))
+        d["jumps"] = tuple(cls.from_dict(j) for j in d.get("jumps", ()))
+        return cls(**d, gpu=GpuSpec(**gpu) if gpu else None)
 
 
 @dataclass(frozen=True)
@@ -101,6 +131,7 @@ class Inventory:
     groups: dict[str, tuple[str, ...]]
     rank0: str
     format: str = "clusterctl"
+    notes: tuple[str, ...] = ()  # said once by the CLI (e.g. an OpenSSH setting clusterctl does not follow)
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching a comma-separated list of host names, group names or globs."""

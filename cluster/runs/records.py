@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from cluster import paths
 from cluster.errors import ClusterError, UsageError
-from cluster.inventory.model import GpuSpec, Host
+from cluster.inventory.model import Host
 
 ACTIVE = ("starting", "running", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
@@ -122,13 +122,7 @@ class RunRecord:
 
     def hosts(self) -> list[Host]:
         """The hosts as they were when the run started (the inventory may have changed since)."""
-        out = []
-        for d in self.inventory["hosts"]:
-            d = dict(d)
-            gpu = d.pop("gpu", None)
-            d["groups"] = tuple(d.get("groups", ()))
-            out.append(Host(**d, gpu=GpuSpec(**gpu) if gpu else None))
-        return out
+        return [Host.from_dict(d) for d in self.inventory["hosts"]]
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -19,65 +19,12 @@ from cluster.inventory import hostkeys
 from cluster.errors import TransportError
 from cluster.inventory.model import Host
 from cluster.transport.base import Transport
+from cluster.transport.route import RejectUnknown, Route, connect_error, load_key, open_route
 
 KEEPALIVE_S = 15
 _WATCH_POLL_S = 0.25  # how often a watchdog looks at its limit (the limit may move: a copy's progress)
 # paramiko logs failed handshakes from its own threads; we report them as results instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-_keys: dict[Path, paramiko.PKey] = {}
-_keys_lock = threading.Lock()
-
-
-def _load_key(path: Path) -> paramiko.PKey:
-    """Parse each identity file once per process, not once per node."""
-    with _keys_lock:
-        if path not in _keys:
-            try:
-                _keys[path] = paramiko.PKey.from_path(path)
-            except paramiko.PasswordRequiredException:
-                raise TransportError(f"identity file {path} is protected by a passphrase",
-                                     "load it into ssh-agent (`ssh-add`) and leave identity_file unset",
-                                     "auth") from None
-            except (OSError, paramiko.SSHException, ValueError) as e:
-                raise TransportError(f"cannot load identity file {path}: {e}",
-                                     "point identity_file at an OpenSSH private key", "auth") from None
-        return _keys[path]
-
-
-class _RejectUnknown(paramiko.MissingHostKeyPolicy):
-    def __init__(self, transport: SSHConnection) -> None:
-        self.transport = transport
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise hostkeys.unknown_key_error(self.transport.host, key)
-
-
-def _connect_error(h: Host, e: BaseException, elapsed: float) -> BaseException:
-    """paramiko's and the socket layer's failures, as errors that say what to do."""
-    if isinstance(e, TransportError):  # from our host-key policy
-        return e
-    if isinstance(e, paramiko.BadHostKeyException):
-        return hostkeys.changed_key_error(h, e.key, e.expected_key)
-    if isinstance(e, paramiko.AuthenticationException):
-        return TransportError(f"{h.name}: {h.user}@{h.address} refused our key: {e}",
-                              f"copy your public key to the node: `ssh-copy-id -p {h.port} {h.user}@{h.address}`",
-                              "auth")
-    if isinstance(e, ConnectionRefusedError):
-        return TransportError(f"{h.name}: {h.address}:{h.port} refused the connection",
-                              "is sshd running on the node? (`systemctl status ssh` there)", "refused")
-    if isinstance(e, (paramiko.SSHException, EOFError)) and elapsed >= 0.9 * h.connect_timeout:
-        # The TCP connection opened but the handshake never finished (paramiko reports this as
-        # "Error reading SSH protocol banner" or "No existing session", depending on timing).
-        return TransportError(f"{h.name}: {h.address}:{h.port} accepted the connection but sent no SSH banner "
-                              f"within {h.connect_timeout:g}s", "is sshd overloaded or hung on the node?", "timeout")
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return TransportError(f"{h.name}: no answer from {h.address}:{h.port} within {h.connect_timeout:g}s",
-                              "is the PC on and on the lab network? (`ping` it from the head)", "timeout")
-    if isinstance(e, (OSError, paramiko.SSHException, EOFError)):
-        return TransportError(f"{h.name}: cannot connect to {h.address}:{h.port}: {e}",
-                              "is the PC on the lab network and sshd running? (`ping` it, `systemctl status ssh`)",
-                              "unreachable")
-    return e
 
 
 class SSHConnection(Transport):
@@ -85,6 +32,7 @@ class SSHConnection(Transport):
 
     _client: paramiko.SSHClient | None = None
     _sftp: paramiko.SFTPClient | None = None
+    _route: Route | None = None  # the jump hosts' connections under it, closed with it
 
     def connect(self) -> None:
         if self._client is not None:
@@ -92,29 +40,40 @@ class SSHConnection(Transport):
         h = self.host
         client = paramiko.SSHClient()
         client.get_host_keys().update(hostkeys.known_hosts(h.known_hosts_path))
-        client.set_missing_host_key_policy(_RejectUnknown(self))
-        key = _load_key(h.key_path) if h.key_path else None
+        client.set_missing_host_key_policy(RejectUnknown(h))
+        key = load_key(h.key_path) if h.key_path else None
         start = time.monotonic()
+        route = None
         try:
-            sock = socket.create_connection((h.address, h.port), timeout=h.connect_timeout)
-            # NOTE: without TCP_NODELAY every channel open waits out Nagle + delayed ACK (~40 ms):
-            # measured 48 ms -> 3 ms per command on the simulated lab.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            route = open_route(h)  # TCP, the host's ProxyCommand, or a channel through its jump hosts
             client.connect(
-                hostname=h.address, port=h.port, username=h.user, pkey=key, sock=sock,
+                hostname=h.address, port=h.port, username=h.user, pkey=key, sock=route.sock,
                 timeout=h.connect_timeout, banner_timeout=h.connect_timeout, auth_timeout=h.connect_timeout,
                 look_for_keys=key is None, allow_agent=key is None,
             )
         except BaseException as e:
             client.close()
-            raise _connect_error(h, e, time.monotonic() - start) from None
+            if route is not None:
+                route.close()
+            if isinstance(e, TransportError):  # a hop's own, or our host-key policy's
+                raise
+            raise connect_error(h, e, time.monotonic() - start) from None
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(KEEPALIVE_S)
-        self._client = client
+        self._client, self._route = client, route
 
     @property
     def peer_address(self) -> str | None:
+        """The address the node was reached at: the socket's peer, or (through jump hosts or a ProxyCommand,
+        whose socket ends elsewhere) the address the last hop dialed, when it is an IP address."""
+        if self._route is not None and (self._route.hops or self.host.proxy_command):
+            import ipaddress
+
+            try:
+                return str(ipaddress.ip_address(self.host.address))
+            except ValueError:
+                return None
         t = self._client.get_transport() if self._client else None
         return t.getpeername()[0] if t else None
 
@@ -139,6 +98,12 @@ class SSHConnection(Transport):
         client, self._client, self._sftp = self._client, None, None
         if client is not None:
             client.close()  # closes the socket first, so nothing waits on the silent peer
+        self._close_route()
+
+    def _close_route(self) -> None:
+        route, self._route = self._route, None
+        if route is not None:
+            route.close()
 
     def _bounded_request(self, chan: paramiko.Channel, request: Callable[[], None], bound: float) -> None:
         """A channel request (exec, subsystem): paramiko waits for its reply without a limit, so a timer
@@ -197,3 +162,4 @@ class SSHConnection(Transport):
         client, self._client = self._client, None
         if client is not None:
             client.close()
+        self._close_route()

@@ -95,10 +95,10 @@ def test_duplicate_host(tmp_path: Path) -> None:
     assert "duplicate host 'pc1' (first defined on line 2)" in str(e)
 
 
-def test_missing_address(tmp_path: Path) -> None:
-    e = _error(tmp_path, "hosts:\n  pc1:\n    user: bob\n")
-    assert (e.line, e.field) == (2, "hosts.pc1.address")
-    assert "missing address" in str(e) and "add `address:" in str(e)
+def test_the_address_defaults_to_the_name_as_in_ansible(tmp_path: Path) -> None:
+    p = tmp_path / "inv.yaml"
+    p.write_text("hosts:\n  pc1:\n    user: bob\n    ssh_config: none\n")
+    assert loader.load(p).hosts["pc1"].address == "pc1"
 
 
 def test_unreadable_key_file(tmp_path: Path) -> None:

@@ -1,0 +1,202 @@
+"""How OpenSSH would reach a host: the user's client configuration (~/.ssh/config), read by OpenSSH itself.
+
+`ssh -G DEST` prints the configuration OpenSSH would use for DEST after every `Host` and `Match` block,
+`Include`, token and default: the reference tool's own answer, so clusterctl reads the file exactly as
+`ssh` does (paramiko's parser has no `Include`). Where the inventory sets a field it is given to `ssh -G`
+as a command-line option (`-l`, `-p`, `-o ...`), which OpenSSH ranks above any config file: the inventory
+wins, and `Match user` sees the user clusterctl logs in as. A value counts as the config's only where it
+differs from what `ssh -G -F none` (no file at all) prints, so OpenSSH's defaults never override
+clusterctl's. Read: HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump (every hop resolved
+the same way, the hops' own jump hosts first), ProxyCommand, UserKnownHostsFile, HostKeyAlias.
+`StrictHostKeyChecking no|accept-new` is not followed (host keys are recorded by `clusterctl trust`
+only) and is said once. Without an `ssh` program on the head a config file is refused, not half-read.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable
+
+from cluster.errors import InventoryError
+from cluster.inventory.model import Host
+
+SSH_G_TIMEOUT_S = 10.0  # a `Match exec` in the user's file runs a command: bounded like every wait
+KEYS = ("hostname", "user", "port", "identityfile", "identitiesonly", "proxyjump", "proxycommand",
+        "userknownhostsfile", "hostkeyalias", "stricthostkeychecking")
+DEFAULT_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")
+# ProxyJump hops: [user@]host[:port] or ssh://[user@]host[:port] (OpenSSH's parse_ssh_uri / parse_user_host_port)
+_HOP = re.compile(r"(?:ssh://)?(?:(?P<user>[^@:/\s]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@:/\s\[\]]+)(?::(?P<port>\d{1,5}))?/?\Z")
+_TOKEN = re.compile(r"%(.)")
+PROXY_TOKENS = "%hprn"  # ProxyCommand's tokens clusterctl expands: %% %h %p %r %n
+
+
+def parse(stdout: str) -> dict[str, list[str]]:
+    """`ssh -G` output: one `key value` per line (keys lower-case, repeated for lists such as identityfile)."""
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in KEYS:
+            out.setdefault(key, []).append(value.strip())
+    return out
+
+
+def hops(spec: str) -> list[tuple[str | None, str, int | None]]:
+    """A ProxyJump value as its hops: (user, host, port); ValueError names a hop OpenSSH would refuse."""
+    out = []
+    for hop in spec.split(","):
+        m = _HOP.match(hop.strip())
+        if not m or (m["port"] and not 0 < int(m["port"]) < 65536):
+            raise ValueError(f"{hop!r} is not [user@]host[:port]")
+        out.append((m["user"], m["host"].strip("[]"), int(m["port"]) if m["port"] else None))
+    return out
+
+
+def expand_proxy_command(command: str, host: Host, dest: str) -> str:
+    """ProxyCommand's tokens as OpenSSH expands them (%h host, %p port, %r user, %n the name given, %% a
+    %), each value shell-quoted; any other token is refused (clusterctl would run another command)."""
+    import shlex
+
+    values = {"%": "%", "h": host.address, "p": str(host.port), "r": host.user, "n": dest}
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1) not in values:
+            raise ValueError(f"token %{m.group(1)} in ProxyCommand {command!r}: clusterctl expands only "
+                             "%h, %p, %r, %n and %%")
+        return values[m.group(1)] if m.group(1) == "%" else shlex.quote(values[m.group(1)])
+
+    return _TOKEN.sub(one, command)
+
+
+class Resolver:
+    """Resolves hosts against one config choice, asking `ssh -G` once per distinct question."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source  # the inventory file, for errors
+        self._answers: dict[tuple[str, ...], dict[str, list[str]]] = {}
+        self.notes: list[str] = []
+
+    def _ask(self, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
+        if argv not in self._answers:
+            ssh = shutil.which("ssh")
+            if ssh is None:
+                raise InventoryError(self.source, None, "ssh_config", f"cannot read {config}: no `ssh` program on "
+                                     "this PC (clusterctl asks OpenSSH itself, `ssh -G`, how it reads the file)",
+                                     "install openssh-client, or set `ssh_config: none` to read no OpenSSH config")
+            try:
+                r = subprocess.run([ssh, "-G", *argv], capture_output=True, text=True, timeout=SSH_G_TIMEOUT_S,
+                                   stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise InventoryError(self.source, None, "ssh_config", f"`ssh -G` on {config} still running after "
+                                     f"{SSH_G_TIMEOUT_S:g} s (a `Match exec` command that does not return?)",
+                                     "fix the config file, or set `ssh_config: none`") from None
+            if r.returncode != 0:
+                tail = "; ".join(ln.strip() for ln in r.stderr.splitlines() if ln.strip())[:600]
+                raise InventoryError(self.source, None, "ssh_config", f"OpenSSH refuses {config}: {tail}",
+                                     "fix the line it names (`ssh -G HOST` shows the same), or set "
+                                     "`ssh_config: none`")
+            self._answers[argv] = parse(r.stdout)
+        return self._answers[argv]
+
+    def resolve(self, host: Host, given: Iterable[str]) -> Host:
+        """`host` as OpenSSH would reach it: the config's values where the inventory set none (`given`),
+        its jump hosts resolved into `jumps`. A `connection: local` host, or `ssh_config: none` with no
+        jump host, is returned as it is."""
+        given = set(given)
+        if host.connection != "ssh":
+            return host
+        config = _config_file(host)
+        if config is None:
+            return replace(host, jumps=self._jumps(host, host.proxy_jump, None, host)) if host.proxy_jump else host
+        return self._resolve(host, given, config)
+
+    def _resolve(self, host: Host, given: set[str], config: str) -> Host:
+        dest = host.address
+        opts: list[str] = []
+        if "user" in given:
+            opts += ["-l", host.user]
+        if "port" in given:
+            opts += ["-p", str(host.port)]
+        for key, option in (("proxy_jump", "ProxyJump"), ("proxy_command", "ProxyCommand"),
+                            ("host_key_alias", "HostKeyAlias"), ("known_hosts", "UserKnownHostsFile")):
+            value = getattr(host, key)
+            if key in given and value:
+                opts += ["-o", f"{option}={value}"]
+        files = [] if config == "default" else ["-F", config]
+        got = self._ask((*files, *opts, "--", dest), _shown(config))
+        base = self._ask(("-F", "none", *opts, "--", dest), "no config file")
+        changed = {k for k in KEYS if got.get(k) != base.get(k)}
+        fields: dict[str, object] = {}
+        hostname = (got.get("hostname") or [dest])[0]
+        if hostname != dest:
+            fields["address"] = hostname
+        if "user" in changed and "user" not in given:
+            fields["user"] = got["user"][0]
+        if "port" in changed and "port" not in given:
+            fields["port"] = int(got["port"][0])
+        if "identityfile" in changed and "identity_file" not in given:
+            found = [k for k in got["identityfile"] if Path(k).expanduser().is_file()]  # OpenSSH skips the others
+            if found:
+                fields["identity_file"] = found[0]
+        if "userknownhostsfile" in changed and "known_hosts" not in given:
+            fields["known_hosts"] = got["userknownhostsfile"][0].split()[0]
+        alias = (got.get("hostkeyalias") or ["none"])[0]
+        if alias != "none":
+            fields["host_key_alias"] = alias
+        command = (got.get("proxycommand") or ["none"])[0]
+        jump = (got.get("proxyjump") or ["none"])[0]
+        fields["proxy_command"] = None if command == "none" else command
+        fields["proxy_jump"] = None if jump == "none" else jump
+        strict = (got.get("stricthostkeychecking") or ["ask"])[0]
+        if "stricthostkeychecking" in changed and strict in ("false", "no", "off", "accept-new"):
+            note = (f"{_shown(config)}: StrictHostKeyChecking {strict} is not followed: clusterctl records a "
+                    "host key only through `clusterctl trust`, which shows its fingerprint")
+            if note not in self.notes:
+                self.notes.append(note)
+        out = replace(host, **fields)  # type: ignore[arg-type]
+        if out.proxy_jump:
+            out = replace(out, jumps=self._jumps(out, out.proxy_jump, config, out))
+        return out
+
+    def _jumps(self, host: Host, spec: str, config: str | None, node: Host) -> tuple[Host, ...]:
+        """The hops of a ProxyJump value, each resolved like a node: its user and port from the hop (else
+        the config, else OpenSSH's defaults); its key file and known_hosts from the config, else the node's
+        inventory entry (a jump host's key is trusted like any node's). The first hop's own jump hosts (from
+        the config) come before it; later hops are reached through the earlier ones, as `ssh -J a,b` does."""
+        try:
+            parsed = hops(spec)
+        except ValueError as e:
+            raise InventoryError(self.source, None, f"{host.name}.proxy_jump", str(e),
+                                 "write ProxyJump as OpenSSH does: [user@]host[:port], hops separated by commas") from None
+        chain: list[Host] = []
+        for i, (user, address, port) in enumerate(parsed):
+            hop = Host(name=f"{address} (jump host)", address=address, port=port or 22,
+                       identity_file=node.identity_file, known_hosts=node.known_hosts,
+                       connect_timeout=node.connect_timeout, ssh_config=node.ssh_config)
+            if user:
+                hop = replace(hop, user=user)
+            hop_given = {k for k, v in (("user", user), ("port", port)) if v}
+            resolved = self._resolve(hop, hop_given, config) if config else hop
+            if i == 0:  # its own jump hosts and proxy command (from the config) come first
+                chain.extend(resolved.jumps)
+            else:  # `-J a,b`: b is reached through a, whatever its own config says
+                resolved = replace(resolved, proxy_command=None)
+            chain.append(replace(resolved, jumps=(), proxy_jump=None))
+        return tuple(chain)
+
+
+def _config_file(host: Host) -> str | None:
+    """The config to read: the host's `ssh_config` (a path, or "none"), else OpenSSH's own files when one
+    exists ("default"); None: read nothing."""
+    if host.ssh_config == "none":
+        return None
+    if host.ssh_config:
+        return os.path.expanduser(host.ssh_config)
+    return "default" if any(Path(f).expanduser().is_file() for f in DEFAULT_FILES) else None
+
+
+def _shown(config: str) -> str:
+    return " and ".join(DEFAULT_FILES) if config == "default" else config
