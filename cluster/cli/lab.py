@@ -10,6 +10,7 @@ from cluster import errors
 from cluster.lab import lifecycle
 from cluster.inventory import context
 from cluster.cli.args import POSITIVE_INT, add_json
+from cluster.cli.context import switch
 from cluster.cli.output import emit_json, err, out, table
 
 ACTIONS = (("up", "start a lab and make it the current context"),
@@ -40,6 +41,8 @@ def _declare_up(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
     sp.add_argument("--uplink", metavar="RATE",
                     help="the head's NIC: one limit shared by all head<->node traffic, e.g. 1gbit")
+    sp.add_argument("--gateway", action="store_true",
+                    help="the nodes behind a gateway PC: the head reaches them only through its sshd (ProxyJump)")
     sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
                     help="heterogeneous nodes: pin node i to one core and let it use Qi of it "
                          "(cgroup CPU bandwidth), e.g. 1,0.35")
@@ -59,8 +62,9 @@ def _quotas(text: str | None) -> list[float] | None:
 def cmd_lab_up(args: argparse.Namespace) -> int:
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
         state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
-                       cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink)
-    context.set_current(Path(state.inventory))
+                       cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink,
+                       gateway=args.gateway)
+    switch(Path(state.inventory))  # says so on stderr when the current context changes
     if args.json:
         emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
                    "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
@@ -74,6 +78,8 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         out.print(f"links shaped to {state.bandwidth} in both directions")
     if state.uplink:
         out.print(f"the head's uplink: {state.uplink} in each direction, shared by all nodes")
+    if state.jump:
+        out.print(f"behind a gateway PC at {state.jump.address}: the head reaches the nodes only through it")
     out.print(f"inventory: {escape(state.inventory)} (now the current context)")
     return errors.EXIT_OK
 

@@ -24,7 +24,7 @@ import yaml
 
 from cluster.errors import LabError, UsageError
 from cluster.lab.net import kill_netns as _kill_netns
-from cluster.lab.net import links, netns_list, sh, start_links, subnet_in_use
+from cluster.lab.net import answers, links, netns_list, sh, start_gateway_links, start_links, subnet_in_use
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
 from cluster.lab.state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
 
@@ -69,7 +69,7 @@ def preflight() -> None:
     sh("ip", "netns", "del", probe, check=False)
 
 
-def _validate(name: str, nodes: int, subnet: str) -> ipaddress.IPv4Network:
+def _validate(name: str, nodes: int, subnet: str, gateway: bool = False) -> ipaddress.IPv4Network:
     if not NAME_RE.match(name):
         raise UsageError(f"lab name {name!r} is not valid",
                          "use 1-8 lowercase letters or digits, starting with a letter (it prefixes link names)")
@@ -77,7 +77,7 @@ def _validate(name: str, nodes: int, subnet: str) -> ipaddress.IPv4Network:
         net = ipaddress.IPv4Network(subnet)
     except ValueError as e:
         raise UsageError(f"--subnet {subnet!r}: {e}", "e.g. --subnet 10.77.0.0/24") from None
-    if not 1 <= nodes <= net.num_addresses - 12:
+    if not 1 <= nodes <= net.num_addresses - (16 if gateway else 12):  # a gateway's /30 is the subnet's last
         raise UsageError(f"cannot fit {nodes} nodes in {net}", "use a larger --subnet or fewer nodes")
     return net
 
@@ -88,9 +88,12 @@ def _keygen(path: Path, comment: str) -> None:
 
 
 def _check_up(nodes: int, name: str, subnet: str, bandwidth: str | None, cpu_quotas: list[float] | None,
-              uplink: str | None) -> ipaddress.IPv4Network:
+              uplink: str | None, gateway: bool = False) -> ipaddress.IPv4Network:
     """Refuse bad arguments before anything is created."""
-    net = _validate(name, nodes, subnet)
+    net = _validate(name, nodes, subnet, gateway)
+    if gateway and uplink:
+        raise UsageError("--uplink shapes the head's link to the lab's bridge, which a --gateway lab does not have",
+                         "use --bandwidth (each node's link) with --gateway")
     for flag, rate in (("--bandwidth", bandwidth), ("--uplink", uplink)):
         if rate is not None and not RATE_RE.match(rate):
             raise UsageError(f"{flag} {rate!r} is not a rate tc understands",
@@ -113,13 +116,16 @@ def _prepare_dir(d: Path, name: str) -> None:
 
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
-       directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None) -> LabState:
+       directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None,
+       gateway: bool = False) -> LabState:
     """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
 
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
     may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds.
-    `uplink` models the head's one NIC: every byte between the head and any node shares that rate."""
-    net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink)
+    `uplink` models the head's one NIC: every byte between the head and any node shares that rate.
+    `gateway`: the head has no route to the nodes' bridge; it reaches one gateway PC (its own namespace
+    and sshd, on the subnet's last /30) and the nodes only through it (the inventory's proxy_jump)."""
+    net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink, gateway)
     preflight()
     d = (directory or default_dir(name)).resolve()
     down(name, d)
@@ -130,22 +136,24 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
                        f"pick another with --subnet, or `clusterctl lab down` the lab that owns {used_by}")
     _prepare_dir(d, name)
     hosts = list(net.hosts())
-    gateway = hosts[0]
     sh("ip", "link", "add", bridge, "type", "bridge")
-    sh("ip", "addr", "add", f"{gateway}/{net.prefixlen}", "dev", bridge)
+    if not gateway:  # the head's side of the bridge; with --gateway, the gateway PC has this address
+        sh("ip", "addr", "add", f"{hosts[0]}/{net.prefixlen}", "dev", bridge)
     sh("ip", "link", "set", bridge, "up")
-    state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(gateway), bandwidth=bandwidth,
+    state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(hosts[0]), bandwidth=bandwidth,
                      dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink)
     try:
         if uplink:
             state.ifb = shape_uplink(name, bridge, uplink)
+        if gateway:
+            _start_gateway(state, net)
         for i in range(1, nodes + 1):
             node = NodeState(name=f"node{i}", netns=f"{name}-n{i}", veth=f"{name}-v{i}",
                              address=str(hosts[9 + i]), hostname=f"node{i}", dir=str(d / f"node{i}"))
             state.nodes.append(node)
             _start_node(state, node, net.prefixlen, None if cpu_quotas is None else cpu_quotas[i - 1], i - 1)
         for node in state.nodes:
-            _wait_listening(node)
+            _wait_listening(node, state.jump.netns if state.jump else None)
     except BaseException:
         down(name, d)
         raise
@@ -153,6 +161,19 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
     _write_inventory(state)
     save_state(state)
     return state
+
+
+def _start_gateway(state: LabState, net: ipaddress.IPv4Network) -> None:
+    """The gateway PC: on the bridge at the subnet's first address, and the only PC the head reaches, on
+    the subnet's last /30 (head .253, gateway .254 of a /24), with its own sshd and host key."""
+    last = ipaddress.IPv4Network(f"{net.broadcast_address - 3}/30")
+    head_end, outer = list(last.hosts())
+    jump = NodeState(name="gateway", netns=f"{state.name}-gw", veth=f"{state.name}-vg", address=str(outer),
+                     hostname="gateway", dir=str(Path(state.dir) / "gateway"))
+    state.jump = jump
+    start_gateway_links(jump, state.bridge, state.gateway, net.prefixlen, str(head_end))
+    _start_sshd(jump, Path(state.dir))
+    _wait_listening(jump)
 
 
 def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | None, index: int) -> None:
@@ -199,22 +220,29 @@ def _start_sshd(node: NodeState, d: Path) -> int:
     raise LabError(f"sshd of {node.name} did not start; see {nd / 'sshd.log'}")
 
 
-def _wait_listening(node: NodeState, timeout: float = 10.0) -> None:
+def _answers(address: str, via: str | None, timeout: float) -> bool:
+    """Port 22 of `address` open, from the head or (a gateway lab's nodes) from the gateway's namespace."""
+    if via:
+        return answers(via, address, 22, timeout)
+    try:
+        with socket.create_connection((address, 22), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_listening(node: NodeState, via: str | None = None, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((node.address, 22), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise LabError(f"{node.name} ({node.address}) does not answer on port 22") from None
-            time.sleep(0.05)
+    while not _answers(node.address, via, 1.0):
+        if time.monotonic() > deadline:
+            raise LabError(f"{node.name} ({node.address}) does not answer on port 22")
+        time.sleep(0.05)
 
 
 def _write_known_hosts(state: LabState) -> None:
     # We generated these host keys ourselves, so recording them is verification, not blind trust.
     lines = []
-    for node in state.nodes:
+    for node in [*state.nodes, *([state.jump] if state.jump else [])]:
         kind, b64 = (Path(node.dir) / "hostkey.pub").read_text().split()[:2]
         lines.append(f"{node.address} {kind} {b64}\n")
     (Path(state.dir) / "known_hosts").write_text("".join(lines))
@@ -235,6 +263,8 @@ def _write_inventory(state: LabState) -> None:
             # The simulated nodes are CPU-only and offline: the head's wheelhouse takes torch from the
             # default index (PyPI's build runs on the CPU too) instead of download.pytorch.org/whl/cpu.
             "vars": {"torch_index": "pypi"},
+            # --gateway: the nodes are reached through the gateway PC (OpenSSH's ProxyJump)
+            **({"proxy_jump": f"root@{state.jump.address}"} if state.jump else {}),
         },
         "groups": {"lab": {"hosts": [n.name for n in state.nodes]}},
         "hosts": {n.name: {"address": n.address} for n in state.nodes},
@@ -276,11 +306,7 @@ def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState |
     rows = []
     for n in state.nodes:
         alive = n.pid is not None and _pid_alive(n.pid)
-        try:
-            with socket.create_connection((n.address, 22), timeout=0.5):
-                port = True
-        except OSError:
-            port = False
+        port = _answers(n.address, state.jump.netns if state.jump else None, 0.5)
         rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port))
     return state, rows
 

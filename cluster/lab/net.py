@@ -46,15 +46,44 @@ def start_links(node: NodeState, bridge: str, prefix: int) -> None:
     sh("ip", "-n", ns, "link", "set", "eth0", "up")
 
 
+def start_gateway_links(jump: NodeState, bridge: str, inner: str, prefix: int, outer_head: str) -> None:
+    """The gateway PC's namespace: eth0 on the lab's bridge (`inner`), uplink0 on a /30 of its own to the
+    head (`jump.address`; the head's end `<name>-gwv` has `outer_head`). It forwards nothing: the head
+    reaches the nodes only through its sshd, as through a lab's gateway PC."""
+    ns = jump.netns
+    sh("ip", "netns", "add", ns)
+    sh("ip", "link", "add", jump.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    sh("ip", "link", "set", jump.veth, "master", bridge, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{inner}/{prefix}", "dev", "eth0")
+    up_head = jump.veth.replace("-vg", "-gwv")
+    sh("ip", "link", "add", up_head, "type", "veth", "peer", "name", "uplink0", "netns", ns)
+    sh("ip", "addr", "add", f"{outer_head}/30", "dev", up_head)
+    sh("ip", "link", "set", up_head, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{jump.address}/30", "dev", "uplink0")
+    for dev in ("lo", "eth0", "uplink0"):
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+    sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
+
+
+def answers(ns: str, address: str, port: int = 22, timeout: float = 1.0) -> bool:
+    """Whether address:port accepts a TCP connection as seen from inside namespace `ns` (the gateway's:
+    the head has no route to a gateway lab's nodes)."""
+    import sys
+
+    probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3]))"
+    return sh("ip", "netns", "exec", ns, sys.executable, "-c", probe, address, str(port), str(timeout),
+              check=False).returncode == 0
+
+
 def netns_list(name: str) -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-n\d+$")
+    pat = re.compile(rf"^{re.escape(name)}-(n\d+|gw)$")
     return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
 
 
 def links(name: str) -> list[str]:
     out = sh("ip", "-o", "link", "show", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+)$")
+    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+|vg|gwv)$")
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     return [n for n in names if pat.match(n)]
 

@@ -33,6 +33,7 @@ class LabState:
     nodes: list[NodeState]
     uplink: str | None = None  # the head's NIC: one limit shared by all head<->node traffic
     ifb: str | None = None  # the device that shapes node->head traffic (the bridge's ingress, redirected)
+    jump: NodeState | None = None  # --gateway: the one PC the head reaches (its sshd); the nodes only through it
 
 
 def default_dir(name: str) -> Path:
@@ -49,6 +50,7 @@ def load_state(name: str, directory: Path | None = None) -> LabState | None:
         return None
     raw = json.loads(p.read_text())
     raw["nodes"] = [NodeState(**n) for n in raw["nodes"]]
+    raw["jump"] = NodeState(**raw["jump"]) if raw.get("jump") else None
     return LabState(**raw)
 
 

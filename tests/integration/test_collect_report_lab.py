@@ -48,7 +48,7 @@ def node_files(state, i: int, run_id: str, checkpoints: bool = False) -> dict[st
     root = Path(state.nodes[i].dir) / "srv" / "runs" / run_id
     shipped = {f"program/{k}": v for k, v in json.loads((root / ".shipped-program.json").read_text()).items()}
     return {rel: digest for p in root.rglob("*")
-            if p.is_file() and not p.is_symlink() and (checkpoints or not any(
+            if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts and (checkpoints or not any(
                 part.startswith(("checkpoint", ".checkpoint-worker")) for part in p.relative_to(root).parts))
             and shipped.get(rel := p.relative_to(root).as_posix()) != (digest := sha(p))}
 
