@@ -23,12 +23,56 @@ CONSUMED = frozenset({
     "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user", "ansible_ssh_user",
     "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_python_interpreter", "ansible_connection",
     "ansible_paramiko_host", "ansible_paramiko_port", "ansible_paramiko_user", "ansible_paramiko_private_key_file",
+    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_paramiko_proxy_command",
 })
 # Secrets: clusterctl never uses passwords (keys and ssh-agent only).
 _SECRET = re.compile(r"^ansible_(\w+_)?(pass|password|passphrase)$")
 # SSH settings clusterctl's own SSH client cannot honour: connecting without them would be a misread.
-_SSH_ARGS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args", "ansible_ssh_executable",
-             "ansible_paramiko_proxy_command")
+_SSH_ARGS = ("ansible_ssh_args", "ansible_ssh_executable")
+# Extra ssh arguments Ansible adds to its command line: read as `ssh` reads them, into host fields.
+_SSH_EXTRA = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+_SSH_OPTIONS = {"proxyjump": "proxy_jump", "proxycommand": "proxy_command", "userknownhostsfile": "known_hosts",
+                "hostkeyalias": "host_key_alias", "identityfile": "identity_file", "port": "port", "user": "user"}
+_SSH_FLAGS = {"-J": "proxy_jump", "-F": "ssh_config", "-i": "identity_file", "-p": "port", "-l": "user"}
+_SSH_HARMLESS_OPTIONS = ("stricthostkeychecking", "identitiesonly", "batchmode", "controlmaster", "controlpersist",
+                         "controlpath", "serveraliveinterval", "serveralivecountmax", "connecttimeout",
+                         "compression", "loglevel", "forwardagent")
+
+
+def ssh_args_fields(text: str) -> dict[str, str]:
+    """Ansible's extra ssh arguments as host fields, as `ssh` reads them: -J, -F, -i, -p, -l, and -o for
+    ProxyJump, ProxyCommand, UserKnownHostsFile, HostKeyAlias, IdentityFile, Port, User. Options that do not
+    change where or as whom clusterctl connects (StrictHostKeyChecking: clusterctl's trust policy stands;
+    ControlMaster, ServerAliveInterval, ...) are passed over; anything else raises ValueError naming it."""
+    import shlex
+
+    words, out = shlex.split(text), {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        flag, value = (w[:2], w[2:]) if w[:2] in (*_SSH_FLAGS, "-o") and len(w) > 2 else (w, None)
+        if flag in ("-q", "-C", "-T", "-n", "-4", "-A", "-a", "-x", "-v"):
+            i += 1
+            continue
+        if flag not in (*_SSH_FLAGS, "-o"):
+            raise ValueError(f"{w!r} is not an ssh argument clusterctl follows")
+        if value is None:
+            if i + 1 >= len(words):
+                raise ValueError(f"{w!r} needs a value")
+            value, i = words[i + 1], i + 1
+        i += 1
+        if flag != "-o":
+            out[_SSH_FLAGS[flag]] = value
+            continue
+        key, sep, v = value.partition("=")
+        if not sep:
+            key, _, v = value.partition(" ")
+        key = key.strip().lower()
+        if key in _SSH_OPTIONS:
+            out[_SSH_OPTIONS[key]] = v.strip()
+        elif key not in _SSH_HARMLESS_OPTIONS:
+            raise ValueError(f"-o {value!r} is not an ssh option clusterctl follows")
+    return out
 _ANSIBLE_TRUE = {True, 1, "1", "y", "yes", "on", "true", "t"}  # ansible.module_utils...boolean
 _INTERPRETER_DISCOVERY = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")
 # The host fields a `clusterctl_<field>` variable may set (address and connection come from Ansible's own).
@@ -90,10 +134,10 @@ class _AnsweredHost:
                                   "use SSH keys (ssh-copy-id; a passphrase key through ssh-agent) and remove "
                                   f"{var} from what clusterctl reads")
             if var in _SSH_ARGS and self.set_or_errors(var):
-                raise self.refuse(var, "extra SSH settings: clusterctl's SSH client (paramiko) cannot honour "
-                                  "them, it would connect differently from Ansible",
-                                  "reach the node directly (ansible_host, ansible_port), or use ~/.ssh/config "
-                                  "with plain `ssh` for jump hosts")
+                raise self.refuse(var, "SSH settings that replace how Ansible runs ssh: clusterctl would connect "
+                                  "differently from Ansible",
+                                  "remove it from what clusterctl reads; jump hosts and the like go in "
+                                  "ansible_ssh_common_args (-J, -o ProxyCommand=...) or ~/.ssh/config")
             if var in self.errors and (var in CONSUMED or var.startswith("clusterctl_") or var == "ansible_become"):
                 raise self.refuse(var, f"Ansible cannot resolve this value before a play runs: {self.errors[var]}",
                                   "give it a value that does not depend on facts or play variables")
@@ -117,6 +161,19 @@ class _AnsweredHost:
                                     ("key", "identity_file", "ansible_ssh_private_key_file")):
             if self.conn.get(key) is not None:
                 self.put(fieldname, self.conn[key], var)
+        for var in _SSH_EXTRA:
+            text = self.values.get(var)
+            if var in self.errors or not text:
+                continue
+            try:
+                fields = ssh_args_fields(str(text))
+            except ValueError as e:
+                raise self.refuse(var, str(e), "keep -J/-o ProxyJump, -o ProxyCommand, -F, -i, -p, -l, -o "
+                                  "UserKnownHostsFile/HostKeyAlias there, or put the rest in ~/.ssh/config") from None
+            for key, value in fields.items():
+                self.put(key, int(value) if key == "port" and value.isdigit() else value, var)
+        if self.values.get("ansible_paramiko_proxy_command"):
+            self.put("proxy_command", self.values["ansible_paramiko_proxy_command"], "ansible_paramiko_proxy_command")
         interp = self.values.get("ansible_python_interpreter")
         if interp is not None and interp not in _INTERPRETER_DISCOVERY:
             self.put("python", interp, "ansible_python_interpreter")
