@@ -1,0 +1,110 @@
+"""A lab behind a gateway PC (`lab up --gateway`), reached as a lab admin reaches it: an inventory of bare host
+names and an OpenSSH config (Host blocks with HostName, User, IdentityFile, ProxyJump), or an Ansible INI
+inventory with ansible_ssh_common_args (-o ProxyJump=, or DeepOps' -o ProxyCommand="ssh -W %h:%p ...").
+The head has no route to the nodes: everything goes through the gateway's sshd, host keys checked on
+every hop, and the training traffic stays on the nodes' own network."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark  # noqa: F401
+
+TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def glab(tmp_path_factory: pytest.TempPathFactory):
+    """The lab, and what its admin wrote: ssh_config, an empty known_hosts, inventories of bare names."""
+    with lab_up(tmp_path_factory, "g", 2, 14, gateway=True) as (state, d):
+        lab = Path(state.dir)
+        kh = d / "admin_known_hosts"
+        kh.touch()
+        blocks = "".join(f"Host {n.name}\n  HostName {n.address}\n" for n in state.nodes)
+        (d / "ssh_config").write_text(
+            f"Host gw\n  HostName {state.jump.address}\n  User root\n  IdentityFile {lab / 'id_ed25519'}\n"
+            f"  UserKnownHostsFile {kh}\n"
+            f"Host node*\n  User root\n  IdentityFile {lab / 'id_ed25519'}\n  UserKnownHostsFile {kh}\n"
+            f"  ProxyJump gw\n{blocks}")
+        (d / "bare.yaml").write_text(f"defaults:\n  ssh_config: {d / 'ssh_config'}\n  workdir: /srv/cluster\n"
+                                     "hosts:\n" + "".join(f"  {n.name}: {{}}\n" for n in state.nodes))
+        yield state, d, {"CLUSTERCTL_HOME": str(d / "home")}
+
+
+def lab_keys(state) -> dict[str, str]:
+    """address -> the public key the lab generated for it (what trust must have recorded)."""
+    return {n.address: (Path(n.dir) / "hostkey.pub").read_text().split()[1] for n in [*state.nodes, state.jump]}
+
+
+def test_the_head_cannot_reach_a_node_but_openssh_through_the_gateway_can(glab) -> None:
+    state, d, _ = glab
+    # no route from the head to the nodes through any link of the lab (never dialled: the machine's default
+    # route may lead anywhere, and tests contact only the lab)
+    route = subprocess.run(["ip", "-o", "route", "get", state.nodes[0].address], capture_output=True, text=True,
+                           timeout=30).stdout
+    assert state.name not in route, route
+    assert state.name in subprocess.run(["ip", "-o", "route", "get", state.jump.address], capture_output=True,
+                                        text=True, timeout=30).stdout  # the gateway: on the lab's /30
+    # the reference tool, with the same config (the jump host's key recorded by hand for it)
+    (d / "ref_known_hosts").write_text("".join(f"{a} ssh-ed25519 {k}\n" for a, k in lab_keys(state).items()))
+    cfg = (d / "ssh_config").read_text().replace(str(d / "admin_known_hosts"), str(d / "ref_known_hosts"))
+    (d / "ref_config").write_text(cfg)
+    r = subprocess.run(["ssh", "-F", str(d / "ref_config"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                        "node2", "echo $SSH_CONNECTION"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split()[0] == state.gateway, r.stderr  # from the gateway's lab address
+
+
+def test_trust_records_the_gateway_then_the_nodes_behind_it(glab) -> None:
+    state, d, env = glab
+    rc, res = clusterctl_json("trust", str(d / "bare.yaml"), "--yes", env=env, timeout=120)
+    assert rc == 0, res
+    assert [(n["host"], n["address"]) for n in res["nodes"] if n["jump"]] == [("gw (jump host)", state.jump.address)]
+    assert all(n["recorded"] and n["status"] == "new" for n in res["nodes"]), res
+    recorded = {line.split()[0]: line.split()[2] for line in (d / "admin_known_hosts").read_text().splitlines()}
+    assert recorded == lab_keys(state)  # each key the one the PC really has (the lab made them)
+    rc, again = clusterctl_json("trust", str(d / "bare.yaml"), "--yes", env=env, timeout=120)
+    assert rc == 0 and {n["status"] for n in again["nodes"]} == {"known"}, again
+
+
+def test_check_provision_launch_and_collect_through_the_gateway(glab) -> None:
+    state, d, env = glab
+    inv = str(d / "bare.yaml")
+    if not (d / "admin_known_hosts").read_text():
+        assert clusterctl("trust", inv, "--yes", env=env, timeout=120).returncode == 0
+    rc, chk = clusterctl_json("check", inv, env=env, timeout=120)
+    assert rc == 0, chk
+    rc, res = clusterctl_json("provision", inv, "--set", f"python={sys.executable}", "--set",
+                              "vars.python_env=existing", env=env, timeout=900)
+    assert rc == 0, json.dumps(res)[-2000:]
+    for job in ("resnet50-ddp", "resnet50-tf"):
+        rc, rec = clusterctl_json("launch", job, "-i", inv, *TINY, env=env, timeout=900)
+        assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+        if job == "resnet50-ddp":  # the rendezvous on node1's lab address: the training traffic stays there
+            assert rec["endpoint"].startswith(state.nodes[0].address + ":"), rec["endpoint"]
+        rc, got = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
+        assert rc == 0 and all(n["status"] == "ok" and n["files"] > 0 for n in got["nodes"]), got
+    r = clusterctl("exec", inv, "--", "echo $SSH_CONNECTION", env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.count(f"{state.gateway} ") == 2, r.stdout  # both through the gateway
+
+
+@pytest.mark.parametrize("args", [
+    "'-o ProxyJump=root@{gw}'",
+    "'-o ProxyCommand=\"ssh -W %h:%p -q -i {key} -o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes "
+    "-o BatchMode=yes root@{gw}\"'",
+])
+def test_an_ansible_ini_inventory_reaches_the_nodes_through_its_ssh_args(glab, args: str) -> None:
+    state, d, env = glab
+    lab = Path(state.dir)
+    common = args.format(gw=state.jump.address, key=lab / "id_ed25519", kh=lab / "known_hosts")
+    ini = d / "hosts.ini"
+    ini.write_text("[lab]\n" + "".join(f"{n.name} ansible_host={n.address}\n" for n in state.nodes) +
+                   f"\n[lab:vars]\nansible_user=root\nansible_ssh_private_key_file={lab / 'id_ed25519'}\n"
+                   f"ansible_ssh_common_args={common}\nclusterctl_known_hosts={lab / 'known_hosts'}\n"
+                   "clusterctl_workdir=/srv/cluster\nclusterctl_ssh_config=none\n")
+    rc, res = clusterctl_json("exec", str(ini), "--", "hostname", env={**env, "CLUSTERCTL_INVENTORY_READER": "ansible"},
+                              timeout=120)
+    assert rc == 0 and [n["stdout"].strip() for n in res["nodes"]] == ["node1", "node2"], res
