@@ -48,4 +48,5 @@ def run(group: Group, on_done: Callable[[HostResult], None] | None = None) -> Ch
     for h in group.hosts:
         r = results[h.name]
         problems += health.from_facts(h, r.value) if r.ok else health.from_result(r)
+    problems += health.shared_workdirs(group.hosts, {n: r.value for n, r in results.items() if r.ok})
     return CheckReport(group.hosts, results, problems)

@@ -123,6 +123,17 @@ def parse_hostname(out: str, rc: int) -> dict[str, Any]:
     return {"name": name, "resolves_to": addrs, "on_loopback": bool(loop)}
 
 
+def parse_place(out: str, rc: int) -> dict[str, Any] | None:
+    """Where the workdir is: the kernel's boot id (one per running machine), the device:inode of its nearest
+    existing folder and the rest of its path. Two hosts with the same three share one folder (a duplicated
+    address, two ports of one PC, two names for one machine); lab nodes share a kernel, not their folders."""
+    lines = out.strip().splitlines()
+    if rc != 0 or len(lines) < 3:
+        return None
+    return {"boot_id": lines[0].strip(), "anchor": lines[1].strip(), "path": lines[2].strip(),
+            "rest": lines[3].strip() if len(lines) > 3 else ""}
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -144,6 +155,12 @@ GPU_CMD = (
     "else echo @@absent; fi"
 )
 
+def _place_cmd(h: Host) -> str:
+    return (f"w={shlex.quote(h.workdir)}; d=$w; while [ ! -e \"$d\" ]; do d=$(dirname -- \"$d\"); done; "
+            "cat /proc/sys/kernel/random/boot_id && stat -L -c %d:%i -- \"$d\" && (cd -- \"$d\" && pwd -P) && "
+            'echo "${w#"$d"}"')
+
+
 FACTS: tuple[Fact, ...] = (
     Fact("os", lambda h: "cat /etc/os-release", parse_os),
     Fact("kernel", lambda h: "uname -srm", parse_kernel),
@@ -154,6 +171,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("gpus", lambda h: GPU_CMD, parse_gpus),
     Fact("nics", lambda h: "ip -o addr show", parse_nics),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
+    Fact("place", _place_cmd, parse_place),
 )
 
 

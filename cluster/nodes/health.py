@@ -33,6 +33,25 @@ def from_result(r: HostResult) -> list[Problem]:
     return [Problem(r.host, r.problem or r.status, True, r.error or r.status, r.fix or "see the error")]
 
 
+def shared_workdirs(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem]:
+    """Hosts of the inventory whose work directories are one folder (one machine, by its boot id, and one
+    device:inode and path there): each would overwrite the other's cluster.env, venv and runs. One blocking
+    problem per host of such a group, naming the others."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for h in hosts:
+        place = nf[h.name].values.get("place") if h.name in nf else None
+        if place:
+            groups.setdefault((place["boot_id"], place["anchor"], place["rest"].strip("/")), []).append(h.name)
+    out = []
+    for names in groups.values():
+        for n in names if len(names) > 1 else []:
+            others = ", ".join(x for x in names if x != n)
+            out.append(Problem(n, "shared-workdir", True, f"its work directory is the one of {others} (the same "
+                               "folder on the same machine: a duplicated address, two ports of one PC?)",
+                               "give each host its own `workdir`, or remove the duplicate host from the inventory"))
+    return out
+
+
 def from_facts(host: Host, f: NodeFacts) -> list[Problem]:
     v, out = f.values, []
 
