@@ -2,7 +2,10 @@
 
     bridge <name>-br (first address of the subnet, the head's side)
       └─ veth <name>-vN ── eth0 in netns <name>-nN (subnet .10+N), sshd on :22,
-         hostname nodeN (on 127.0.1.1 in its /etc/hosts, as Debian does), <dir>/nodeN/srv on /srv/cluster
+         hostname nodeN (on 127.0.1.1 in its /etc/hosts, as Debian does), <dir>/nodeN/srv on /srv/cluster,
+         its own home (<dir>/nodeN/home on /srv/clusterctl-home, root's home in its copy of /etc/passwd)
+    --gateway: no head address on the bridge; a gateway PC (netns <name>-gw, its own sshd) on the bridge
+    and on the subnet's last /30 with the head: the only way to the nodes
 
 Nodes have no default route: like a lab network without internet. Everything a
 lab owns carries its name, so `up` can reclaim what a crashed run left behind and
@@ -34,6 +37,7 @@ __all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeSt
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
 SSHD = "/usr/sbin/sshd"
 MOUNT_POINT = Path("/srv/cluster")
+HOME_POINT = Path("/srv/clusterctl-home")  # each node's own home directory is mounted here, in its namespace
 SSHD_CONFIG = """\
 # sshd for one node of a clusterctl simulated lab (written by `clusterctl lab up`)
 Port 22
@@ -112,6 +116,7 @@ def _prepare_dir(d: Path, name: str) -> None:
     shutil.copyfile(d / "id_ed25519.pub", d / "authorized_keys")
     (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
     MOUNT_POINT.mkdir(parents=True, exist_ok=True)
+    HOME_POINT.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
 
 
@@ -196,16 +201,20 @@ def _start_sshd(node: NodeState, d: Path) -> int:
     _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
     pidfile = nd / "sshd.pid"
     pidfile.unlink(missing_ok=True)
-    # A fresh PC's shell: the head's ~/.bashrc (pyenv, conda...) would run before every command.
-    bashrc = Path(os.path.expanduser("~root")) / ".bashrc"
-    (nd / "bashrc").write_text("# clusterctl lab node: the head's ~/.bashrc is masked in this node\n")
+    # A PC of its own: its home directory (root's, in this node's copy of /etc/passwd), with a fresh shell's
+    # ~/.bashrc (the head's, with pyenv or conda, would run before every command), so that a workdir in
+    # the login directory is the node's own, not one folder shared by every node.
+    home = nd / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
+    (nd / "passwd").write_text(_passwd_with_home(Path("/etc/passwd").read_text(), "root", str(HOME_POINT)))
     # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
     (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
                               "::1\tlocalhost ip6-localhost ip6-loopback\n")
     q = shlex.quote
-    mask = f"mount --bind {q(str(nd / 'bashrc'))} {q(str(bashrc))} && " if bashrc.exists() else ""
     script = (
-        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && {mask}"
+        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && "
+        f"mount --bind {q(str(home))} {q(str(HOME_POINT))} && mount --bind {q(str(nd / 'passwd'))} /etc/passwd && "
         f"mount --bind {q(str(nd / 'hosts'))} /etc/hosts && "
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
@@ -229,6 +238,17 @@ def _answers(address: str, via: str | None, timeout: float) -> bool:
             return True
     except OSError:
         return False
+
+
+def _passwd_with_home(passwd: str, user: str, home: str) -> str:
+    """/etc/passwd with `user`'s home directory (the sixth field) replaced."""
+    lines = []
+    for line in passwd.splitlines():
+        parts = line.split(":")
+        if len(parts) == 7 and parts[0] == user:
+            parts[5] = home
+        lines.append(":".join(parts))
+    return "\n".join(lines) + "\n"
 
 
 def _wait_listening(node: NodeState, via: str | None = None, timeout: float = 10.0) -> None:
