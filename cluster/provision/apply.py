@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+from cluster.nodes import health
 from cluster.provision import compat, diskspace, playbook, wheelhouse
 from cluster.nodes import facts
 from cluster.errors import ClusterError
@@ -141,6 +142,9 @@ def prepare(inv: Inventory, hosts: list[Host], forks: int = 32, pb_path: str = "
             nf[h.name] = r.value
         else:
             out[h.name].fail("unreachable" if r.status == "unreachable" else "failed", r.error or r.status, r.fix)
+    for p in health.shared_workdirs(hosts, nf):  # before anything is written: each would overwrite the other
+        out[p.host].fail("failed", p.message, p.fix)
+        nf.pop(p.host, None)
     return request_for(inv, hosts, nf, pb, out)
 
 

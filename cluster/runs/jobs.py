@@ -159,7 +159,7 @@ class JobSpec:
                 args += ["--" + key.replace("_", "-"), s[key]]
         if s["shares"]:
             args += ["--shares", ",".join(f"{node}={n}" for node, n in s["shares"].items())]
-        return [str(a) for a in args]
+        return [a if isinstance(a, str) else str(a) for a in args]  # a str subclass (render.Raw) stays what it is
 
 
 def find(name_or_path: str) -> Path:

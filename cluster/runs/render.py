@@ -123,6 +123,15 @@ def visible_devices(host: Host) -> list[str] | None:
     return words
 
 
+def in_workdir(host: Host, rel: str) -> str | Raw:
+    """`<workdir>/<rel>` as a launch script names it: the path itself when the workdir is absolute, else
+    "$CLUSTER_WORKDIR"/<rel> (the script resolves a relative workdir in the login directory first, as every
+    command over SSH does, and keeps it in CLUSTER_WORKDIR: the script and the program move elsewhere)."""
+    if host.workdir.startswith("/"):
+        return f"{host.workdir}/{rel}"
+    return Raw(f'"$CLUSTER_WORKDIR"/{shlex.quote(rel)}')
+
+
 def run_dir(host: Host, run_id: str) -> str:
     return f"{host.workdir}/runs/{run_id}"
 
@@ -197,13 +206,14 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
     for rank, (t, nproc) in enumerate(zip(targets, nprocs)):
         h = t.host
         rdir = run_dir(h, run_id)
-        python, target = program_words(spec, f"{h.workdir}/datasets/{data_file}")
+        python, target = program_words(spec, in_workdir(h, f"datasets/{data_file}"))
         files = {
             "launch.sh": template.render(
                 job=spec.name, run_id=run_id, node=h.name, node_rank=rank, nnodes=len(targets), nproc=nproc,
-                workdir=h.workdir, run_dir=rdir, env=env, endpoint=endpoint, python=python, target=target,
+                workdir=h.workdir, run_dir=in_workdir(h, f"runs/{run_id}"), env=env, endpoint=endpoint,
+                python=python, target=target, workdir_relative=not h.workdir.startswith("/"),
                 own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
-                layer=f"{h.workdir}/{layer}" if layer else None, data=data_path(spec),
+                layer=in_workdir(h, layer) if layer else None, data=data_path(spec),
                 devices=",".join(visible_devices(h) or []) or None,
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),

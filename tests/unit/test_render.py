@@ -211,3 +211,24 @@ def test_bad_visible_devices_are_refused_naming_the_node_and_the_var(value: obje
     host = model.Host(name="pc1", address="127.0.0.1", vars={"cuda_visible_devices": value})
     with pytest.raises(UsageError, match="pc1: inventory var cuda_visible_devices"):
         render.render(jobs.load("resnet50-ddp"), [render.Target(host)], "run1", "d.npz", {"pc1": 29400})
+
+
+def test_a_relative_workdir_is_the_login_directorys_in_every_path_the_script_gives(tmp_path: Path) -> None:
+    """workdir `clusterctl` (Ansible's default: no workdir): launch.sh runs from the run folder, so every path
+    it gives the program (its data, metrics file, layer, torchrun's log dir) must not be relative."""
+    home = tmp_path / "home"
+    host = model.Host(name="pc1", address="127.0.0.1", workdir="clusterctl")
+    spec = jobs.load("resnet50-ddp")
+    node = render.render(spec, [render.Target(host)], "run1", "d.npz", {"pc1": 29400}, layer="clusterctl/layers/x").nodes[0]
+    rdir = home / node.run_dir
+    rdir.mkdir(parents=True)
+    (home / "clusterctl" / "cluster.env").write_text("CLUSTER_NODE_ADDRESS=127.0.0.1\n")
+    script = node.files["launch.sh"].replace('exec "$CLUSTER_PYTHON" -m torch.distributed.run', 'pwd; exec echo')
+    (rdir / "launch.sh").write_text(script)
+    r = subprocess.run(["sh", "launch.sh"], cwd=rdir, capture_output=True, text=True, timeout=60,
+                       env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    cwd, words = r.stdout.splitlines()[0], r.stdout.split()
+    assert cwd == str(rdir.resolve())
+    assert f"{home.resolve()}/clusterctl/datasets/d.npz" in words  # the built-in program's --data
+    assert f"{home.resolve()}/clusterctl/runs/run1/logs" in words  # torchrun's --log-dir

@@ -1,0 +1,62 @@
+"""An Ansible inventory as a lab admin writes it (INI with a host range, group_vars/ and host_vars/, no
+workdir): every node works in its own home directory, as on real PCs; two inventory hosts that are one
+node are refused before anything is written there."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.inventory import ansible_core
+from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # noqa: F401
+
+TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+ANSIBLE = {"CLUSTERCTL_INVENTORY_READER": "ansible"}
+
+
+@pytest.fixture(scope="module")
+def alab(tmp_path_factory: pytest.TempPathFactory):
+    if not ansible_core.available():
+        pytest.skip("ansible-core is not installed (pip install 'clusterctl[ansible]')")
+    with lab_up(tmp_path_factory, "h", 2, 15) as (state, d):
+        lab = Path(state.dir)
+        inv = d / "inventory"
+        (inv / "group_vars").mkdir(parents=True)
+        (inv / "host_vars").mkdir()
+        (inv / "hosts.ini").write_text("[lab]\nnode[1:2]\n")
+        (inv / "group_vars" / "lab.yml").write_text(
+            f"ansible_user: root\nansible_ssh_private_key_file: {lab / 'id_ed25519'}\n"
+            f"clusterctl_known_hosts: {lab / 'known_hosts'}\n")
+        for n in state.nodes:
+            (inv / "host_vars" / f"{n.name}.yml").write_text(f"ansible_host: {n.address}\n")
+        yield state, d, {"CLUSTERCTL_HOME": str(d / "home"), **ANSIBLE}
+
+
+def test_an_ini_range_with_group_and_host_vars_and_no_workdir_provisions_and_launches(alab) -> None:
+    state, d, env = alab
+    inv = str(d / "inventory" / "hosts.ini")
+    rc, res = clusterctl_json("provision", inv, "--set", f"python={sys.executable}", "--set",
+                              "vars.python_env=existing", env=env, timeout=900)
+    assert rc == 0, json.dumps(res)[-2000:]
+    for n in state.nodes:  # each node's workdir in its own home (the default `clusterctl`, in the login dir)
+        assert (Path(n.dir) / "home" / "clusterctl" / "cluster.env").is_file()
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "-i", inv, *TINY, env=env, timeout=900)
+    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+
+
+def test_two_hosts_that_are_one_node_are_refused_before_anything_is_written(alab) -> None:
+    state, d, env = alab
+    node = state.nodes[0]
+    twice = d / "twice.yaml"
+    lab = Path(state.dir)
+    twice.write_text(f"defaults:\n  user: root\n  identity_file: {lab / 'id_ed25519'}\n"
+                     f"  known_hosts: {lab / 'known_hosts'}\n  workdir: /srv/cluster/twice\n"
+                     f"hosts:\n  pc1: {{address: {node.address}}}\n  pc2: {{address: {node.address}}}\n")
+    rc, chk = clusterctl_json("check", str(twice), env=env, timeout=120)
+    assert rc == 1 and {p["code"] for p in chk["problems"] if p["blocking"]} == {"shared-workdir"}, chk
+    rc, res = clusterctl_json("provision", str(twice), "--set", f"python={sys.executable}", "--set",
+                              "vars.python_env=existing", env=env, timeout=300)
+    assert rc != 0 and all("pc1" in json.dumps(res) and "pc2" in json.dumps(res) for _ in [0]), res
+    assert not (Path(node.dir) / "srv" / "twice").exists()  # nothing written on the node
