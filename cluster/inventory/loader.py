@@ -109,7 +109,7 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
     if name is not None:
         check_name(chk, str(name), _line(data, "name"), "name", "write a name of letters, digits, '.', '_' or '-'")
     ssh = Resolver(str(path))
-    hosts = {n: build_host(chk, n, layers, cli, groups, ssh) for n, layers in raw_hosts.items()}
+    hosts = ssh.resolve_all(lambda n: build_host(chk, n, raw_hosts[n], cli, groups, ssh), raw_hosts)
     if not hosts:
         raise chk.fail(_line(data), "hosts", "the inventory has no hosts", "add at least one host with an address")
     rank0 = next(iter(hosts))
