@@ -4,8 +4,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-INVENTORY_DIR = PROJECT_ROOT / "inventory"
+PACKAGE_DIR = Path(__file__).resolve().parent  # cluster/: in the clone, or in site-packages once installed
+PROJECT_ROOT = PACKAGE_DIR.parent  # the clone (editable install, tests); site-packages for an installed wheel
+DATA_FOLDERS = ("playbooks", "templates", "inventory")  # setup.py ships the same three as package data
+
+
+def data_dir(name: str) -> Path:
+    """One of the clone's top-level DATA_FOLDERS: inside the package in an installed wheel
+    (cluster/_data/NAME, put there by setup.py), else the clone's own folder (editable install, tests)."""
+    shipped = PACKAGE_DIR / "_data" / name
+    return shipped if shipped.is_dir() else PROJECT_ROOT / name
+
+
+PLAYBOOKS_DIR = data_dir("playbooks")  # the provision playbook and the job specs
+TEMPLATES_DIR = data_dir("templates")  # what playbook steps and launches render
+INVENTORY_DIR = data_dir("inventory")
 LOCAL_INVENTORY = INVENTORY_DIR / "local.yaml"
 
 

@@ -30,7 +30,7 @@ from cluster.provision.verify import (FINGERPRINT_ALL, FINGERPRINT_GPU, allreduc
 
 __all__ = ["EXTRA_PACKAGES", "FINGERPRINT_ALL", "FINGERPRINT_GPU", "LOST_FIX", "NodeOutcome", "ProvisionReport",
            "ProvisionRequest", "allreduce_command", "env_python", "execute", "fingerprint_diff", "node_gpus",
-           "prepare", "request_for", "run", "stamp_command", "state_dir"]
+           "prepare", "request_for", "run", "stamp_command", "state_dir", "wheelhouse_sets"]
 
 EXTRA_PACKAGES = ("numpy", "scikit-learn", "psutil",  # data and metrics of the workloads
                   "uv")  # the installer: a wheel with a static binary, installed first from the node's wheelhouse
@@ -258,11 +258,15 @@ def _build_plan(hosts: list[Host], nf: dict[str, facts.NodeFacts],
     return cp
 
 
-def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
-                 dry_run: bool, log: Log, out: dict[str, NodeOutcome]) -> dict[str, wheelhouse.Wheelhouse]:
-    """One wheelhouse per (requirements, Python minor); built on the head once, cached across runs."""
-    result: dict[str, wheelhouse.Wheelhouse] = {}
-    groups: dict[tuple[tuple[str, ...], str, str | None], list[str]] = {}
+WheelhouseSet = tuple[tuple[str, ...], str, str | None]  # (requirements, Python minor, torch index)
+
+
+def wheelhouse_sets(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
+                    out: dict[str, NodeOutcome]) -> dict[WheelhouseSet, list[str]]:
+    """Each wheelhouse provision needs, with its nodes: one per (requirements, Python minor, index). What
+    `_wheelhouses` builds here, and `clusterctl wheelhouse build` fills ahead on a machine with internet
+    (provision/wheelhouse_io.py). A node whose Python does not run fails in `out`."""
+    groups: dict[WheelhouseSet, list[str]] = {}
     for h in hosts:
         if h.vars.get("python_env", "venv") != "venv" or plan is None:
             continue
@@ -275,7 +279,14 @@ def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat
         reqs = tuple(b.requirements() + list(EXTRA_PACKAGES) + list(h.vars.get("extra_packages", [])))
         pyver = ".".join(str(x) for x in py["version_tuple"][:2])
         groups.setdefault((reqs, pyver, b.torch_index), []).append(h.name)
-    for (reqs, pyver, index), names in groups.items():
+    return groups
+
+
+def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
+                 dry_run: bool, log: Log, out: dict[str, NodeOutcome]) -> dict[str, wheelhouse.Wheelhouse]:
+    """One wheelhouse per (requirements, Python minor); built on the head once, cached across runs."""
+    result: dict[str, wheelhouse.Wheelhouse] = {}
+    for (reqs, pyver, index), names in wheelhouse_sets(hosts, nf, plan, out).items():
         try:
             wh = wheelhouse.cached(list(reqs), pyver, index) if dry_run else \
                 wheelhouse.build(list(reqs), pyver, index, log=log)

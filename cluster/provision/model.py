@@ -13,7 +13,7 @@ from cluster.errors import ClusterError, UsageError
 
 ACTIONS = ("command", "file", "template", "wheels", "pip")
 STEP_KEYS = ("name", "when", "creates", "unless", *ACTIONS)
-PLAYBOOKS_DIR = paths.PROJECT_ROOT / "playbooks"
+PLAYBOOKS_DIR = paths.PLAYBOOKS_DIR
 
 UNCHANGED, CHANGED, SKIPPED, FAILED, WOULD_CHANGE = "unchanged", "changed", "skipped", "failed", "would change"
 

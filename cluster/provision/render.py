@@ -13,7 +13,7 @@ import jinja2
 from cluster import paths
 from cluster.provision.model import Playbook, PlaybookError, Step
 
-TEMPLATES_DIR = paths.PROJECT_ROOT / "templates"
+TEMPLATES_DIR = paths.TEMPLATES_DIR
 
 
 class Raw(str):

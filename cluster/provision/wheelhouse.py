@@ -135,12 +135,40 @@ def _download(d: Path, requirements: list[str], python: str, index_url: str | No
     except subprocess.TimeoutExpired:
         raise ClusterError(f"pip download of {' '.join(requirements)} still running after "
                            f"{PIP_DOWNLOAD_TIMEOUT_S / 3600:g} h (stopped)",
-                           "check the head's link to the package index, or fill the wheelhouse by hand: "
-                           f"pip download -d {d / 'files'} ...") from None
+                           "check the head's link to the package index, bring the wheels on a disk (`clusterctl "
+                           "wheelhouse export DIR` on a connected machine, `clusterctl wheelhouse import DIR` here), "
+                           f"or fill the wheelhouse by hand: pip download -d {d / 'files'} ...") from None
     if proc.returncode != 0:
-        raise ClusterError(f"pip download failed for {' '.join(requirements)}:\n{proc.stderr.strip()[-1500:]}",
-                           "check the head's access to the package index, or fill the wheelhouse by hand: "
-                           f"pip download -d {d / 'files'} ...")
+        offline = unreachable_index(proc.stderr)
+        none_seen = not offline and "(from versions: none)" in proc.stderr  # pip without retries says no more
+        why = (" (this head cannot reach the package index)" if offline else
+               " (the package index gave no version: it is out of this head's reach, or a name is wrong)"
+               if none_seen else "")
+        fix = (offline_fix(python) if offline else
+               offline_fix(python) + "; with internet here, check the requirements' names" if none_seen else
+               "check the requirements and the head's access to the package index; a head without internet: "
+               + offline_fix(python, lead="on"))
+        raise ClusterError(f"pip download failed for {' '.join(requirements)}{why}:\n{proc.stderr.strip()[-1500:]}",
+                           f"{fix}; or fill the wheelhouse by hand: pip download -d {d / 'files'} ...")
+
+
+# pip's words when it could not reach an index at all (urllib3's connection errors, DNS, no route, TLS)
+_UNREACHABLE = ("Failed to establish a new connection", "NewConnectionError", "Temporary failure in name resolution",
+                "Name or service not known", "Network is unreachable", "No route to host", "Connection refused",
+                "ConnectTimeoutError", "Read timed out", "SSLError", "ProxyError")
+
+
+def offline_fix(python: str, lead: str = "On") -> str:
+    """How a head without internet gets its wheelhouse: built and exported elsewhere, imported here."""
+    return (f"{lead} a machine with internet run `clusterctl wheelhouse build INVENTORY` (or `--for py{python},cpu`, "
+            "a GPU's variant in place of cpu) and `clusterctl wheelhouse export DIR`, then here `clusterctl wheelhouse "
+            "import DIR` and run this again: provision uses the imported wheels without network "
+            "(docs/playbooks.md#a-head-without-internet)")
+
+
+def unreachable_index(stderr: str) -> bool:
+    """Whether pip's output says it could not reach the index, rather than that a requirement has no wheel."""
+    return any(s in stderr for s in _UNREACHABLE)
 
 
 def build(requirements: list[str], python: str, index_url: str | None = None,

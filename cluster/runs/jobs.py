@@ -19,8 +19,8 @@ from cluster.bounds import Range
 from cluster.errors import UsageError
 from cluster.inventory.loader import parse_override
 
-JOBS_DIR = paths.PROJECT_ROOT / "playbooks"
-WORKLOADS_DIR = paths.PROJECT_ROOT / "cluster" / "workloads"
+JOBS_DIR = paths.PLAYBOOKS_DIR
+WORKLOADS_DIR = paths.PACKAGE_DIR / "workloads"
 FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
 LAUNCHERS = {"torchrun": "pytorch", "tensorflow": "tensorflow", "plain": "plain"}  # launcher -> its family
 DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")
