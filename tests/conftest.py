@@ -14,6 +14,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     """Every test gets its own CLUSTERCTL_HOME: no test sees another's context or labs."""
     home = tmp_path_factory.mktemp("cchome")
     monkeypatch.setenv("CLUSTERCTL_HOME", str(home))
+    monkeypatch.delenv("CLUSTERCTL_INVENTORY", raising=False)  # a developer's shell must not pick the inventory
     return home
 
 

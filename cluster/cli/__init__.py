@@ -59,6 +59,7 @@ COMMANDS: dict[str, Command] = {
     "trust": Command("nodes", "record the nodes' SSH host keys at first contact, showing fingerprints"),
     "check": Command("nodes", "reach every node, gather facts, list problems with their fixes"),
     "exec": Command("nodes", "run a shell command on every node: clusterctl exec [INVENTORY] -- CMD"),
+    "hosts": Command("nodes", "list the hosts a pattern selects, with address, port, user and key (no contact)"),
     "provision": Command("provision", "install and verify an identical training environment on every node"),
     "launch": Command("runs", "start a job on every node at once and follow it: clusterctl launch resnet50-ddp"),
     "runs": Command("runs", "list the runs recorded on this head node"),
@@ -72,6 +73,11 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("bench", "predict a job's throughput per node set and communication scheme (fp16, PowerSGD, "
                              "accumulation) from `bench`; pick nodes, batch shares and scheme"),
     "context": Command("context", "show or set the current inventory used when none is given"),
+    "completion": Command("completion", "print the shell completion script: clusterctl completion bash|zsh",
+                          json=False),
+    "wheelhouse": Command("wheelhouse", "a head without internet: build the wheels elsewhere, export, import",
+                          "The head's wheelhouse carried on a disk: `build` and `export` on a machine with "
+                          "internet, `import` on the head (docs/playbooks.md).", json=False),
 }
 
 DEBUG_ENV = "CLUSTERCTL_DEBUG"  # set to 1: an internal error shows its Python traceback
@@ -79,6 +85,8 @@ DEBUG_ENV = "CLUSTERCTL_DEBUG"  # set to 1: an internal error shows its Python t
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every command's name and help; the arguments of `command` only (its module is imported here)."""
+    from cluster.cli.args import add_json  # standard library only, as --help needs
+
     p = argparse.ArgumentParser(prog="clusterctl", description=ABOUT, epilog=WORK_ORDER,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"clusterctl {__version__}")
@@ -86,7 +94,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, c in COMMANDS.items():
         sp = sub.add_parser(name, help=c.help, description=c.description or c.help)
         if c.json:
-            sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+            add_json(sp)  # --json and -o json
         if name == command:
             importlib.import_module(f"{__name__}.{c.module}").configure(name, sp)
     return p

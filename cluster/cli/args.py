@@ -44,8 +44,27 @@ NON_NEGATIVE_INT, NON_NEGATIVE_FLOAT = _number(int, 0, strict=False), _number(fl
 FRACTION = _number(float, 0, strict=True, maximum=1)  # a share such as an accuracy: 0.9, not 90
 
 
+LIMIT_HELP = ("an Ansible host pattern: names, groups, globs (pc0*), ~regex, a:b or a,b (union), a:!b "
+              "(except), a:&b (and), group[0:2] (docs/cli.md, Host patterns)")
+
+
+class _OutputFormat(argparse.Action):
+    """`-o json`: kubectl's spelling of --json (sets the same `json` flag)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, "json", True)
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
+    """--json, and -o json (the same)."""
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("-o", action=_OutputFormat, choices=("json",), dest="json", default=argparse.SUPPRESS,
+                   metavar="json", help="-o json: the same as --json")
+
+
+def add_limit(p: argparse.ArgumentParser, help: str = LIMIT_HELP) -> None:
+    p.add_argument("--limit", metavar="PATTERN", help=help)
 
 
 def add_inventory_option(p: argparse.ArgumentParser, help: str = DEFAULT_INVENTORY_HELP) -> None:
@@ -74,7 +93,7 @@ def add_inventory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
                    help="inventory YAML (default: the current context, see `clusterctl context`)")
     add_inventory_option(p, "inventory YAML (same as the positional)")
-    p.add_argument("--limit", metavar="HOSTS", help="comma-separated host names, group names or globs")
+    add_limit(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a host field on every host (e.g. --set user=student); repeatable")
     add_forks(p)

@@ -6,7 +6,7 @@ import argparse
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import POSITIVE_INT, add_inventory_option, add_job_settings
+from cluster.cli.args import POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
 from cluster.cli.output import emit_json, load_inventory, notes, out, table
 
 RECOMMENDED = " (recommended)"  # how placement.summary_rows marks the recommended node set
@@ -15,6 +15,9 @@ RECOMMENDED = " (recommended)"  # how placement.summary_rows marks the recommend
 def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "bench":
         add_inventory_option(p)
+        add_limit(p, "only these nodes (an Ansible host pattern, docs/cli.md): the benchmark saved is theirs, so "
+                     "`plan` chooses among them")
+        add_forks(p)
         p.add_argument("--jobs", default="resnet50-ddp,resnet50-tf", help="jobs whose program, size and batch to "
                        "measure, comma-separated (default both frameworks)")
         p.add_argument("--steps", type=POSITIVE_INT, default=8,
@@ -26,6 +29,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     else:
         p.add_argument("job", metavar="JOB")
         add_inventory_option(p)
+        add_limit(p, "plan with only these of the job's benchmarked nodes (an Ansible host pattern, docs/cli.md)")
         add_job_settings(p)
         p.set_defaults(fn=cmd_plan)
 
@@ -35,11 +39,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     inv = load_inventory(args.inventory)
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
-                    log=notes(args.json))
+                    log=notes(args.json), limit=args.limit, forks=args.forks)
     if args.json:
         emit_json(res.to_dict())
     else:
-        head, rows = bench.summary_rows(res, [h.name for h in inv.ordered(inv.hosts.values())])
+        head, rows = bench.summary_rows(res, [h.name for h in inv.ordered(inv.select(args.limit))])
         t = table(f"bench {inv.name}: each node alone (images/s at the job's size and batch)", head)
         for row in rows:
             t.add_row(*(escape(c) for c in row))
@@ -61,7 +65,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cluster.study import placement
 
     inv = load_inventory(args.inventory)
-    choice = placement.choose(inv, args.job, args.set or [])
+    choice = placement.choose(inv, args.job, args.set or [], limit=args.limit)
     if args.json:
         emit_json(choice.to_dict())
         return errors.EXIT_OK

@@ -1,4 +1,5 @@
-"""`clusterctl trust|check|exec`: first contact, the nodes' facts and problems, a command everywhere."""
+"""`clusterctl trust|check|exec|hosts`: first contact, the nodes' facts and problems, a command everywhere, and
+what a host pattern selects (no contact)."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,19 @@ import time
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import TIMEOUT_S, add_inventory_args
+from cluster.cli.args import TIMEOUT_S, add_inventory_args, add_inventory_option
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "hosts":
+        p.add_argument("pattern", nargs="?", default="all", metavar="PATTERN",
+                       help="an Ansible host pattern, as --limit takes (default all; docs/cli.md, Host patterns)")
+        add_inventory_option(p)
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a host field on every host, as the node commands do; repeatable")
+        p.set_defaults(fn=cmd_hosts)
+        return
     add_inventory_args(p)
     if name == "trust":
         p.add_argument("--yes", action="store_true", help="record new keys without asking (after checking them)")
@@ -22,6 +31,30 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     else:
         p.add_argument("--timeout", type=TIMEOUT_S, help="per-node command timeout in seconds (at most 86400)")
         p.set_defaults(fn=cmd_exec)
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    """What a pattern selects and how each host would be reached; nothing is contacted."""
+    inv = load_inventory(args.inventory, args.set)
+    hosts = inv.select(args.pattern, option="PATTERN")
+    if args.json:
+        emit_json({"inventory": str(inv.path), "pattern": args.pattern, "matcher": inv.matcher, "hosts": [
+            {"name": h.name, "address": h.address, "port": h.port, "user": h.user, "identity_file": h.identity_file,
+             "connection": h.connection, "groups": list(h.groups), "route": h.route} for h in hosts]})
+        return errors.EXIT_OK
+    hops = any(h.jumps or h.proxy_command for h in hosts)  # the route column only where a node is behind a hop
+    t = table(f"{inv.name}: {len(hosts)} of {len(inv.hosts)} hosts match {args.pattern!r}",
+              ("host", "address", "port", "user", "key file", "connection", "groups", *(["route"] if hops else [])),
+              overflow="fold")
+    for h in hosts:
+        t.add_row(escape(h.name), escape(h.address), str(h.port), escape(h.user), escape(h.identity_file or "-"),
+                  h.connection, escape(", ".join(h.groups) or "-"), *([escape(h.route)] if hops else []))
+    out.print(t)
+    err.print(f"[dim]patterns matched by {escape(inv.matcher)}; nothing was contacted[/dim]")
+    return errors.EXIT_OK
 
 
 # --------------------------------------------------------------------------- trust

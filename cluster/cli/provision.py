@@ -8,8 +8,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from cluster import errors
-from cluster.inventory import context
 from cluster.cli.args import add_inventory_args
+from cluster.cli.context import switch
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, table
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
                                    log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes,
                                    on_relay=live.on_relay)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
-        context.set_current(inv.path)
+        switch(inv.path)  # says so on stderr when the current context changes
     if args.json:
         emit_json(report.to_dict())
     else:

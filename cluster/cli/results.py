@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import (FRACTION, add_forks, add_inventory_option, add_job_settings, add_price,
+from cluster.cli.args import (FRACTION, add_forks, add_inventory_option, add_job_settings, add_limit, add_price,
                               add_run)
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, styled, table
 
@@ -48,6 +48,8 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("jobs", nargs="+", metavar="JOB", help="job names or spec files, e.g. resnet50-ddp resnet50-tf")
     p.add_argument("--nodes", default="1,2", help="node counts, comma-separated (default 1,2); the first N nodes")
     add_inventory_option(p)
+    add_limit(p, "only these of each job's nodes (an Ansible host pattern, docs/cli.md); the first N of them")
+    add_forks(p)
     add_job_settings(p, "job setting for every run; repeatable")
     p.add_argument("--vary", metavar="KEY=V1,V2", help="one setting that differs between runs, every job x node "
                    "count with each value, e.g. grad_compression=none,fp16 (a setting that only changes the wire, "
@@ -144,7 +146,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     inv = load_inventory(args.inventory)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
-                                 log=notes(args.json), vary=args.vary)
+                                 log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks)
     if args.json:
         emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})
     else:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cluster import errors
-from cluster.cli.args import GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_run
+from cluster.cli.args import GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_limit, add_run
 from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
                    help="with `-- COMMAND`: a folder (or file) of the program's working directory that collect "
                         "brings back; repeatable (default: everything the program wrote there)")
     add_inventory_option(p)
-    p.add_argument("--limit", metavar="HOSTS", help="only these of the job's nodes (names, groups, globs)")
+    add_limit(p, "only these of the job's nodes (an Ansible host pattern, docs/cli.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a job setting, e.g. --set epochs=2 --set optimizer.lr=0.02; repeatable")
     p.add_argument("--host-set", action="append", metavar="KEY=VALUE", help="override a host field on every host")

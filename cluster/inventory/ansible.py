@@ -222,12 +222,13 @@ def finish(chk: Checker, path: Path, ans: Answer, cli: list[tuple[str, Any]],
         raise chk.fail(None, None, "the inventory has no hosts", "add at least one host")
     groups = {g: tuple(members) for g, members in ans["groups"].items()}
     ssh = Resolver(str(path))
-    hosts = {n: build_host(chk, n, layers, cli, groups, ssh) for n, layers in raw_hosts.items()}
+    hosts = ssh.resolve_all(lambda n: build_host(chk, n, raw_hosts[n], cli, groups, ssh), raw_hosts)
     if len(rank0) > 1:
         raise chk.fail(None, "clusterctl_rank0", f"set true on several hosts ({', '.join(rank0)})",
                        "set clusterctl_rank0: true on one host only (not in group vars)")
     inv = Inventory(path=path, name=default_name(chk, path), hosts=hosts, groups=groups,
-                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible", notes=tuple(ssh.notes))
+                    rank0=rank0[0] if rank0 else next(iter(hosts)), format="ansible", notes=tuple(ssh.notes),
+                    ansible_core=ans["ansible"])
     if check_files_too:
         check_files(chk, inv, raw_hosts)
     return inv

@@ -20,6 +20,10 @@ The resolved result is cached under paths.home()/cache/ansible/, keyed by every 
 mtime and size (group_vars/ and host_vars/ included), the Ansible config file, the ANSIBLE_*
 environment, the working directory and the ansible-core version; any change re-reads the inventory.
 Sources parsed by a dynamic plugin or an inventory script are never cached.
+
+`match` asks the same child (`--match PATTERN`) for the hosts a `--limit` pattern selects, by Ansible's
+own matcher (InventoryManager.subset + get_hosts), cached beside the answer under the same key plus the
+pattern; cluster.inventory.patterns is the subset used where Ansible did not read the inventory.
 """
 from __future__ import annotations
 
@@ -117,11 +121,34 @@ def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = T
                 return doc
         except (OSError, ValueError):
             pass
+    doc = _child(sources, [], timeout)  # the same shape as the cached one
+    fatal = [w for w in doc["warnings"] if any(m in w for m in _FATAL_WARNINGS)]
+    if fatal:
+        raise InventoryError(shown, None, None, "Ansible did not read all of the inventory: " + "; ".join(fatal),
+                             "fix the inventory until `ansible-inventory --list` shows no warning")
+    doc["format"] = FORMAT_VERSION
+    doc["cached"] = False
+    if use_cache and all(p in STATIC_PLUGINS for p in doc["plugins"].values()):
+        _store(cached, doc)
+    return doc
+
+
+def _store(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def _child(sources: list[Path], mode: list[str], timeout: float) -> Any:
+    """The child's JSON answer (`mode` before the sources: [] reads the inventory, ["--match", P] matches P)."""
+    shown = ", ".join(str(s) for s in sources)
     env = {**os.environ, "PYTHONHASHSEED": "0", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
     # the child imports this module by name, wherever the command runs from
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "cluster.inventory.ansible_core", *(str(s) for s in sources)]
+    cmd = [sys.executable, "-m", "cluster.inventory.ansible_core", *mode, *(str(s) for s in sources)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                               cwd=os.getcwd(), stdin=subprocess.DEVNULL, check=False)
@@ -134,23 +161,46 @@ def resolve(sources: list[Path], timeout: float = TIMEOUT_S, use_cache: bool = T
         raise InventoryError(shown, None, None, f"Ansible could not read the inventory: {tail}",
                              f"run `ansible-inventory --list -i {shown}` to see Ansible's full message")
     try:
-        doc = json.loads(proc.stdout)  # the same shape as the cached one
+        return json.loads(proc.stdout)
     except ValueError:
         raise InventoryError(shown, None, None, "Ansible's answer could not be read (not JSON)",
                              f"run `ansible-inventory --list -i {shown}` to check the inventory") from None
-    fatal = [w for w in doc["warnings"] if any(m in w for m in _FATAL_WARNINGS)]
-    if fatal:
-        raise InventoryError(shown, None, None, "Ansible did not read all of the inventory: " + "; ".join(fatal),
-                             "fix the inventory until `ansible-inventory --list` shows no warning")
-    doc["format"] = FORMAT_VERSION
-    doc["cached"] = False
-    if use_cache and all(p in STATIC_PLUGINS for p in doc["plugins"].values()):
-        _cache_dir().mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=_cache_dir(), prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, cached)
-    return doc
+
+
+def match(sources: list[Path], pattern: str, option: str = "--limit", timeout: float = TIMEOUT_S,
+          use_cache: bool = True) -> list[str]:
+    """The hosts Ansible's own matcher selects with `pattern` (as `ansible-playbook --limit PATTERN` does:
+    InventoryManager.subset, then get_hosts), in Ansible's order; cached as the inventory's answer is.
+
+    Kept as strict as the built-in subset (cluster.inventory.patterns): a term that matches no host of the
+    inventory (Ansible warns and ignores it; its implicit localhost is no node) and a pattern that selects
+    nothing are errors naming the file and `option`; Ansible's own errors (a subscript out of range, a
+    regex that does not compile, a missing @FILE) are exit 2 with its message.
+    """
+    shown = ", ".join(str(s) for s in sources)
+    if "\0" in pattern:  # no process argument can carry it
+        raise InventoryError(shown, None, option, f"{pattern!r}: a NUL character in the pattern", "remove it")
+    key = hashlib.sha256(json.dumps([cache_key(sources), "match", pattern]).encode()).hexdigest()
+    cached = _cache_dir() / f"match-{key}.json"
+    doc: dict[str, Any] | None = None
+    if use_cache:
+        try:
+            doc = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            doc = None
+    if doc is None or doc.get("format") != FORMAT_VERSION:
+        doc = _child(sources, ["--match", pattern], timeout)
+        doc["format"] = FORMAT_VERSION
+        if use_cache and doc.get("error") is None and all(p in STATIC_PLUGINS for p in doc["plugins"].values()):
+            _store(cached, doc)
+    fix = f"Ansible's host patterns: `ansible -i {shown} '{pattern}' --list-hosts` shows what Ansible selects"
+    if doc.get("error"):
+        raise InventoryError(shown, None, option, f"Ansible refused the pattern {pattern!r}: {doc['error']}", fix)
+    for term in doc["unmatched"]:
+        raise InventoryError(shown, None, option, f"'{term}' matches no host or group", fix)
+    if not doc["hosts"]:
+        raise InventoryError(shown, None, option, f"'{pattern}' selects no host", fix)
+    return [str(h) for h in doc["hosts"]]
 
 
 # --------------------------------------------------------------------------- the child (imports Ansible)
@@ -348,11 +398,41 @@ def child_main(sources: list[str]) -> Answer:
     }
 
 
+def child_match(pattern: str, sources: list[str]) -> dict[str, Any]:
+    """Runs in the child: the hosts Ansible selects with `pattern` as a --limit, and the terms that match
+    no host of the inventory (each term asked alone, its `!`/`&` taken off)."""
+    from ansible import release
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+
+    warnings: list[str] = []
+    plugins: dict[str, str] = {}
+    _capture_display(warnings, plugins)
+    init_plugin_loader()
+    inv = InventoryManager(loader=DataLoader(), sources=sources)
+    known = set(inv.hosts)
+    hosts: list[str] = []
+    unmatched: list[str] = []
+    error = None
+    try:
+        inv.subset(pattern)
+        hosts = [str(h.name) for h in inv.get_hosts("all") if h.name in known]
+        for term in getattr(inv, "_subset", None) or []:  # the terms, @FILE's lines included
+            body = term[1:] if term[:1] in ("!", "&") else term
+            if term and not any(h.name in known for h in inv.get_hosts(body, ignore_limits=True)):
+                unmatched.append(str(term))
+    except Exception as e:  # noqa: BLE001 - Ansible's refusal (or its crash on a pattern like `!`): the user's
+        error = _error_text(e)
+    return {"ansible": release.__version__, "hosts": hosts, "unmatched": unmatched, "error": error,
+            "warnings": warnings, "plugins": plugins}
+
+
 def _main(argv: list[str]) -> int:
     # Ansible's display may print on stdout: keep stdout for the answer alone.
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    doc = child_main(argv)
+    doc: Any = child_match(argv[1], argv[2:]) if argv[:1] == ["--match"] else child_main(argv)
     answer.write(json.dumps(doc))
     answer.close()
     return 0

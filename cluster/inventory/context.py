@@ -9,6 +9,9 @@ from cluster import paths
 from cluster.errors import UsageError
 
 
+ENV = "CLUSTERCTL_INVENTORY"  # an inventory for this shell: above the saved context, below -i
+
+
 def _file() -> Path:
     return paths.home() / "context.json"
 
@@ -31,9 +34,17 @@ def set_current(inventory: Path) -> Path:
 
 
 def resolve(explicit: str | None) -> tuple[Path, str]:
-    """The inventory to use and why: given > current context > embedded local default."""
+    """The inventory to use and why: given (-i or the positional) > $CLUSTERCTL_INVENTORY > the current
+    context (`clusterctl context`) > the embedded inventory/local.yaml."""
     if explicit:
         return Path(explicit), "given"
+    env = os.environ.get(ENV, "")
+    if env:
+        p = Path(env).expanduser()
+        if not p.exists():
+            raise UsageError(f"{ENV}={env}: no such inventory",
+                             f"unset {ENV}, point it at an inventory, or pass one with -i")
+        return p, ENV
     cur = current()
     if cur is not None:
         if not cur.exists():

@@ -4,14 +4,13 @@ Plain frozen values, built and validated by cluster.inventory.loader (which re-e
 """
 from __future__ import annotations
 
-import fnmatch
 import getpass
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cluster.bounds import Range
-from cluster.errors import InventoryError
+from cluster.inventory import patterns
 
 # Fields a host may carry; defaults and groups may set all of them except `address`.
 HOST_FIELDS = (
@@ -132,23 +131,35 @@ class Inventory:
     rank0: str
     format: str = "clusterctl"
     notes: tuple[str, ...] = ()  # said once by the CLI (e.g. an OpenSSH setting clusterctl does not follow)
+    ansible_core: str | None = None  # the ansible-core version that read it; None: clusterctl read it
 
-    def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching a comma-separated list of host names, group names or globs."""
+    def select(self, limit: str | None, option: str = "--limit") -> list[Host]:
+        """The hosts an Ansible host pattern selects (docs/cli.md "Host patterns"), in inventory order.
+
+        Where ansible-core read the inventory (and is still importable), Ansible's own matcher decides;
+        anywhere else the exact subset of cluster.inventory.patterns, which refuses what it does not read.
+        """
         if not limit:
             return list(self.hosts.values())
-        chosen: set[str] = set()
-        for pattern in (p.strip() for p in limit.split(",") if p.strip()):
-            matched = set(self.groups.get(pattern, ()))
-            matched |= {h for h in self.hosts if fnmatch.fnmatchcase(h, pattern)}
-            if not matched:
-                known = ", ".join(list(self.hosts) + list(self.groups))
-                raise InventoryError(
-                    str(self.path), None, "--limit", f"'{pattern}' matches no host or group",
-                    f"use one of: {known}",
-                )
-            chosen |= matched
+        if self.ansible_core is not None:
+            from cluster.inventory import ansible_core
+
+            if ansible_core.available():
+                chosen = set(ansible_core.match([self.path], limit, option))
+                return [h for n, h in self.hosts.items() if n in chosen]
+        chosen = set(patterns.match(limit, list(self.hosts), self.groups, str(self.path), option,
+                                    subscripts=self.format == "clusterctl"))
         return [h for n, h in self.hosts.items() if n in chosen]
+
+    @property
+    def matcher(self) -> str:
+        """Who reads `--limit` patterns for this inventory (`clusterctl hosts` says it)."""
+        if self.ansible_core is not None:
+            from cluster.inventory import ansible_core
+
+            if ansible_core.available():
+                return f"ansible-core {self.ansible_core}"
+        return "clusterctl (the subset of docs/cli.md)"
 
     def ordered(self, hosts: Iterable[Host]) -> list[Host]:
         """Rank 0 first, then inventory order: the order ranks are given out."""

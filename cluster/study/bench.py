@@ -294,12 +294,16 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
 
 
 def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[str] | None = None,
-        parallel: bool = False, log: Callable[[str], None] = lambda s: None) -> BenchResult:
-    """Every job's program on each node alone, then the network; saved for `clusterctl plan`."""
+        parallel: bool = False, log: Callable[[str], None] = lambda s: None, limit: str | None = None,
+        forks: int = 32) -> BenchResult:
+    """Every job's program on each node alone, then the network; saved for `clusterctl plan`.
+
+    `limit` (a host pattern) benchmarks those nodes only: the result saved is theirs, so `plan` chooses among
+    them; `forks` bounds the nodes contacted at once."""
     specs = [jobs.load(n, overrides or []) for n in job_names]
-    hosts = inv.ordered(inv.hosts.values())
+    hosts = inv.ordered(inv.select(limit))
     result = BenchResult(str(inv.path), time.time(), steps)
-    with Group(hosts) as group:
+    with Group(hosts, forks=forks) as group:
         targets = launch.preflight(group, hosts)
         for spec in specs:
             prepared = datasets.prepare(spec, log)

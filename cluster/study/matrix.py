@@ -34,10 +34,12 @@ class Cell:
 
 
 def study_id(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],
-             vary: str | None = None) -> str:
+             vary: str | None = None, limit: str | None = None) -> str:
     doc: dict[str, Any] = {"inventory": str(inv.path), "jobs": job_names, "sizes": sizes, "set": sorted(overrides)}
     if vary:  # absent otherwise: the studies recorded before --vary keep their ids
         doc["vary"] = vary
+    if limit:  # the same: other nodes are another study
+        doc["limit"] = limit
     return f"study-{hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:12]}"
 
 
@@ -66,14 +68,17 @@ def study_dir(sid: str) -> Path:
 def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str] | None = None,
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
         on_run: Callable[[records.RunRecord, Any], None] | None = None,
-        target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None) -> tuple[str, list[Cell], Path | None]:
+        target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None, limit: str | None = None,
+        forks: int = 32) -> tuple[str, list[Cell], Path | None]:
+    """Each job on each node count (the first N of its nodes, narrowed by `limit`, a host pattern), each run
+    collected, one report; `forks` bounds the nodes contacted at once."""
     overrides = list(overrides or [])
     settings = variants(vary)
     # every spec valid before anything runs
     specs = {(name, v): jobs.load(name, overrides + ([v] if v else [])) for name in job_names for v in settings}
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"--nodes {sizes}: expected node counts >= 1", "e.g. --nodes 1,2,4")
-    sid = study_id(inv, job_names, sizes, overrides, vary)
+    sid = study_id(inv, job_names, sizes, overrides, vary, limit)
     d = study_dir(sid)
     d.mkdir(parents=True, exist_ok=True)
     rec_path = d / "study.json"
@@ -81,7 +86,7 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     previous = {(c["job"], c["nodes"], c.get("setting")): c for c in done}
     cells: list[Cell] = []
     for (name, setting), spec in specs.items():
-        hosts = launch.select_hosts(inv, spec, None)
+        hosts = launch.select_hosts(inv, spec, limit)
         what = name + (f" with {setting}" if setting else "")
         for n in sizes:
             if n > len(hosts):
@@ -99,11 +104,11 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
             subset = ",".join(h.name for h in hosts[:n])
             log(f"{what} on {n} node(s): {subset}")
             try:
-                record, _ = launch.launch(inv, spec, limit=subset, log=log)
+                record, _ = launch.launch(inv, spec, limit=subset, forks=forks, log=log)
                 cell.run_id = record.run_id
                 record = launch.follow(record, on_update=on_run)
                 cell.state = record.state
-                collect.collect(record)
+                collect.collect(record, forks=forks)
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message
             cells.append(cell)

@@ -288,12 +288,12 @@ def _job_bench(inv: Inventory, spec: jobs.JobSpec, job: str) -> tuple[bench.Benc
     return b, comp
 
 
-def choose(inv: Inventory, job: str, overrides: list[str] | None = None) -> PlacementChoice:
+def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: str | None = None) -> PlacementChoice:
     """Every candidate node set x communication scheme for the job, the best one recommended; saved for
-    `launch --plan`."""
+    `launch --plan`. `limit` (a host pattern) narrows the job's nodes the candidates are made of."""
     spec = jobs.load(job, overrides or [])
     b, comp = _job_bench(inv, spec, job)
-    allowed = {h.name for h in launch.select_hosts(inv, spec, None)}
+    allowed = {h.name for h in launch.select_hosts(inv, spec, limit)}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in comp.nodes.items() if n in allowed}
     cands = candidates(speeds, spec["batch"], b.network, work=workload(spec, b.network))
     choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
