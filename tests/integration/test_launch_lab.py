@@ -134,7 +134,7 @@ def test_a_killed_training_process_fails_the_run_and_stops_the_others(plab) -> N
         if proc.poll() is None:
             proc.kill()
     rec = json.loads(out)
-    assert proc.returncode == 1 and rec["state"] == "failed", errs[-2000:]
+    assert proc.returncode == 1 and rec["state"] == "failed", (errs[-2000:], rec.get("stop_results"), rec.get("failure"), rec.get("state"))
     assert rec["failure"]["node"] == "node2" and rec["failure"]["log"], rec["failure"]
     assert ended_after < 60, f"the run took {ended_after:.0f} s to fail and stop"
     assert run_processes(state, run_id) == {"node1": [], "node2": []}
