@@ -48,5 +48,6 @@ def run(group: Group, on_done: Callable[[HostResult], None] | None = None) -> Ch
     for h in group.hosts:
         r = results[h.name]
         problems += health.from_facts(h, r.value) if r.ok else health.from_result(r)
-    problems += health.shared_workdirs(group.hosts, {n: r.value for n, r in results.items() if r.ok})
+    answered = {n: r.value for n, r in results.items() if r.ok}
+    problems += health.shared_workdirs(group.hosts, answered) + health.firewalls(group.hosts, answered)
     return CheckReport(group.hosts, results, problems)

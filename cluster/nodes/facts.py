@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cluster.nodes import firewall
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.nodes.gpus import compute_capability_for
 from cluster.inventory.model import Host
@@ -155,6 +156,11 @@ GPU_CMD = (
     "else echo @@absent; fi"
 )
 
+def _ran(rc: int) -> bool | None:
+    """A yes/no fact: its command's success; None when it was not run (127: an output recorded before it)."""
+    return None if rc == 127 else rc == 0
+
+
 def _place_cmd(h: Host) -> str:
     return (f"w={shlex.quote(h.workdir)}; d=$w; while [ ! -e \"$d\" ]; do d=$(dirname -- \"$d\"); done; "
             "cat /proc/sys/kernel/random/boot_id && stat -L -c %d:%i -- \"$d\" && (cd -- \"$d\" && pwd -P) && "
@@ -172,6 +178,11 @@ FACTS: tuple[Fact, ...] = (
     Fact("nics", lambda h: "ip -o addr show", parse_nics),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
     Fact("place", _place_cmd, parse_place),
+    Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),
+    Fact("venv", lambda h: f"{shlex.quote(h.python)} -c 'import venv, ensurepip'", lambda out, rc: _ran(rc)),
+    Fact("workdir_writable", lambda h: (f"d={shlex.quote(h.workdir)}; while [ ! -e \"$d\" ]; do "
+                                        'd=$(dirname -- "$d"); done; test -w "$d" && test -x "$d"'),
+         lambda out, rc: _ran(rc)),
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cluster.nodes import firewall
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.fanout import HostResult
 from cluster.inventory.model import Host
@@ -52,6 +53,41 @@ def shared_workdirs(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem
     return out
 
 
+def firewalls(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem]:
+    """A host firewall (nftables) that would stop the run's TCP from the other nodes: blocking when it
+    drops them for sure, a warning when it drops some ports or cannot be read."""
+    out = []
+    addresses = [h.address for h in hosts]
+    for h in hosts:
+        fw = nf[h.name].values.get("firewall") if h.name in nf else None
+        if not fw or fw.get("state") == "absent":
+            continue
+        if fw.get("state") != "ok":
+            out.append(Problem(h.name, "firewall-unreadable", False, f"cannot read the host firewall (`nft -j list "
+                               f"ruleset`: {fw.get('error') or 'failed'})", "run check as a user that may list the "
+                               "rules (root), or check by hand that the lab network is accepted"))
+            continue
+        peers = [a for a in addresses if a != h.address and _is_ip(a)] or [a for a in [h.address] if _is_ip(a)]
+        v = firewall.judge(fw["ruleset"], peers, nf[h.name].address_nic)
+        if v.state == "blocked":
+            out.append(Problem(h.name, "firewall", True, f"the host firewall blocks the run's traffic: {v.why}",
+                               firewall.FIX))
+        elif v.state in ("partly", "unknown"):
+            out.append(Problem(h.name, "firewall", False, f"the host firewall may block the run's traffic: {v.why}",
+                               firewall.FIX))
+    return out
+
+
+def _is_ip(a: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(a)
+    except ValueError:
+        return False
+    return True
+
+
 def from_facts(host: Host, f: NodeFacts) -> list[Problem]:
     v, out = f.values, []
 
@@ -65,6 +101,13 @@ def from_facts(host: Host, f: NodeFacts) -> list[Problem]:
     elif tuple(py["version_tuple"][:2]) < MIN_PYTHON:
         add("python-old", True, f"Python {py['version']} is older than {'.'.join(map(str, MIN_PYTHON))}",
             "install a newer Python and point `python:` at it")
+    if py is not None and v.get("venv") is False and host.vars.get("python_env", "venv") == "venv":
+        add("python-venv", True, f"`{host.python} -m venv` cannot make an environment (no venv/ensurepip module)",
+            "install it on the node: `apt-get install python3-venv` (as root, or with `become`)")
+    if v.get("workdir_writable") is False:
+        add("workdir-unwritable", True, f"{host.user} cannot create or write the work directory {host.workdir}",
+            f"create it for that user (`sudo install -d -o {host.user} {host.workdir}`), or choose a `workdir:` "
+            "in its home")
     disk = v.get("disk")
     if disk is None:
         add("disk-unknown", False, "could not measure free disk at the workdir", "check that `df` works there")

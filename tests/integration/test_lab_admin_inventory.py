@@ -60,3 +60,27 @@ def test_two_hosts_that_are_one_node_are_refused_before_anything_is_written(alab
                               "vars.python_env=existing", env=env, timeout=300)
     assert rc != 0 and all("pc1" in json.dumps(res) and "pc2" in json.dumps(res) for _ in [0]), res
     assert not (Path(node.dir) / "srv" / "twice").exists()  # nothing written on the node
+
+
+def test_check_finds_a_firewall_that_blocks_the_run_and_passes_once_it_accepts_the_lab(alab) -> None:
+    """nftables rules in node2's own network namespace (never the host's): SSH accepted, the rest dropped."""
+    import subprocess
+
+    state, d, env = alab
+    ns, net = state.nodes[1].netns, state.subnet
+    nft = ["ip", "netns", "exec", ns, "nft"]
+    for rule in ("add table inet filter", "add chain inet filter input { type filter hook input priority 0; policy drop; }",
+                 "add rule inet filter input tcp dport 22 accept",
+                 "add rule inet filter input ct state established,related accept"):
+        subprocess.run([*nft, *rule.split()], check=True, timeout=30)
+    try:
+        rc, chk = clusterctl_json("check", state.inventory, env=env, timeout=120)
+        found = [p for p in chk["problems"] if p["code"] == "firewall"]
+        assert rc == 1 and [(p["host"], p["blocking"]) for p in found] == [("node2", True)], chk["problems"]
+        assert "policy drop" in found[0]["message"] and "nft insert rule" in found[0]["fix"]
+        subprocess.run([*nft, "insert", "rule", "inet", "filter", "input", "ip", "saddr", net, "accept"], check=True,
+                       timeout=30)
+        rc, chk = clusterctl_json("check", state.inventory, env=env, timeout=120)
+        assert rc == 0 and not [p for p in chk["problems"] if p["code"].startswith("firewall")], chk["problems"]
+    finally:
+        subprocess.run([*nft, "flush", "ruleset"], timeout=30)

@@ -1,0 +1,54 @@
+"""The host firewall as a run needs it (new TCP from the other nodes, to ports picked at start), judged on
+recorded `nft -j list ruleset` output (tests/fixtures/nft/, each made with nft in a namespace of its own)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.inventory.model import Host
+from cluster.nodes import firewall, health
+from cluster.nodes.facts import NodeFacts
+from tests.conftest import ROOT
+
+NFT = ROOT / "tests" / "fixtures" / "nft"
+PEERS = ["10.0.0.12", "10.0.0.13"]
+
+
+def ruleset(name: str) -> dict:
+    return json.loads((NFT / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name, state", [
+    ("ssh_only", "blocked"),  # policy drop; 22, established, and a port range accepted: random ports dropped
+    ("lab_accepted", "open"),  # the lab network accepted before the policy
+    ("one_port_dropped", "partly"),  # one port dropped: a run that picks it fails
+    ("jump", "unknown"),  # a jump to another chain (ufw's layout): not read, said so
+])
+def test_recorded_rulesets(name: str, state: str) -> None:
+    v = firewall.judge(ruleset(name), PEERS)
+    assert v.state == state, v
+
+
+def test_a_peer_outside_the_accepted_network_is_blocked() -> None:
+    assert firewall.judge(ruleset("lab_accepted"), ["192.168.5.7"]).state == "blocked"
+    assert firewall.judge({"nftables": []}, PEERS).state == "none"
+
+
+def test_check_names_the_rule_and_the_fix() -> None:
+    hosts = [Host(name=f"pc{i}", address=f"10.0.0.1{i}") for i in (1, 2)]
+    nf = {"pc1": NodeFacts("pc1", {"firewall": {"state": "ok", "ruleset": ruleset("ssh_only")}}),
+          "pc2": NodeFacts("pc2", {"firewall": {"state": "absent"}})}
+    [p] = health.firewalls(hosts, nf)
+    assert (p.host, p.code, p.blocking) == ("pc1", "firewall", True)
+    assert "policy drop" in p.message and "nft insert rule" in p.fix
+    nf["pc2"] = NodeFacts("pc2", {"firewall": firewall.parse("Error: Operation not permitted", 1)})
+    codes = {(p.host, p.code, p.blocking) for p in health.firewalls(hosts, nf)}
+    assert ("pc2", "firewall-unreadable", False) in codes
+
+
+def test_the_fact_parses_its_outputs() -> None:
+    assert firewall.parse("@@absent\n", 0) == {"state": "absent"}
+    assert firewall.parse((NFT / "jump.json").read_text(), 0)["state"] == "ok"
+    assert firewall.parse("not json", 0)["state"] == "unreadable"
