@@ -69,6 +69,9 @@ def add_limit(p: argparse.ArgumentParser, help: str = LIMIT_HELP) -> None:
 
 def add_inventory_option(p: argparse.ArgumentParser, help: str = DEFAULT_INVENTORY_HELP) -> None:
     p.add_argument("-i", "--inventory", metavar="INVENTORY", help=help)
+    p.add_argument("-F", dest="ssh_config", metavar="FILE",
+                   help="the OpenSSH client config to read, as `ssh -F` (default ~/.ssh/config; `none`: none); "
+                        "the same as --set ssh_config=FILE on every host")
 
 
 def add_forks(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from cluster.study import bench
 
-    inv = load_inventory(args.inventory)
+    inv = load_inventory(args.inventory, None, args.ssh_config)
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
                     log=notes(args.json), limit=args.limit, forks=args.forks)
     if args.json:
@@ -64,7 +64,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from cluster.study import placement
 
-    inv = load_inventory(args.inventory)
+    inv = load_inventory(args.inventory, None, args.ssh_config)
     choice = placement.choose(inv, args.job, args.set or [], limit=args.limit)
     if args.json:
         emit_json(choice.to_dict())

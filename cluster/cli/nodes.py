@@ -38,7 +38,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 def cmd_hosts(args: argparse.Namespace) -> int:
     """What a pattern selects and how each host would be reached; nothing is contacted."""
-    inv = load_inventory(args.inventory, args.set)
+    inv = load_inventory(args.inventory, args.set, args.ssh_config)
     hosts = inv.select(args.pattern, option="PATTERN")
     if args.json:
         emit_json({"inventory": str(inv.path), "pattern": args.pattern, "matcher": inv.matcher, "hosts": [
@@ -80,7 +80,8 @@ def cmd_trust(args: argparse.Namespace) -> int:
     from cluster.inventory import hostkeys
     from cluster.transport import firstcontact
 
-    hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
+    hosts = inv.select(args.limit)
     final: dict[str, firstcontact.Offer] = {}
     recorded: list[str] = []
     declined = False
@@ -128,7 +129,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from cluster.nodes import check, facts
     from cluster.nodes.fanout import Group
 
-    inv = load_inventory(args.inventory_pos or args.inventory, args.set)
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
     hosts = inv.select(args.limit)
     with Group(hosts, forks=args.forks) as group, bar("gathering facts") as prog:
         task = prog.add_task("facts", total=len(hosts))
@@ -167,7 +168,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.command:
         raise errors.UsageError("no command given", "put it after --: clusterctl exec [INVENTORY] -- uptime")
     command = " ".join(args.command)  # like ssh: the words are joined and read by the node's shell
-    hosts = load_inventory(args.inventory_pos or args.inventory, args.set).select(args.limit)
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
+    hosts = inv.select(args.limit)
     start = time.monotonic()
     with Group(hosts, forks=args.forks) as group:
         results = group.run(command, timeout=args.timeout)

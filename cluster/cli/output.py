@@ -67,8 +67,12 @@ def bar(label: str) -> Progress:
                     console=err, transient=True, disable=not err.is_terminal)
 
 
-def load_inventory(given: str | None, overrides: list[str] | None = None) -> Inventory:
-    """The inventory named on the command line, else the current context's (said on stderr)."""
+def load_inventory(given: str | None, overrides: list[str] | None = None,
+                   ssh_config: str | None = None) -> Inventory:
+    """The inventory named on the command line, else the current context's (said on stderr); `ssh_config`
+    (-F FILE) is the field on every host, as --set ssh_config=FILE would make it."""
+    if ssh_config:
+        overrides = [*(overrides or []), f"ssh_config={ssh_config}"]
     from cluster.inventory import loader
 
     path, why = context.resolve(given)

@@ -63,7 +63,7 @@ class _Live:
 def cmd_provision(args: argparse.Namespace) -> int:
     from cluster.provision import apply
 
-    inv = load_inventory(args.inventory_pos or args.inventory, args.set)
+    inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
     hosts = inv.select(args.limit)
     live = _Live(args.json)
     with live.progress:

@@ -144,7 +144,7 @@ def _sizes(text: str) -> list[int]:
 def cmd_study(args: argparse.Namespace) -> int:
     from cluster.study import matrix
 
-    inv = load_inventory(args.inventory)
+    inv = load_inventory(args.inventory, None, args.ssh_config)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
                                  log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks)
     if args.json:

@@ -128,7 +128,7 @@ def _run_exit(record: RunRecord) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from cluster.runs import launch
 
-    inv = load_inventory(args.inventory, args.host_set)
+    inv = load_inventory(args.inventory, args.host_set, args.ssh_config)
     planned = None
     if args.plan:
         from cluster.study import placement

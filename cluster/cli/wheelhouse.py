@@ -99,7 +99,7 @@ def _selection(args: argparse.Namespace, default_context: bool) -> Selection | N
                                 "with an inventory, set torch_index / extra_packages under its vars:")
     if not given and not args.facts and not default_context:
         return None
-    inv = load_inventory(given, args.set)
+    inv = load_inventory(given, args.set, args.ssh_config)
     hosts = inv.select(args.limit)
     if args.facts:
         facts, outcomes = wheelhouse_io.facts_file(Path(args.facts), hosts)

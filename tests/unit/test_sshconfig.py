@@ -121,3 +121,21 @@ def test_proxy_command_tokens_are_expanded_and_quoted() -> None:
         "ssh -W 10.0.0.7:2222 -l bob gw # pc1 %"
     with pytest.raises(ValueError, match="%C"):
         sshconfig.expand_proxy_command("nc %C", h, "pc1")
+
+
+def test_dash_f_names_the_config_for_every_host(tmp_path: Path) -> None:
+    """`-F FILE` on any command reading an inventory, as `ssh -F`: `clusterctl hosts` shows what it resolved."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "cfg").write_text("Host pc*\n  Port 40005\n  User bob\n  ProxyJump admin@gw\n")
+    (tmp_path / "inv.yaml").write_text("hosts:\n  pc1: {}\n  pc2: {port: 22}\n")
+    r = subprocess.run([sys.executable, "-m", "cluster", "hosts", "-i", str(tmp_path / "inv.yaml"), "-F",
+                        str(tmp_path / "cfg"), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert (got["pc1"]["port"], got["pc1"]["user"], got["pc2"]["port"]) == (40005, "bob", 22)
+    assert "admin@gw:22" in json.dumps(got["pc1"])
