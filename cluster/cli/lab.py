@@ -41,6 +41,8 @@ def _declare_up(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--bandwidth", metavar="RATE", help="shape each node's link, e.g. 1gbit (tc tbf)")
     sp.add_argument("--uplink", metavar="RATE",
                     help="the head's NIC: one limit shared by all head<->node traffic, e.g. 1gbit")
+    sp.add_argument("--user", default="root", metavar="NAME",
+                    help="the nodes' login user (default root); another gets NOPASSWD sudo and the inventory `become`")
     sp.add_argument("--gateway", action="store_true",
                     help="the nodes behind a gateway PC: the head reaches them only through its sshd (ProxyJump)")
     sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
@@ -63,7 +65,7 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
         state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
                        cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink,
-                       gateway=args.gateway)
+                       gateway=args.gateway, user=args.user)
     switch(Path(state.inventory))  # says so on stderr when the current context changes
     if args.json:
         emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,

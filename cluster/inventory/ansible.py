@@ -24,6 +24,7 @@ CONSUMED = frozenset({
     "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_python_interpreter", "ansible_connection",
     "ansible_paramiko_host", "ansible_paramiko_port", "ansible_paramiko_user", "ansible_paramiko_private_key_file",
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_paramiko_proxy_command",
+    "ansible_become", "ansible_become_method", "ansible_become_user",
 })
 # Secrets: clusterctl never uses passwords (keys and ssh-agent only).
 _SECRET = re.compile(r"^ansible_(\w+_)?(pass|password|passphrase)$")
@@ -142,10 +143,13 @@ class _AnsweredHost:
                 raise self.refuse(var, f"Ansible cannot resolve this value before a play runs: {self.errors[var]}",
                                   "give it a value that does not depend on facts or play variables")
         if _is_true(self.values.get("ansible_become")):
-            raise self.refuse("ansible_become", "become (sudo/su) is set: clusterctl runs everything as the SSH "
-                              "user and never becomes another user",
-                              "set ansible_become in your playbooks instead, or give the nodes a workdir that "
-                              "user can write")
+            method = str(self.values.get("ansible_become_method") or "sudo")
+            user = str(self.values.get("ansible_become_user") or "root")
+            if method != "sudo" or user != "root":
+                raise self.refuse("ansible_become_method" if method != "sudo" else "ansible_become_user",
+                                  f"become as {user} with {method}: clusterctl becomes root with `sudo -n` only",
+                                  "ansible_become_method: sudo and ansible_become_user: root (NOPASSWD), or "
+                                  "leave become off")
 
     def connection_fields(self) -> None:
         """The fields Ansible's connection plugin resolved: connection, address, port, user, key, python."""
@@ -172,6 +176,8 @@ class _AnsweredHost:
                                   "UserKnownHostsFile/HostKeyAlias there, or put the rest in ~/.ssh/config") from None
             for key, value in fields.items():
                 self.put(key, int(value) if key == "port" and value.isdigit() else value, var)
+        if _is_true(self.values.get("ansible_become")):
+            self.put("become", True, "ansible_become")
         if self.values.get("ansible_paramiko_proxy_command"):
             self.put("proxy_command", self.values["ansible_paramiko_proxy_command"], "ansible_paramiko_proxy_command")
         interp = self.values.get("ansible_python_interpreter")

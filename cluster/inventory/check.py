@@ -107,6 +107,11 @@ class Checker:
             return dict(self.mapping(value, line, path))
         if key == "gpu":
             return self.gpu(value, line, path)
+        if key == "become":
+            if not isinstance(value, bool):
+                raise self.fail(line, path, f"expected true or false, got {kind(value)}",
+                                "become: true (steps that need root run through `sudo -n`)")
+            return value
         if not isinstance(value, (str, int, float)) or isinstance(value, bool) or value == "":
             raise self.fail(line, path, f"expected a non-empty string, got {kind(value)}",
                             f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")

@@ -29,6 +29,7 @@ HOST_FIELDS = (
     "proxy_jump",
     "proxy_command",
     "host_key_alias",
+    "become",
     "vars",
 )
 TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
@@ -76,6 +77,7 @@ class Host:
     proxy_jump: str | None = None  # OpenSSH's ProxyJump: [user@]host[:port][,...] (resolved into `jumps`)
     proxy_command: str | None = None  # OpenSSH's ProxyCommand (%h %p %r %n %%), run by /bin/sh
     host_key_alias: str | None = None  # OpenSSH's HostKeyAlias: the name its key has in known_hosts
+    become: bool = False  # the steps that need root run through `sudo -n` (never a password)
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
     jumps: tuple[Host, ...] = ()  # the jump hosts, first hop first (cluster.inventory.sshconfig resolves them)

@@ -35,13 +35,14 @@ __all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeSt
            "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 SSHD = "/usr/sbin/sshd"
 MOUNT_POINT = Path("/srv/cluster")
 HOME_POINT = Path("/srv/clusterctl-home")  # each node's own home directory is mounted here, in its namespace
 SSHD_CONFIG = """\
 # sshd for one node of a clusterctl simulated lab (written by `clusterctl lab up`)
 Port 22
-AuthorizedKeysFile {authorized_keys}
+AuthorizedKeysFile {authorized_keys} .ssh/authorized_keys
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -122,15 +123,18 @@ def _prepare_dir(d: Path, name: str) -> None:
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
        directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None,
-       gateway: bool = False) -> LabState:
+       gateway: bool = False, user: str = "root") -> LabState:
     """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
 
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
     may use cpu_quotas[i] of it (cgroup CPU bandwidth), like PCs of different speeds.
     `uplink` models the head's one NIC: every byte between the head and any node shares that rate.
     `gateway`: the head has no route to the nodes' bridge; it reaches one gateway PC (its own namespace
-    and sshd, on the subnet's last /30) and the nodes only through it (the inventory's proxy_jump)."""
+    and sshd, on the subnet's last /30) and the nodes only through it (the inventory's proxy_jump).
+    `user`: the nodes' login user; another than root gets NOPASSWD sudo and the inventory says `become`."""
     net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink, gateway)
+    if not USER_RE.match(user):
+        raise UsageError(f"--user {user!r} is not a user name", "lowercase letters, digits, '_' or '-', e.g. student")
     preflight()
     d = (directory or default_dir(name)).resolve()
     down(name, d)
@@ -146,7 +150,7 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
         sh("ip", "addr", "add", f"{hosts[0]}/{net.prefixlen}", "dev", bridge)
     sh("ip", "link", "set", bridge, "up")
     state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(hosts[0]), bandwidth=bandwidth,
-                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink)
+                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink, user=user)
     try:
         if uplink:
             state.ifb = shape_uplink(name, bridge, uplink)
@@ -186,7 +190,7 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
     start_links(node, state.bridge, prefix)
     if state.bandwidth:
         shape_link(node.netns, node.veth, state.bandwidth)
-    pid = _start_sshd(node, Path(state.dir))
+    pid = _start_sshd(node, Path(state.dir), state.user)
     if quota is not None:
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
@@ -194,8 +198,53 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
         node.cpu, node.cpu_quota = str(core), quota
 
 
-def _start_sshd(node: NodeState, d: Path) -> int:
-    """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts); returns its pid."""
+def _accounts(nd: Path, user: str, home: Path) -> list[tuple[Path, Path]]:
+    """The node's own /etc/passwd (the login user's home: `home`), and for a user other than root its own
+    /etc/group, /etc/shadow (no password: keys only) and /etc/sudoers.d (NOPASSWD for that user), written
+    beside the node and mounted over the host's in the node's namespace only: (file, mount point) pairs.
+    The head's Python may live under /root (pyenv), which is 0700: its folder is shown in a /root of the
+    node's own, so that a python_env: existing run as that user finds it."""
+    passwd = Path("/etc/passwd").read_text()
+    if user == "root":
+        (nd / "passwd").write_text(_passwd_with_home(passwd, "root", str(HOME_POINT)))
+        return [(nd / "passwd", Path("/etc/passwd"))]
+    if not Path("/etc/sudoers.d").is_dir() or not shutil.which("sudo"):
+        raise LabError("--user needs sudo on this machine (the nodes share its /usr)", "apt-get install sudo")
+    taken = {int(line.split(":")[2]) for line in passwd.splitlines() if line.count(":") >= 6}
+    uid = next(u for u in range(20000, 60000) if u not in taken)
+    if any(line.split(":")[0] == user for line in passwd.splitlines()):
+        raise UsageError(f"--user {user}: this machine has a user {user!r} already (the nodes share its accounts)",
+                         "pick a name this machine does not have, e.g. --user student")
+    (nd / "passwd").write_text(passwd + f"{user}:x:{uid}:{uid}::{HOME_POINT}:/bin/bash\n")
+    (nd / "group").write_text(Path("/etc/group").read_text() + f"{user}:x:{uid}:\n")
+    (nd / "shadow").write_text(Path("/etc/shadow").read_text() + f"{user}:*:19700:0:99999:7:::\n")
+    (nd / "shadow").chmod(0o640)
+    sudoers = nd / "sudoers.d"
+    if sudoers.exists():
+        shutil.rmtree(sudoers)
+    shutil.copytree("/etc/sudoers.d", sudoers)
+    (sudoers / "clusterctl-lab").write_text(f"{user} ALL=(ALL) NOPASSWD: ALL\n")
+    (sudoers / "clusterctl-lab").chmod(0o440)
+    sudoers.chmod(0o755)
+    # sshd reads a user's keys as that user: the lab's key, in the home it can read (the lab folder is 0700)
+    (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    shutil.copyfile(nd.parent / "authorized_keys", home / ".ssh" / "authorized_keys")
+    for p in (home, *home.rglob("*")):
+        os.chown(p, uid, uid)
+    mounts = [(nd / "passwd", Path("/etc/passwd")), (nd / "group", Path("/etc/group")),
+              (nd / "shadow", Path("/etc/shadow")), (sudoers, Path("/etc/sudoers.d"))]
+    pyenv = Path("/root/.pyenv")
+    if pyenv.is_dir():
+        view = nd / "rootview"
+        (view / ".pyenv").mkdir(parents=True, exist_ok=True)
+        view.chmod(0o755)
+        mounts += [(pyenv, view / ".pyenv"), (view, Path("/root"))]
+    return mounts
+
+
+def _start_sshd(node: NodeState, d: Path, user: str = "root") -> int:
+    """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts, home and accounts);
+    returns its pid."""
     nd = Path(node.dir)
     (nd / "srv").mkdir(parents=True, exist_ok=True)
     _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
@@ -207,14 +256,15 @@ def _start_sshd(node: NodeState, d: Path) -> int:
     home = nd / "home"
     home.mkdir(exist_ok=True)
     (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
-    (nd / "passwd").write_text(_passwd_with_home(Path("/etc/passwd").read_text(), "root", str(HOME_POINT)))
+    mounts = _accounts(nd, user, home)
     # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
     (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
                               "::1\tlocalhost ip6-localhost ip6-loopback\n")
     q = shlex.quote
     script = (
         f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && "
-        f"mount --bind {q(str(home))} {q(str(HOME_POINT))} && mount --bind {q(str(nd / 'passwd'))} /etc/passwd && "
+        f"mount --bind {q(str(home))} {q(str(HOME_POINT))} && "
+        + "".join(f"mount --rbind {q(str(src))} {q(str(dst))} && " for src, dst in mounts) +  # rbind: the view's .pyenv
         f"mount --bind {q(str(nd / 'hosts'))} /etc/hosts && "
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
@@ -274,7 +324,9 @@ def _write_inventory(state: LabState) -> None:
         "name": state.name,
         "rank0": state.nodes[0].name,
         "defaults": {
-            "user": "root",
+            "user": state.user,
+            # another user than root: what provision does as root (the work directory) goes through sudo -n
+            **({"become": True} if state.user != "root" else {}),
             "identity_file": str(d / "id_ed25519"),
             "known_hosts": str(d / "known_hosts"),
             "python": "python3",
@@ -360,8 +412,8 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
     if new_host_key:
         for suffix in ("", ".pub"):
             (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
-    _start_sshd(n, Path(state.dir))
-    _wait_listening(n)
+    _start_sshd(n, Path(state.dir), state.user)
+    _wait_listening(n, state.jump.netns if state.jump else None)
     save_state(state)
 
 

@@ -34,6 +34,7 @@ class LabState:
     uplink: str | None = None  # the head's NIC: one limit shared by all head<->node traffic
     ifb: str | None = None  # the device that shapes node->head traffic (the bridge's ingress, redirected)
     jump: NodeState | None = None  # --gateway: the one PC the head reaches (its sshd); the nodes only through it
+    user: str = "root"  # --user: the nodes' login user (not root: NOPASSWD sudo, in each node's own /etc copies)
 
 
 def default_dir(name: str) -> Path:

@@ -179,6 +179,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
     Fact("place", _place_cmd, parse_place),
     Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),
+    Fact("sudo", lambda h: "sudo -n true" if h.become else "exit 127", lambda out, rc: _ran(rc)),
     Fact("venv", lambda h: f"{shlex.quote(h.python)} -c 'import venv, ensurepip'", lambda out, rc: _ran(rc)),
     Fact("workdir_writable", lambda h: (f"d={shlex.quote(h.workdir)}; while [ ! -e \"$d\" ]; do "
                                         'd=$(dirname -- "$d"); done; test -w "$d" && test -x "$d"'),

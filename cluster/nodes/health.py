@@ -101,13 +101,19 @@ def from_facts(host: Host, f: NodeFacts) -> list[Problem]:
     elif tuple(py["version_tuple"][:2]) < MIN_PYTHON:
         add("python-old", True, f"Python {py['version']} is older than {'.'.join(map(str, MIN_PYTHON))}",
             "install a newer Python and point `python:` at it")
-    if py is not None and v.get("venv") is False and host.vars.get("python_env", "venv") == "venv":
+    if py is not None and v.get("venv") is False and host.vars.get("python_env", "venv") == "venv" \
+            and not (host.become and v.get("sudo")):  # with become, provision installs python3-venv
         add("python-venv", True, f"`{host.python} -m venv` cannot make an environment (no venv/ensurepip module)",
             "install it on the node: `apt-get install python3-venv` (as root, or with `become`)")
-    if v.get("workdir_writable") is False:
+    if host.become and v.get("sudo") is False:
+        add("sudo-password", True, f"become is set, but `sudo -n` on the node wants a password (or {host.user} may "
+            "not use sudo): clusterctl never asks for one",
+            f"give {host.user} passwordless sudo for what provision runs as root (docs/inventory.md `become`), "
+            "or set become: false")
+    if v.get("workdir_writable") is False and not (host.become and v.get("sudo")):
         add("workdir-unwritable", True, f"{host.user} cannot create or write the work directory {host.workdir}",
-            f"create it for that user (`sudo install -d -o {host.user} {host.workdir}`), or choose a `workdir:` "
-            "in its home")
+            f"create it for that user (`sudo install -d -o {host.user} {host.workdir}`), set `become: true` "
+            "(provision makes it through sudo), or choose a `workdir:` in its home")
     disk = v.get("disk")
     if disk is None:
         add("disk-unknown", False, "could not measure free disk at the workdir", "check that `df` works there")

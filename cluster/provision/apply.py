@@ -189,6 +189,18 @@ def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool =
     return report
 
 
+SUDO_NEEDS_PASSWORD = ("a password is required", "a terminal is required")  # what `sudo -n` says instead of asking
+
+
+def _step_fix(h: Host, detail: str) -> str:
+    """The fix of a failed step: for a sudo that wanted a password, the NOPASSWD rule (never a password)."""
+    if any(s in detail for s in SUDO_NEEDS_PASSWORD):
+        return (f"clusterctl never asks for a password: give {h.user} passwordless sudo for what provision runs as "
+                f"root, e.g. `echo '{h.user} ALL=(root) NOPASSWD: /usr/bin/install, /usr/bin/env' | "
+                "sudo tee /etc/sudoers.d/clusterctl` (visudo -cf checks it), then provision again")
+    return "fix the cause shown; the next `clusterctl provision` repeats only what is not done"
+
+
 def run(inv: Inventory, hosts: list[Host], dry_run: bool = False, verify: bool = False, forks: int = 32,
         pb_path: str = "provision", log: Log = lambda s: None, on_step: OnStep | None = None,
         on_bytes: OnBytes | None = None) -> ProvisionReport:
@@ -237,8 +249,7 @@ def _playbooks(group: Group, request: ProvisionRequest, hosts: list[Host], whs: 
         o = out[h.name]
         o.steps, o.duration = pr.steps, time.monotonic() - start
         if pr.failed:
-            o.fail("failed", f"step '{pr.failed.name}' failed: {pr.failed.detail}",
-                   "fix the cause shown; the next `clusterctl provision` repeats only what is not done")
+            o.fail("failed", f"step '{pr.failed.name}' failed: {pr.failed.detail}", _step_fix(h, pr.failed.detail))
         return pr
 
     settle(group, hosts, group.call(do, hosts), out, "the playbook")

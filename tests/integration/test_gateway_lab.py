@@ -1,6 +1,7 @@
-"""A lab behind a gateway PC (`lab up --gateway`), reached as a lab admin reaches it: an inventory of bare host
-names and an OpenSSH config (Host blocks with HostName, User, IdentityFile, ProxyJump), or an Ansible INI
-inventory with ansible_ssh_common_args (-o ProxyJump=, or DeepOps' -o ProxyCommand="ssh -W %h:%p ...").
+"""A lab behind a gateway PC (`lab up --gateway --user student`: the nodes' login user is not root, with
+NOPASSWD sudo), reached as a lab admin reaches it: an inventory of bare host names with `become: true` and an
+OpenSSH config (Host blocks with HostName, User, IdentityFile, ProxyJump), or an Ansible INI inventory with
+ansible_become and ansible_ssh_common_args (-o ProxyJump=, or DeepOps' -o ProxyCommand="ssh -W %h:%p ...").
 The head has no route to the nodes: everything goes through the gateway's sshd, host keys checked on
 every hop, and the training traffic stays on the nodes' own network."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--se
 @pytest.fixture(scope="module")
 def glab(tmp_path_factory: pytest.TempPathFactory):
     """The lab, and what its admin wrote: ssh_config, an empty known_hosts, inventories of bare names."""
-    with lab_up(tmp_path_factory, "g", 2, 14, gateway=True) as (state, d):
+    with lab_up(tmp_path_factory, "g", 2, 14, gateway=True, user="student") as (state, d):
         lab = Path(state.dir)
         kh = d / "admin_known_hosts"
         kh.touch()
@@ -28,9 +29,10 @@ def glab(tmp_path_factory: pytest.TempPathFactory):
         (d / "ssh_config").write_text(
             f"Host gw\n  HostName {state.jump.address}\n  User root\n  IdentityFile {lab / 'id_ed25519'}\n"
             f"  UserKnownHostsFile {kh}\n"
-            f"Host node*\n  User root\n  IdentityFile {lab / 'id_ed25519'}\n  UserKnownHostsFile {kh}\n"
+            f"Host node*\n  User student\n  IdentityFile {lab / 'id_ed25519'}\n  UserKnownHostsFile {kh}\n"
             f"  ProxyJump gw\n{blocks}")
         (d / "bare.yaml").write_text(f"defaults:\n  ssh_config: {d / 'ssh_config'}\n  workdir: /srv/cluster\n"
+                                     "  become: true\n"
                                      "hosts:\n" + "".join(f"  {n.name}: {{}}\n" for n in state.nodes))
         yield state, d, {"CLUSTERCTL_HOME": str(d / "home")}
 
@@ -87,8 +89,9 @@ def test_check_provision_launch_and_collect_through_the_gateway(glab) -> None:
             assert rec["endpoint"].startswith(state.nodes[0].address + ":"), rec["endpoint"]
         rc, got = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
         assert rc == 0 and all(n["status"] == "ok" and n["files"] > 0 for n in got["nodes"]), got
-    r = clusterctl("exec", inv, "--", "echo $SSH_CONNECTION", env=env, timeout=60)
+    r = clusterctl("exec", inv, "--", "echo $SSH_CONNECTION; stat -c %U /srv/cluster", env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.count(f"{state.gateway} ") == 2, r.stdout  # both through the gateway
+    assert r.stdout.count("student") == 2, r.stdout  # the root-owned /srv/cluster made the student's, by sudo -n
 
 
 @pytest.mark.parametrize("args", [
@@ -102,9 +105,11 @@ def test_an_ansible_ini_inventory_reaches_the_nodes_through_its_ssh_args(glab, a
     common = args.format(gw=state.jump.address, key=lab / "id_ed25519", kh=lab / "known_hosts")
     ini = d / "hosts.ini"
     ini.write_text("[lab]\n" + "".join(f"{n.name} ansible_host={n.address}\n" for n in state.nodes) +
-                   f"\n[lab:vars]\nansible_user=root\nansible_ssh_private_key_file={lab / 'id_ed25519'}\n"
+                   f"\n[lab:vars]\nansible_user=student\nansible_become=true\nansible_ssh_private_key_file={lab / 'id_ed25519'}\n"
                    f"ansible_ssh_common_args={common}\nclusterctl_known_hosts={lab / 'known_hosts'}\n"
                    "clusterctl_workdir=/srv/cluster\nclusterctl_ssh_config=none\n")
     rc, res = clusterctl_json("exec", str(ini), "--", "hostname", env={**env, "CLUSTERCTL_INVENTORY_READER": "ansible"},
                               timeout=120)
     assert rc == 0 and [n["stdout"].strip() for n in res["nodes"]] == ["node1", "node2"], res
+    rc, got = clusterctl_json("hosts", "-i", str(ini), env={**env, "CLUSTERCTL_INVENTORY_READER": "ansible"}, timeout=60)
+    assert rc == 0 and all(h["user"] == "student" for h in got["hosts"]), got

@@ -54,3 +54,17 @@ def test_a_refused_argument_names_the_variable(tmp_path: Path, reader: str) -> N
     with pytest.raises(InventoryError) as e:
         load(tmp_path, "'-L 8080:localhost:80'", reader)
     assert e.value.field == "pc1.ansible_ssh_common_args" and "-L" in str(e.value)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_ansible_become_is_sudo_as_root_only(tmp_path: Path, reader: str) -> None:
+    def host(extra: str):
+        (tmp_path / "inv.yaml").write_text(f"all:\n  vars:\n    clusterctl_ssh_config: none\n{extra}"
+                                          "  hosts:\n    pc1: {ansible_host: 10.0.0.11}\n")
+        return loader.load(tmp_path / "inv.yaml", check_files=False, reader=reader).hosts["pc1"]
+
+    assert host("    ansible_become: true\n").become is True
+    assert host("").become is False
+    with pytest.raises(InventoryError) as e:
+        host("    ansible_become: true\n    ansible_become_method: su\n")
+    assert e.value.field == "pc1.ansible_become_method" and "sudo -n" in str(e.value)

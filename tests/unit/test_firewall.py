@@ -52,3 +52,16 @@ def test_the_fact_parses_its_outputs() -> None:
     assert firewall.parse("@@absent\n", 0) == {"state": "absent"}
     assert firewall.parse((NFT / "jump.json").read_text(), 0)["state"] == "ok"
     assert firewall.parse("not json", 0)["state"] == "unreadable"
+
+
+def test_become_needs_sudo_without_a_password_and_then_makes_the_workdir() -> None:
+    """check with `become`: sudo that wants a password blocks (named, with the NOPASSWD fix); sudo that works
+    makes an unwritable workdir and a missing python3-venv provision's to fix, not a problem."""
+    h = Host(name="pc1", address="10.0.0.11", user="student", become=True)
+    base = {"python": {"version": "3.11.2", "version_tuple": [3, 11, 2], "executable": "/usr/bin/python3"},
+            "disk": {"path": "/", "total_gib": 100.0, "free_gib": 90.0}, "workdir_writable": False, "venv": False}
+    nf = NodeFacts("pc1", {**base, "sudo": False}, address_nic="eth0")
+    codes = {(p.code, p.blocking) for p in health.from_facts(h, nf)}
+    assert ("sudo-password", True) in codes and ("workdir-unwritable", True) in codes
+    nf = NodeFacts("pc1", {**base, "sudo": True}, address_nic="eth0")
+    assert health.from_facts(h, nf) == []

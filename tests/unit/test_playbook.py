@@ -110,8 +110,8 @@ def test_schema_errors(tmp_path: Path, text: str, words: str) -> None:
 
 def test_default_playbook_loads() -> None:
     pb = playbook.load("provision")
-    assert [s.action for s in pb.steps] == ["command", "command", "wheels", "file", "template", "command", "pip",
-                                            "template", "file", "file"]
+    assert [s.action for s in pb.steps] == ["command", "command", "command", "wheels", "file", "template", "command",
+                                            "pip", "template", "file", "file"]
 
 
 def test_cluster_env_keeps_a_hostile_host_name_inside_its_comment(tmp_path: Path) -> None:

@@ -96,4 +96,22 @@ def test_a_step_whose_condition_is_false_is_shown_skipped() -> None:
     steps = rendered()["pc2"]
     lock = [s for s in steps if s.when and "wheelhouse is not none" in s.when]
     assert lock and all(not s.runs for s in lock)  # no wheelhouse without I/O: those steps would not run
-    assert next(s for s in steps if s.name == "work directory").command == "mkdir -p -- /srv/cluster"
+    assert next(s for s in steps if s.name == "work directory").command == \
+        "mkdir -p -- /srv/cluster 2>/dev/null && test -w /srv/cluster"  # no sudo without become
+
+
+def test_become_runs_the_root_steps_through_sudo_and_never_asks_a_password() -> None:
+    """`become: true`: the work directory made (and given to the login user) and python3-venv installed with
+    `sudo -n`, which fails rather than prompts; without it, a missing python3-venv says how to get it."""
+    inv = loader.load(MIXED, check_files=False, overrides=["become=true"])
+    hosts = inv.ordered(inv.hosts.values())
+    base = facts.parse_all(RECORDED.read_text())
+    req = apply.request_for(inv, hosts, {h.name: node_facts(h, base) for h in hosts}, playbook.load("provision"))
+    steps = {s.name: s for s in req.steps()["pc2"]}
+    goldens.check(ROOT / "tests" / "golden" / "provision-become" / "pc2" / "steps.txt",
+                  "\n".join(s.to_text() for s in req.steps()["pc2"]) + "\n", "the become steps of pc2")
+    assert steps["work directory"].command.endswith(
+        '|| sudo -n install -d -m 0755 -o "$(id -un)" -g "$(id -gn)" -- /srv/cluster')
+    assert steps["Debian packages"].command.startswith("sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install")
+    plain = {s.name: s for s in rendered()["pc2"]}
+    assert "sudo" not in plain["Debian packages"].command and "become: true" in plain["Debian packages"].command
