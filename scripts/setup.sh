@@ -2,14 +2,14 @@
 # Installs what clusterctl, its demo and its tests need on a fresh Debian machine:
 # Debian packages (sshd and iproute2 for the simulated lab, pdsh for the benchmark,
 # chromium to check in a real browser that the HTML report renders, nftables for the firewall check's
-# test, which puts rules inside a lab node's own network namespace)
+# test, which puts rules inside a lab node's own network namespace; sudo for the lab's non-root login user)
 # and the Python environment in .venv. Safe to re-run: it only does what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-APT_PKGS="python3 python3-venv openssh-server openssh-client iproute2 util-linux procps pdsh chromium nftables"
+APT_PKGS="python3 python3-venv openssh-server openssh-client iproute2 util-linux procps pdsh chromium nftables sudo"
 missing=""
 for p in $APT_PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; done
 if [ -n "$missing" ]; then
