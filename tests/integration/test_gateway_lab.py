@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark  # noqa: F401
 
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
@@ -89,6 +90,14 @@ def test_check_provision_launch_and_collect_through_the_gateway(glab) -> None:
             assert rec["endpoint"].startswith(state.nodes[0].address + ":"), rec["endpoint"]
         rc, got = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
         assert rc == 0 and all(n["status"] == "ok" and n["files"] > 0 for n in got["nodes"]), got
+    # a program's data over the relay's threshold: the head sends it once through the gateway, node to node after
+    data = d / "big.csv"
+    data.write_text("".join(f"{i},{i * i}\n" for i in range(1_500_000)))  # ~20 MiB
+    rc, rec = clusterctl_json("launch", "-i", inv, "--code", str(ROOT / "tests" / "fixtures" / "own"), "--launcher",
+                              "plain", "--data", str(data), "--", "python", "reads_data.py", env=env, timeout=600)
+    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+    assert {v["via"] for v in rec["data"]["nodes"].values()} == {"relay"}, rec["data"]
+    assert {v["bytes_sent"] for v in rec["data"]["nodes"].values()} == {data.stat().st_size}
     r = clusterctl("exec", inv, "--", "echo $SSH_CONNECTION; stat -c %U /srv/cluster", env=env, timeout=60)
     assert r.returncode == 0 and r.stdout.count(f"{state.gateway} ") == 2, r.stdout  # both through the gateway
     assert r.stdout.count("student") == 2, r.stdout  # the root-owned /srv/cluster made the student's, by sudo -n
