@@ -141,6 +141,7 @@ def parse(out: str, rc: int) -> dict[str, Any]:
         return {"state": "unreadable", "error": out.strip()[-300:]}
 
 
-COMMAND = "if command -v nft >/dev/null 2>&1; then nft -j list ruleset; else echo @@absent; fi"
+COMMAND = ('if [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; then env PATH="$PATH:/usr/sbin:/sbin" nft -j '
+           "list ruleset; else echo @@absent; fi")  # /usr/sbin: on no ordinary user's PATH
 FIX = ("accept the lab network before the rules that drop, e.g. `nft insert rule inet filter input ip saddr "
        "10.0.0.0/24 accept` (or `ufw allow from 10.0.0.0/24`), with the lab's own subnet")

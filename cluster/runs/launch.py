@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import code, datasets, layers, records as runs, render
+from cluster.runs import code, datasets, firewall, layers, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -290,6 +290,7 @@ def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret:
         record = runs.update(record.run_id, lambda r: setattr(r, "endpoint", request.endpoint))
     _keep_rendered(request)
     _upload(group, record, request, secret, log)
+    _open_firewalls(group, record, request, log)
     _unless_stopped(record)
     log(f"starting {len(request.nodes)} nodes")
     by_node = {n.node: n for n in request.nodes}
@@ -436,6 +437,25 @@ def require(results: GroupResult, what: str, record: runs.RunRecord | None = Non
     if record is not None:
         _fail_start(record, message, next(iter(bad)))
     raise ClusterError(message, "fix the node shown (disk space, permissions) and launch again")
+
+
+def _open_firewalls(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """A host firewall that would block the run: opened for exactly its nodes where the node has `become`
+    (closed by the node agent when the run ends), else the start is refused naming the fix."""
+    opened = firewall.open_for(group, [t.host for t in request.targets], request.run_id,
+                               {n.node: n.run_dir for n in request.nodes})
+    if not opened:
+        return
+    runs.update(record.run_id, lambda r: r.extra.__setitem__("firewall", opened))
+    for n, v in opened.items():
+        if "opened" in v:
+            log(f"{n}: host firewall opened for the run's nodes ({', '.join(' '.join(c) for c in v['opened'])})")
+    refused = {n: v["refused"] for n, v in opened.items() if "refused" in v}
+    if refused:
+        n = next(iter(refused))
+        _fail_start(record, f"{n}: {refused[n]}; set `become: true` for it (launch then opens the firewall for "
+                    "the run's nodes and closes it after) or accept the lab network there (`clusterctl check` "
+                    "shows the rule)", n)
 
 
 def _first_error(results: GroupResult, what: str) -> tuple[str, str]:

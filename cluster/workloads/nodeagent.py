@@ -187,6 +187,7 @@ def _fork_leader(run_dir: Path, lock_fd: int) -> Doc:
         os.write(w, json.dumps(doc).encode())
         os.close(w)
         code = _wait_launcher(run_dir, child)
+        _close_firewall(run_dir)
         _write_json(run_dir / "exit.json", {"code": code, "ended": time.time()})
         os._exit(0)
     os.close(w)
@@ -390,12 +391,27 @@ def stop(run_dir: Path, grace: float = 10.0) -> Doc:
     while killed and time.time() < deadline and run_processes(run_dir):
         time.sleep(0.1)
     left = run_processes(run_dir)
+    if not left:
+        _close_firewall(run_dir)
     return {"ok": not left, "terminated": sent, "killed": killed, "left": left}
+
+
+def _close_firewall(run_dir: Path) -> None:
+    """The run's own firewall rules removed (launch wrote firewall-close.sh where it opened a firewall with
+    `become`): when the run ends, and on `stop` (the leader may be killed with the rest). Bounded, best effort."""
+    script = run_dir / FIREWALL_CLOSE
+    if script.exists():
+        try:
+            subprocess.run(["sh", str(script)], cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            pass
 
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
 PRIVATE_FILES = ("secrets.env",)
 SHIPPED = ".shipped-%s.json"  # codecache.SHIPPED: what launch shipped into program/ or data/
+FIREWALL_CLOSE = "firewall-close.sh"  # runs/firewall.py CLOSE: removes the firewall rules launch opened for the run
 
 
 def _sha256_prefix(path: Path, length: int | None = None) -> str:

@@ -122,3 +122,30 @@ def test_an_ansible_ini_inventory_reaches_the_nodes_through_its_ssh_args(glab, a
     assert rc == 0 and [n["stdout"].strip() for n in res["nodes"]] == ["node1", "node2"], res
     rc, got = clusterctl_json("hosts", "-i", str(ini), env={**env, "CLUSTERCTL_INVENTORY_READER": "ansible"}, timeout=60)
     assert rc == 0 and all(h["user"] == "student" for h in got["hosts"]), got
+
+
+def test_with_become_launch_opens_a_blocking_firewall_for_the_run_and_closes_it_after(glab) -> None:
+    """node1's nftables (in its own namespace) drop all but SSH, so node2 could not reach the rendezvous: the
+    run gets one rule accepting TCP from the run's nodes only, tagged with its id, and the rule is gone when the run has
+    ended; the lab's own rules stay."""
+    state, d, env = glab
+    inv = str(d / "bare.yaml")
+    if not (d / "admin_known_hosts").read_text():
+        assert clusterctl("trust", inv, "--yes", env=env, timeout=120).returncode == 0
+    rc, _ = clusterctl_json("provision", inv, "--set", f"python={sys.executable}", "--set",
+                            "vars.python_env=existing", env=env, timeout=900)
+    assert rc == 0
+    nft = ["ip", "netns", "exec", state.nodes[0].netns, "nft"]  # node1: the rendezvous the other dials
+    for rule in ("add table inet filter", "add chain inet filter input { type filter hook input priority 0; policy drop; }",
+                 "add rule inet filter input tcp dport 22 accept",
+                 "add rule inet filter input ct state established,related accept"):
+        subprocess.run([*nft, *rule.split()], check=True, timeout=30)
+    try:
+        rc, rec = clusterctl_json("launch", "resnet50-ddp", "-i", inv, *TINY, env=env, timeout=900)
+        assert rc == 0 and rec["state"] == "succeeded", (rec.get("firewall"), json.dumps(rec)[-1500:])
+        assert rec["firewall"] == {"node1": {"opened": [["inet", "filter", "input"]], "peers": [n.address for n in state.nodes]}}
+        left = subprocess.run([*nft, "list", "chain", "inet", "filter", "input"], capture_output=True, text=True,
+                              timeout=30).stdout
+        assert rec["run_id"] not in left and "tcp dport 22 accept" in left and "policy drop" in left, left
+    finally:
+        subprocess.run([*nft, "flush", "ruleset"], timeout=30)

@@ -65,3 +65,30 @@ def test_become_needs_sudo_without_a_password_and_then_makes_the_workdir() -> No
     assert ("sudo-password", True) in codes and ("workdir-unwritable", True) in codes
     nf = NodeFacts("pc1", {**base, "sudo": True}, address_nic="eth0")
     assert health.from_facts(h, nf) == []
+
+
+def test_launch_opens_only_the_chains_that_would_block() -> None:
+    from cluster.runs import firewall as runfw
+
+    assert runfw.chains_to_open(ruleset("ssh_only"), PEERS) == [("inet", "filter", "input")]
+    assert runfw.chains_to_open(ruleset("lab_accepted"), PEERS) == []
+    assert runfw.chains_to_open(ruleset("one_port_dropped"), PEERS) == [("ip", "filter", "input")]
+
+
+def test_the_close_script_removes_the_runs_rules_by_handle(tmp_path: Path) -> None:
+    """On `nft -a list chain` output as nft prints it (recorded), the script deletes the tagged handles only."""
+    import subprocess
+
+    from cluster.runs import firewall as runfw
+
+    listing = ('table inet filter {\n\tchain input { # handle 1\n\t\ttype filter hook input priority filter; policy drop;\n'
+               '\t\tip saddr { 10.0.0.11, 10.0.0.12 } meta l4proto tcp accept comment "clusterctl r-1" # handle 7\n'
+               '\t\tip saddr 10.0.0.0/24 accept comment "clusterctl r-10" # handle 8\n'
+               '\t\ttcp dport 22 accept # handle 2\n\t}\n}\n')
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nft").write_text(f"#!/bin/sh\nif [ \"$1\" = -a ]; then cat <<'X'\n{listing}X\nelse echo \"$@\" >> {tmp_path}/deleted; fi\n")
+    (fake / "nft").chmod(0o755)
+    script = runfw.close_script(Host(name="a", address="10.0.0.11"), "r-1", [("inet", "filter", "input")])
+    subprocess.run(["sh", "-c", script], env={"PATH": f"{fake}:/usr/bin:/bin"}, check=True, timeout=30)
+    assert (tmp_path / "deleted").read_text().split("\n")[:-1] == ["delete rule inet filter input handle 7"]
