@@ -129,6 +129,15 @@ def _chain(c: dict[str, Any], rules: list[dict[str, Any]], peers: list[str], nic
     return Verdict("partly", partly) if partly else Verdict("open")
 
 
+def is_ip(a: str) -> bool:
+    """An IP address (not a DNS name): what a saddr rule can name."""
+    try:
+        ipaddress.ip_address(a)
+    except ValueError:
+        return False
+    return True
+
+
 def parse(out: str, rc: int) -> dict[str, Any]:
     """The fact: {"state": absent | unreadable | ok, "ruleset": the JSON when ok, "error": ...}."""
     if "@@absent" in out:

@@ -67,7 +67,7 @@ def firewalls(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem]:
                                f"ruleset`: {fw.get('error') or 'failed'})", "run check as a user that may list the "
                                "rules (root), or check by hand that the lab network is accepted"))
             continue
-        peers = [a for a in addresses if a != h.address and _is_ip(a)] or [a for a in [h.address] if _is_ip(a)]
+        peers = [a for a in addresses if firewall.is_ip(a)]  # the run's nodes, this one too (its own rendezvous)
         v = firewall.judge(fw["ruleset"], peers, nf[h.name].address_nic)
         if v.state == "blocked":
             out.append(Problem(h.name, "firewall", True, f"the host firewall blocks the run's traffic: {v.why}",
@@ -76,16 +76,6 @@ def firewalls(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem]:
             out.append(Problem(h.name, "firewall", False, f"the host firewall may block the run's traffic: {v.why}",
                                firewall.FIX))
     return out
-
-
-def _is_ip(a: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(a)
-    except ValueError:
-        return False
-    return True
 
 
 def from_facts(host: Host, f: NodeFacts) -> list[Problem]:

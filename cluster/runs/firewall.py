@@ -9,7 +9,6 @@ stop` does too. Without `become`, launch refuses, naming the fix.
 """
 from __future__ import annotations
 
-import ipaddress
 import shlex
 from typing import Any
 
@@ -74,16 +73,16 @@ def open_for(group: Group, hosts: list[Host], run_id: str, run_dirs: dict[str, s
         fact = judge.parse(r.stdout, r.exit_code if r.exit_code is not None else 1)
         if fact.get("state") != "ok":
             continue
-        peers = [a for a in addresses if a != h.address and _is_ip(a)]
+        # the node itself too: its own connections to its lab address (the rendezvous it hosts) are on the
+        # same hook, and a ruleset without `iif lo accept` drops them as well
+        peers = [a for a in addresses if judge.is_ip(a)]
         chains = chains_to_open(fact["ruleset"], peers) if peers else []
         if not chains:
             continue
         if not h.become:
             out[h.name] = {"refused": f"its host firewall would block the run ({', '.join(' '.join(c) for c in chains)})"}
             continue
-        # the node itself too: its own connections to its lab address (the rendezvous it hosts) are on the
-        # same hook, and a ruleset without `iif lo accept` drops them as well
-        todo[h.name], peers_of[h.name] = chains, [a for a in addresses if _is_ip(a)]
+        todo[h.name], peers_of[h.name] = chains, peers
 
     def one(t: Any) -> dict[str, Any]:
         h = t.host
@@ -102,11 +101,3 @@ def open_for(group: Group, hosts: list[Host], run_id: str, run_dirs: dict[str, s
     for n, r in done.items():
         out[n] = r.value if r.ok else {"refused": r.error or "unreachable"}
     return out
-
-
-def _is_ip(a: str) -> bool:
-    try:
-        ipaddress.ip_address(a)
-    except ValueError:
-        return False
-    return True
