@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from rich.console import Console, OverflowMethod
@@ -71,8 +72,9 @@ def load_inventory(given: str | None, overrides: list[str] | None = None,
                    ssh_config: str | None = None) -> Inventory:
     """The inventory named on the command line, else the current context's (said on stderr); `ssh_config`
     (-F FILE) is the field on every host, as --set ssh_config=FILE would make it."""
-    if ssh_config:
-        overrides = [*(overrides or []), f"ssh_config={ssh_config}"]
+    if ssh_config:  # as `ssh -F`: relative to the current folder (in an inventory: to the inventory's)
+        cfg = ssh_config if ssh_config == "none" else str(Path(ssh_config).expanduser().resolve())
+        overrides = [*(overrides or []), f"ssh_config={cfg}"]
     from cluster.inventory import loader
 
     path, why = context.resolve(given)

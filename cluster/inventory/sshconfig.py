@@ -125,7 +125,7 @@ class Resolver:
         given = set(given)
         if host.connection != "ssh":
             return host
-        config = _config_file(host)
+        config = _config_file(host, self.source)
         if config is None:
             return replace(host, jumps=self._jumps(host, host.proxy_jump, None, host)) if host.proxy_jump else host
         return self._resolve(host, given, config)
@@ -207,13 +207,13 @@ class Resolver:
         return tuple(chain)
 
 
-def _config_file(host: Host) -> str | None:
-    """The config to read: the host's `ssh_config` (a path, or "none"), else OpenSSH's own files when one
-    exists ("default"); None: read nothing."""
+def _config_file(host: Host, inventory: str) -> str | None:
+    """The config to read: the host's `ssh_config` (a path, relative to the inventory's folder; or "none"),
+    else OpenSSH's own files when one exists ("default"); None: read nothing."""
     if host.ssh_config == "none":
         return None
     if host.ssh_config:
-        return os.path.expanduser(host.ssh_config)
+        return str(Path(inventory).parent / os.path.expanduser(host.ssh_config))  # an absolute path stays
     return "default" if any(Path(f).expanduser().is_file() for f in DEFAULT_FILES) else None
 
 

@@ -139,3 +139,11 @@ def test_dash_f_names_the_config_for_every_host(tmp_path: Path) -> None:
     got = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
     assert (got["pc1"]["port"], got["pc1"]["user"], got["pc2"]["port"]) == (40005, "bob", 22)
     assert "admin@gw:22" in json.dumps(got["pc1"])
+
+
+def test_a_relative_ssh_config_is_the_inventorys_neighbour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "ssh_config").write_text("Host pc1\n  Port 2201\n")
+    (tmp_path / "lab" / "inv.yaml").write_text("defaults:\n  ssh_config: ssh_config\nhosts:\n  pc1: {}\n")
+    monkeypatch.chdir(tmp_path)  # not where the inventory is
+    assert loader.load(tmp_path / "lab" / "inv.yaml").hosts["pc1"].port == 2201
