@@ -127,7 +127,9 @@ class Resolver:
             return host
         config = _config_file(host, self.source)
         if config is None:
-            return replace(host, jumps=self._jumps(host, host.proxy_jump, None, host)) if host.proxy_jump else host
+            if host.proxy_jump in (None, "none"):  # OpenSSH's word for no jump host
+                return replace(host, proxy_jump=None)
+            return replace(host, jumps=self._jumps(host, host.proxy_jump, None, host))
         return self._resolve(host, given, config)
 
     def _resolve(self, host: Host, given: set[str], config: str) -> Host:

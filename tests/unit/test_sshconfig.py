@@ -98,6 +98,8 @@ def test_none_reads_no_file_and_a_local_host_is_left_alone(tmp_path: Path) -> No
     hosts = loader.load(tmp_path / "inv.yaml").hosts
     assert [(j.user, j.address, j.port) for j in hosts["a"].jumps][0] == ("u", "gw", 2)
     assert hosts["a"].jumps[1].address == "gw2" and hosts["b"].jumps == ()
+    (tmp_path / "inv.yaml").write_text("hosts:\n  a: {address: 10.0.0.1, ssh_config: none, proxy_jump: none}\n")
+    assert loader.load(tmp_path / "inv.yaml").hosts["a"].jumps == ()  # `none`: no jump host, as in OpenSSH
 
 
 @pytest.mark.parametrize("spec, hops", [
