@@ -79,8 +79,10 @@ def open_for(group: Group, hosts: list[Host], run_id: str, run_dirs: dict[str, s
         chains = chains_to_open(fact["ruleset"], peers) if peers else []
         if not chains:
             continue
-        if not h.become:
-            out[h.name] = {"refused": f"its host firewall would block the run ({', '.join(' '.join(c) for c in chains)})"}
+        if not h.become:  # refused only where it surely blocks (check warns where only some ports may be)
+            if judge.judge(fact["ruleset"], peers).state == "blocked":
+                out[h.name] = {"refused": "its host firewall would block the run "
+                               f"({', '.join(' '.join(c) for c in chains)})"}
             continue
         todo[h.name], peers_of[h.name] = chains, peers
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.inventory import ansible_core
-from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark  # noqa: F401
 
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
 ANSIBLE = {"CLUSTERCTL_INVENTORY_READER": "ansible"}
@@ -78,6 +78,10 @@ def test_check_finds_a_firewall_that_blocks_the_run_and_passes_once_it_accepts_t
         found = [p for p in chk["problems"] if p["code"] == "firewall"]
         assert rc == 1 and [(p["host"], p["blocking"]) for p in found] == [("node2", True)], chk["problems"]
         assert "policy drop" in found[0]["message"] and "nft insert rule" in found[0]["fix"]
+        # launch without `become` refuses before starting, naming the fix (it would hang in the rendezvous)
+        r = clusterctl("launch", "resnet50-ddp", "-i", str(d / "inventory" / "hosts.ini"), *TINY, env=env, timeout=300)
+        assert r.returncode == 1 and "node2: its host firewall would block the run" in r.stderr \
+            and "become: true" in r.stderr and "nothing of it runs on node1, node2" in r.stderr, r.stderr
         subprocess.run([*nft, "insert", "rule", "inet", "filter", "input", "ip", "saddr", net, "accept"], check=True,
                        timeout=30)
         rc, chk = clusterctl_json("check", state.inventory, env=env, timeout=120)
