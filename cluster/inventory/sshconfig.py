@@ -6,9 +6,10 @@
 as a command-line option (`-l`, `-p`, `-o ...`), which OpenSSH ranks above any config file: the inventory
 wins, and `Match user` sees the user clusterctl logs in as. A value counts as the config's only where it
 differs from what `ssh -G -F none` (no file at all) prints, so OpenSSH's defaults never override
-clusterctl's. Read: HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump (every hop resolved
-the same way, the hops' own jump hosts first), ProxyCommand, UserKnownHostsFile, HostKeyAlias.
-`StrictHostKeyChecking no|accept-new` is not followed (host keys are recorded by `clusterctl trust`
+clusterctl's. Read: HostName, User, Port, IdentityFile, ProxyJump (every hop resolved the same way, the
+hops' own jump hosts first), ProxyCommand, UserKnownHostsFile, HostKeyAlias. IdentitiesOnly needs nothing:
+with a key file, clusterctl offers that key only (no agent, no ~/.ssh/id_*).
+StrictHostKeyChecking set to "no" or "accept-new" is not followed (host keys are recorded by `clusterctl trust`
 only) and is said once. Without an `ssh` program on the head a config file is refused, not half-read.
 """
 from __future__ import annotations
