@@ -64,6 +64,7 @@ def open_for(group: Group, hosts: list[Host], run_id: str, run_dirs: dict[str, s
     """Per node: the chains opened for the run, or why it cannot run ({"refused": why}). Nodes whose
     firewall lets the run in (or that have none, or whose rules cannot be listed) are left as they are."""
     addresses = [h.address for h in hosts]
+    hosts = [h for h in hosts if h.connection == "ssh"]  # a `local` node is this machine: its firewall is never ours
     listed = group.run(probe, timeout=60, hosts=hosts)
     out: dict[str, Any] = {}
     todo: dict[str, list[tuple[str, str, str]]] = {}

@@ -92,3 +92,15 @@ def test_the_close_script_removes_the_runs_rules_by_handle(tmp_path: Path) -> No
     script = runfw.close_script(Host(name="a", address="10.0.0.11"), "r-1", [("inet", "filter", "input")])
     subprocess.run(["sh", "-c", script], env={"PATH": f"{fake}:/usr/bin:/bin"}, check=True, timeout=30)
     assert (tmp_path / "deleted").read_text().split("\n")[:-1] == ["delete rule inet filter input handle 7"]
+
+
+def test_launch_never_touches_the_firewall_of_this_machine(tmp_path: Path) -> None:
+    """`connection: local` nodes are the head itself: open_for asks them nothing and opens nothing there."""
+    from cluster.nodes.fanout import Group
+    from cluster.runs import firewall as runfw
+
+    hosts = [Host(name=f"l{i}", address="127.0.0.1", connection="local", workdir=str(tmp_path / f"w{i}"), become=True)
+             for i in (1, 2)]
+    with Group(hosts) as g:
+        assert runfw.open_for(g, hosts, "r1", {h.name: h.workdir for h in hosts}) == {}
+    assert not list(tmp_path.rglob(runfw.CLOSE))
