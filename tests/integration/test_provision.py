@@ -95,3 +95,42 @@ def test_broken_venv_fails_alone_then_is_repaired(plab) -> None:
     assert rc == 0, json.dumps(rep, indent=1)[-3000:]
     assert nodes[bad.name]["changed"] >= 2 and nodes[bad.name]["allreduce"]["world"] == 2
     assert nodes[good.name]["changed"] == 0
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): "the package index" of a head without internet."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_head_without_internet_provisions_from_an_imported_wheelhouse(plab, tmp_path: Path) -> None:
+    """The README's "Your own lab" way for a head with no route to the package index: the wheelhouse
+    exported on a connected machine (here: this module's), imported on the head, provision downloads nothing."""
+    state, env = plab
+    offline = {"PIP_INDEX_URL": f"http://127.0.0.1:{closed_port()}/simple",
+               "CLUSTERCTL_WHEELHOUSE": str(tmp_path / "head-wheelhouse"),
+               "CLUSTERCTL_HOME": str(tmp_path / "head-home")}
+    before = {n.name: (Path(n.dir) / "srv" / "venv" / "pyvenv.cfg").stat().st_mtime for n in state.nodes}
+
+    rc, rep = provision(state, {**env, **offline})  # nothing imported yet: refused, naming the way
+    assert rc != 0
+    errors = " ".join(f"{n['error']} {n['fix']}" for n in rep["nodes"])
+    assert "cannot reach the package index" in errors and "clusterctl wheelhouse import DIR" in errors, errors
+    assert all(n["status"] == "failed" and n["changed"] == 0 for n in rep["nodes"]), rep["nodes"]
+
+    disk = tmp_path / "usb"  # the connected machine's side: its wheelhouse (this module's), for this inventory
+    rc, exp = clusterctl_json("wheelhouse", "export", str(disk), state.inventory, env=env, timeout=900)
+    assert rc == 0 and exp["wheelhouses"] and exp["files"] > 10, exp
+    rc, imp = clusterctl_json("wheelhouse", "import", str(disk), env={**env, **offline}, timeout=900)
+    # "replaced": the refused download above left an incomplete wheelhouse under the same key
+    assert rc == 0 and {w["status"] for w in imp["wheelhouses"]} <= {"imported", "replaced"}, imp
+    shutil.rmtree(disk)
+
+    rc, rep = provision(state, {**env, **offline})
+    assert rc == 0, [(n["host"], n["status"], n["error"]) for n in rep["nodes"]]
+    assert all(n["status"] == "ok" for n in rep["nodes"])
+    after = {n.name: (Path(n.dir) / "srv" / "venv" / "pyvenv.cfg").stat().st_mtime for n in state.nodes}
+    assert after == before  # the nodes' verified venvs stand: the imported wheels are the ones they hold
