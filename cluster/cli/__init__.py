@@ -60,6 +60,8 @@ COMMANDS: dict[str, Command] = {
     "check": Command("nodes", "reach every node, gather facts, list problems with their fixes"),
     "exec": Command("nodes", "run a shell command on every node: clusterctl exec [INVENTORY] -- CMD"),
     "hosts": Command("nodes", "list the hosts a pattern selects, with address, port, user and key (no contact)"),
+    "wake": Command("nodes", "switch on the nodes that are off (Wake-on-LAN) and wait until they answer SSH"),
+    "poweroff": Command("nodes", "power the nodes off (through sudo with become) and wait until they are off"),
     "provision": Command("provision", "install and verify an identical training environment on every node"),
     "launch": Command("runs", "start a job on every node at once and follow it: clusterctl launch resnet50-ddp"),
     "runs": Command("runs", "list the runs recorded on this head node"),

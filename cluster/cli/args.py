@@ -41,6 +41,7 @@ POSITIVE_INT, POSITIVE_FLOAT = _number(int, 0, strict=True), _number(float, 0, s
 # a wait given in seconds: at most a day, as the inventory's command_timeout (docs/inventory.md)
 TIMEOUT_S, GRACE_S = _number(float, 0, strict=True, maximum=86400), _number(float, 0, strict=False, maximum=3600)
 NON_NEGATIVE_INT, NON_NEGATIVE_FLOAT = _number(int, 0, strict=False), _number(float, 0, strict=False)
+WAKE_S = _number(float, 0, strict=True, maximum=3600)  # waiting for PCs to boot or to go off
 FRACTION = _number(float, 0, strict=True, maximum=1)  # a share such as an accuracy: 0.9, not 90
 
 
@@ -100,3 +101,13 @@ def add_inventory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a host field on every host (e.g. --set user=student); repeatable")
     add_forks(p)
+
+
+def add_power(p: argparse.ArgumentParser) -> None:
+    """`--wake` and `--poweroff-after`: a room whose PCs are off when nobody is there (launch, study)."""
+    p.add_argument("--wake", action="store_true",
+                   help="first wake the nodes that are off (Wake-on-LAN; `clusterctl wake`) and wait for them")
+    p.add_argument("--wake-timeout", type=WAKE_S, default=180.0, metavar="S",
+                   help="how long --wake waits for the nodes to answer SSH (default 180 s)")
+    p.add_argument("--poweroff-after", action="store_true",
+                   help="power the nodes off once the results are collected on this head (through sudo with become)")

@@ -15,13 +15,14 @@ from cluster.cli.output import emit_json, err, out, table
 
 ACTIONS = (("up", "start a lab and make it the current context"),
            ("down", "remove the lab's namespaces, links and processes"),
-           ("status", "show the lab's nodes and whether sshd answers"))
+           ("status", "show the lab's nodes and whether sshd answers"),
+           ("power", "switch nodes off (everything in them stops; a magic packet or `power on` starts them) or on"))
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
     """`lab` takes an action; each declares its own arguments."""
     sub = p.add_subparsers(dest="lab_cmd", required=True, metavar="ACTION")
-    handlers = {"up": cmd_lab_up, "down": cmd_lab_down, "status": cmd_lab_status}
+    handlers = {"up": cmd_lab_up, "down": cmd_lab_down, "status": cmd_lab_status, "power": cmd_lab_power}
     for action, help in ACTIONS:
         sp = sub.add_parser(action, help=help, description=help)
         sp.set_defaults(fn=handlers[action])
@@ -30,6 +31,9 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
                             help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
         if action == "up":
             _declare_up(sp)
+        if action == "power":
+            sp.add_argument("switch", choices=("off", "on"), help="off: a power cut; on: the power button")
+            sp.add_argument("nodes", nargs="+", metavar="NODE", help="node numbers or names, e.g. 2 or node2")
         sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lifecycle)")
         sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
         add_json(sp)
@@ -107,10 +111,29 @@ def cmd_lab_status(args: argparse.Namespace) -> int:
     elif state is None:
         out.print(f"lab {args.name} is not up (start it with `clusterctl lab up 3 --name {args.name}`)")
     else:
-        t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "netns", "sshd", "port 22"))
+        t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "power", "netns", "sshd", "port 22"))
         for r in rows:
-            t.add_row(r.name, r.address, *(("[green]yes[/]" if x else "[red]no[/]") for x in (r.netns, r.sshd, r.port_open)))
+            t.add_row(r.name, r.address, "[green]on[/]" if r.power == "on" else "[yellow]off[/]",
+                      *(("[green]yes[/]" if x else "[red]no[/]") for x in (r.netns, r.sshd, r.port_open)))
         out.print(t)
         out.print(f"inventory: {escape(state.inventory)}")
     healthy = state is not None and all(r.netns and r.sshd and r.port_open for r in rows)
     return errors.EXIT_OK if healthy else errors.EXIT_FAILED
+
+
+def cmd_lab_power(args: argparse.Namespace) -> int:
+    from cluster.lab import power
+
+    state = lifecycle.load_state(args.name, _directory(args))
+    if state is None:
+        raise errors.UsageError(f"lab {args.name} is not up", f"start it: clusterctl lab up 3 --name {args.name}")
+    switch = power.power_off if args.switch == "off" else power.power_on
+    done = [switch(state, n) for n in args.nodes]
+    if args.json:
+        emit_json({"name": state.name, "nodes": [{"name": n.name, "power": n.power, "sshd_pid": n.pid,
+                                                  "listener_pid": n.listener} for n in done]})
+    else:
+        for n in done:
+            out.print(f"{n.name}: {n.power}" + (" (a magic packet for its MAC, or `lab power on`, starts it)"
+                                                if n.power == "off" else f" (sshd pid {n.pid})"))
+    return errors.EXIT_OK

@@ -1,16 +1,21 @@
-"""`clusterctl trust|check|exec|hosts`: first contact, the nodes' facts and problems, a command everywhere, and
-what a host pattern selects (no contact)."""
+"""`clusterctl trust|check|exec|hosts|wake|poweroff`: first contact, the nodes' facts and problems, a command
+everywhere, what a host pattern selects (no contact), and the room's power."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import TIMEOUT_S, add_inventory_args, add_inventory_option
+from cluster.cli.args import TIMEOUT_S, WAKE_S, add_forks, add_inventory_args, add_inventory_option, add_limit
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
+
+if TYPE_CHECKING:
+    from cluster.inventory.model import Host, Inventory
+    from cluster.nodes.power import PowerResult
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
@@ -21,6 +26,17 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a host field on every host, as the node commands do; repeatable")
         p.set_defaults(fn=cmd_hosts)
+        return
+    if name in ("wake", "poweroff"):
+        p.add_argument("pattern", nargs="?", default="all", metavar="PATTERN",
+                       help="an Ansible host pattern, as --limit takes (default all)")
+        add_inventory_option(p)
+        add_limit(p, "and also within this pattern (the same as PATTERN; both given: the hosts both select)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a host field on every host")
+        add_forks(p)
+        p.add_argument("--timeout", type=WAKE_S, default=None, metavar="S",
+                       help="how long to wait for the nodes (default 180 s to wake, 120 s to power off)")
+        p.set_defaults(fn=cmd_wake if name == "wake" else cmd_poweroff)
         return
     add_inventory_args(p)
     if name == "trust":
@@ -134,6 +150,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     with Group(hosts, forks=args.forks) as group, bar("gathering facts") as prog:
         task = prog.add_task("facts", total=len(hosts))
         report = check.run(group, on_done=lambda r: prog.advance(task))
+    from cluster.nodes import power
+
+    power.record(inv, report.facts)  # for `wake`, once these PCs are off
     if args.json:
         emit_json({"inventory": str(inv.path), **report.to_dict()})
     else:
@@ -157,6 +176,96 @@ def cmd_check(args: argparse.Namespace) -> int:
     if any(p.blocking for p in report.problems):
         return errors.EXIT_FAILED
     return errors.EXIT_OK
+
+
+# --------------------------------------------------------------------------- wake, poweroff
+
+_POWER_STYLE = {"up": "green", "woke": "green", "off": "green"}
+
+
+def _power_hosts(args: argparse.Namespace) -> tuple[Inventory, list[Host]]:
+    inv = load_inventory(args.inventory, args.set, args.ssh_config)
+    hosts = inv.select(args.pattern, option="PATTERN")
+    if args.limit:
+        inside = {h.name for h in inv.select(args.limit)}
+        hosts = [h for h in hosts if h.name in inside]
+    return inv, hosts
+
+
+def _power_report(args: argparse.Namespace, what: str, inv: Inventory, rs: list[PowerResult]) -> int:
+    if args.json:
+        emit_json({"inventory": str(inv.path), what: [r.to_dict() for r in rs],
+                   "ok": sum(r.ok for r in rs), "total": len(rs)})
+    else:
+        t = table(f"{what}: {sum(r.ok for r in rs)}/{len(rs)} nodes "
+                  f"{'answer SSH' if what == 'wake' else 'off'}", ("node", "status", "after s", "MAC", "sent from"),
+                  overflow="fold")
+        for r in rs:
+            t.add_row(escape(r.host), f"[{_POWER_STYLE.get(r.status, 'red')}]{r.status}[/]",
+                      f"{r.seconds:g}" if r.seconds else "-", escape(r.mac or "-"), escape(r.sent_from or "-"))
+        out.print(t)
+        for r in rs:
+            if not r.ok:
+                err.print(f"[red]{escape(r.host)}: {escape(r.error or r.status)}[/red]\n    fix: {escape(r.fix or '-')}")
+    if all(r.ok for r in rs):
+        return errors.EXIT_OK
+    return errors.EXIT_USAGE if any(r.status == "no-mac" for r in rs) and what == "wake" else errors.EXIT_UNREACHABLE
+
+
+def cmd_wake(args: argparse.Namespace) -> int:
+    """Magic packets to the nodes that do not answer SSH, then wait (bounded) until they do."""
+    from cluster.nodes import power
+
+    inv, hosts = _power_hosts(args)
+    with err.status(f"waking {len(hosts)} nodes"):
+        results = power.wake(inv, hosts, timeout=args.timeout or power.WAKE_TIMEOUT_S, forks=args.forks,
+                             log=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
+    return _power_report(args, "wake", inv, results)
+
+
+def cmd_poweroff(args: argparse.Namespace) -> int:
+    """Power the nodes off (through sudo -n with become) and wait until none answers SSH."""
+    from cluster.nodes import power
+
+    inv, hosts = _power_hosts(args)
+    with err.status(f"powering off {len(hosts)} nodes"):
+        results = power.poweroff(hosts, timeout=args.timeout or power.POWEROFF_TIMEOUT_S, forks=args.forks,
+                                 log=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
+    return _power_report(args, "poweroff", inv, results)
+
+
+def wake_first(args: argparse.Namespace, inv: Inventory, hosts: list[Host]) -> None:
+    """launch/study --wake: wake the nodes that are off; those that do not come are the launch's to judge
+    (the job's min_nodes), said here with the reason."""
+    from cluster.nodes import power
+
+    if not args.wake:
+        return
+    with err.status(f"waking {len(hosts)} nodes"):
+        results = power.wake(inv, hosts, timeout=args.wake_timeout, forks=args.forks,
+                             log=(lambda s: None) if args.json else lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
+    for r in results:
+        if not args.json and r.status == "woke":
+            err.print(f"{escape(r.host)}: woke, answers SSH after {r.seconds:g} s")
+        elif not r.ok:
+            err.print(f"[yellow]{escape(r.host)}: did not wake ({escape(r.error or r.status)})[/yellow]")
+
+
+def poweroff_after(args: argparse.Namespace, hosts: list[Host]) -> bool:
+    """--poweroff-after, once the results are on the head: True when every node is off."""
+    from cluster.nodes import power
+
+    if not args.poweroff_after:
+        return True
+    with err.status(f"powering off {len(hosts)} nodes"):
+        results = power.poweroff(hosts, forks=args.forks)
+    for r in results:
+        if not r.ok:
+            err.print(f"[red]{escape(r.host)}: not powered off: {escape(r.error or r.status)}[/red]\n"
+                      f"    fix: {escape(r.fix or '-')}")
+    if not args.json:
+        err.print(f"powered off {sum(r.ok for r in results)} of {len(results)} nodes")
+    return all(r.ok for r in results)
 
 
 # --------------------------------------------------------------------------- exec

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import (FRACTION, add_forks, add_inventory_option, add_job_settings, add_limit, add_price,
-                              add_run)
+from cluster.cli.args import (FRACTION, add_forks, add_inventory_option, add_job_settings, add_limit, add_power,
+                              add_price, add_run)
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
                    "count with each value, e.g. grad_compression=none,fp16 (a setting that only changes the wire, "
                    "like this one, runs one node once: every value's scaling baseline)")
     add_price(p)
+    add_power(p)
 
 
 # --------------------------------------------------------------------------- collect
@@ -144,7 +145,11 @@ def _sizes(text: str) -> list[int]:
 def cmd_study(args: argparse.Namespace) -> int:
     from cluster.study import matrix
 
+    from cluster.cli.nodes import poweroff_after, wake_first
+
     inv = load_inventory(args.inventory, None, args.ssh_config)
+    hosts = inv.select(args.limit)
+    wake_first(args, inv, hosts)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
                                  log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks)
     if args.json:
@@ -160,4 +165,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         out.print(t)
         if page:
             out.print(f"report: {escape(str(page))}")
-    return errors.EXIT_OK if all(c.state == "succeeded" for c in cells) else errors.EXIT_FAILED
+    off = poweroff_after(args, hosts)  # the study has collected every run: its results are on this head
+    if not all(c.state == "succeeded" for c in cells):
+        return errors.EXIT_FAILED
+    return errors.EXIT_OK if off else errors.EXIT_UNREACHABLE

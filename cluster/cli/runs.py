@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from cluster import errors
-from cluster.cli.args import GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_limit, add_run
+from cluster.cli.args import (GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_limit, add_power,
+                              add_run)
 from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
     p.add_argument("--plan", action="store_true",
                    help="use `clusterctl plan JOB`'s recommended nodes and per-node batch shares")
+    add_power(p)
 
 
 # --------------------------------------------------------------------------- a run, shown
@@ -135,6 +137,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         planned = placement.load_recommended(inv, args.job).to_dict()
     spec = _spec(args, inv)
+    if args.poweroff_after and (args.detach or args.dry_run):
+        raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
+                                "drop --detach (or --dry-run), or run `clusterctl collect` then `clusterctl poweroff`")
+    from cluster.cli.nodes import poweroff_after, wake_first
+
+    if not args.dry_run:
+        wake_first(args, inv, launch.select_hosts(inv, spec, args.limit))
     if args.dry_run:  # the request execute would start, printed (torchx's dryrun_info)
         request = launch.prepare(inv, spec, limit=args.limit, forks=args.forks)
         if args.json:
@@ -146,6 +155,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
                               prediction=planned)  # prepare, then execute that same request
     if not args.json:
         err.print(f"run {record.run_id} started on {len(record.nodes)} nodes (world size {record.world_size})")
+        for node, why in record.left_out.items():
+            err.print(f"[yellow]left out: {escape(node)} ({escape(why)}); the job's min_nodes lets it start "
+                      "without[/yellow]")
     if args.detach:
         if args.json:
             emit_json(record.to_dict())
@@ -160,6 +172,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         err.print(f"detached; the run goes on (its watcher judges it). Stop it with `clusterctl stop {record.run_id}`")
         return errors.EXIT_INTERRUPTED
     _print_run_end(args, record)
+    if args.poweroff_after:
+        from cluster.runs import collect
+        from cluster.inventory.model import Host
+
+        collect.collect(record)  # the results on this head first: nothing a user ran is lost
+        if not poweroff_after(args, [Host.from_dict(h) for h in record.inventory["hosts"]]):
+            return errors.EXIT_UNREACHABLE
     return _run_exit(record)
 
 

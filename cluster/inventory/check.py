@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import InventoryError
-from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, KNOWN_HOSTS_MAX_BYTES, NUMBERS, GpuSpec,
-                                     Host, Inventory)
+from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, HOST_ONLY, KNOWN_HOSTS_MAX_BYTES, NUMBERS,
+                                     GpuSpec, Host, Inventory, normalize_mac)
 from cluster.inventory.sshconfig import Resolver
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
@@ -84,8 +84,9 @@ class Checker:
             if key not in HOST_FIELDS:
                 continue
             line, fpath = _line(m, key), f"{path}.{key}"
-            if key == "address" and not allow_address:
-                raise self.fail(line, fpath, "only a host can have an address", "move it under hosts.<name>")
+            if key in HOST_ONLY and not allow_address:
+                raise self.fail(line, fpath, f"only a host can have {'an address' if key == 'address' else 'a MAC'}",
+                                "move it under hosts.<name>")
             out[key] = self.value(key, value, line, fpath)
             out.lines[key] = line
         return out
@@ -112,10 +113,22 @@ class Checker:
                 raise self.fail(line, path, f"expected true or false, got {kind(value)}",
                                 "become: true (steps that need root run through `sudo -n`)")
             return value
+        if key == "mac":
+            return self.mac(value, line, path)
         if not isinstance(value, (str, int, float)) or isinstance(value, bool) or value == "":
             raise self.fail(line, path, f"expected a non-empty string, got {kind(value)}",
                             f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")
         return str(value)
+
+    def mac(self, value: Any, line: int | None, path: str) -> str:
+        if isinstance(value, int) and not isinstance(value, bool):  # YAML 1.1 reads 10:20:30:40:50:59 as base 60
+            raise self.fail(line, path, "this MAC was read as a number (YAML's base-60 integers)",
+                            'quote it: mac: "10:20:30:40:50:59"')
+        mac = normalize_mac(value) if isinstance(value, str) else None
+        if mac is None:
+            raise self.fail(line, path, f"expected an Ethernet address, got {value!r}",
+                            'e.g. mac: "1c:6f:65:a0:12:34" (`ip link` on the PC shows it after link/ether)')
+        return mac
 
     def number(self, value: Any, field: str, line: int | None, path: str, example: float) -> None:
         """The inventory's one check of a number (cluster.bounds): its kind, finite, the field's bounds."""

@@ -5,6 +5,7 @@ Plain frozen values, built and validated by cluster.inventory.loader (which re-e
 from __future__ import annotations
 
 import getpass
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -12,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from cluster.bounds import Range
 from cluster.inventory import patterns
 
-# Fields a host may carry; defaults and groups may set all of them except `address`.
+# Fields a host may carry; defaults and groups may set all of them except HOST_ONLY.
 HOST_FIELDS = (
     "address",
     "port",
@@ -30,8 +31,10 @@ HOST_FIELDS = (
     "proxy_command",
     "host_key_alias",
     "become",
+    "mac",
     "vars",
 )
+HOST_ONLY = ("address", "mac")  # one PC's own: never set for a group or as a default
 TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
 GPU_KEYS = ("count", "model", "compute_capability")
 CONNECTIONS = ("ssh", "local")
@@ -48,6 +51,18 @@ NUMBERS = {
     "gpu.count": Range(0, 64, integer=True),
     "gpu.compute_capability": Range(1, 100, high_open=True),  # CUDA's major.minor, e.g. 6.1
 }
+
+
+MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}\Z")
+
+
+def normalize_mac(text: str) -> str | None:
+    """`AA-BB-CC-DD-EE-FF`, `aa:bb:...`, `aabb.ccdd.eeff` -> `aa:bb:cc:dd:ee:ff`; None if it is not one."""
+    digits = re.sub(r"[^0-9a-fA-F]", "", text) if re.fullmatch(r"[0-9a-fA-F:.\-]{12,17}", text or "") else ""
+    if len(digits) != 12:
+        return None
+    mac = ":".join(digits[i:i + 2] for i in range(0, 12, 2)).lower()
+    return mac if mac not in ("00:00:00:00:00:00", "ff:ff:ff:ff:ff:ff") else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,7 @@ class Host:
     proxy_command: str | None = None  # OpenSSH's ProxyCommand (%h %p %r %n %%), run by /bin/sh
     host_key_alias: str | None = None  # OpenSSH's HostKeyAlias: the name its key has in known_hosts
     become: bool = False  # the steps that need root run through `sudo -n` (never a password)
+    mac: str | None = None  # its NIC's Ethernet address, for Wake-on-LAN (`check` records it for nodes it reaches)
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
     jumps: tuple[Host, ...] = ()  # the jump hosts, first hop first (cluster.inventory.sshconfig resolves them)

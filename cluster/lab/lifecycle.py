@@ -190,7 +190,7 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
     start_links(node, state.bridge, prefix)
     if state.bandwidth:
         shape_link(node.netns, node.veth, state.bandwidth)
-    pid = _start_sshd(node, Path(state.dir), state.user)
+    pid = _start_sshd(node, Path(state.dir), state.user, lab=state.name)
     if quota is not None:
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
@@ -242,7 +242,7 @@ def _accounts(nd: Path, user: str, home: Path) -> list[tuple[Path, Path]]:
     return mounts
 
 
-def _start_sshd(node: NodeState, d: Path, user: str = "root") -> int:
+def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None) -> int:
     """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts, home and accounts);
     returns its pid."""
     nd = Path(node.dir)
@@ -257,6 +257,10 @@ def _start_sshd(node: NodeState, d: Path, user: str = "root") -> int:
     home.mkdir(exist_ok=True)
     (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
     mounts = _accounts(nd, user, home)
+    if lab is not None:  # a node (not the gateway nor a login node): its power switch is the lab's
+        from cluster.lab.power import power_bin
+
+        mounts += power_bin(node, lab, d)
     # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
     (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
                               "::1\tlocalhost ip6-localhost ip6-loopback\n")
@@ -379,7 +383,7 @@ def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState |
     for n in state.nodes:
         alive = n.pid is not None and _pid_alive(n.pid)
         port = _answers(n.address, state.jump.netns if state.jump else None, 0.5)
-        rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port))
+        rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port, n.power))
     return state, rows
 
 
@@ -412,9 +416,15 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
     if new_host_key:
         for suffix in ("", ".pub"):
             (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
-    _start_sshd(n, Path(state.dir), state.user)
+    _start_sshd(n, Path(state.dir), state.user, lab=state.name)
     _wait_listening(n, state.jump.netns if state.jump else None)
     save_state(state)
+
+
+def start_node_sshd(state: LabState, node: NodeState) -> None:
+    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers."""
+    _start_sshd(node, Path(state.dir), state.user, lab=state.name)
+    _wait_listening(node, state.jump.netns if state.jump else None)
 
 
 def _node(state: LabState, node: str) -> NodeState:

@@ -88,17 +88,20 @@ def links(name: str) -> list[str]:
     return [n for n in names if pat.match(n)]
 
 
-def kill_netns(ns: str) -> None:
-    """End every process whose network namespace is `ns` (sshd, sessions, training jobs)."""
+def kill_netns(ns: str, spare: int | None = None) -> None:
+    """End every process whose network namespace is `ns` (sshd, sessions, training jobs), but `spare` (a node
+    switching itself off: the process that then waits for its magic packet)."""
+    def pids() -> list[int]:
+        return [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split() if int(p) != spare]
+
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
-        if not pids:
+        if not pids():
             return
-        for pid in pids:
+        for pid in pids():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and sh("ip", "netns", "pids", ns, check=False).stdout.strip():
+        while time.monotonic() < deadline and pids():
             time.sleep(0.05)

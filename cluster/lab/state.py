@@ -19,6 +19,8 @@ class NodeState:
     pid: int | None = None
     cpu: str | None = None  # "0" (the core it is pinned to)
     cpu_quota: float | None = None  # cores' worth of CPU time it may use (cgroup CPU bandwidth)
+    power: str = "on"  # `lab power off`: "off", its namespace empty but for a Wake-on-LAN listener
+    listener: int | None = None  # that listener's pid while the node is off
 
 
 @dataclass
@@ -66,3 +68,4 @@ class NodeStatus:
     netns: bool
     sshd: bool
     port_open: bool
+    power: str = "on"

@@ -115,6 +115,16 @@ def parse_nics(out: str, rc: int) -> list[dict[str, Any]]:
     return [{"name": n, "addresses": a} for n, a in nics.items()]
 
 
+def parse_macs(out: str, rc: int) -> dict[str, str]:
+    """`ip -o link show`: interface -> its Ethernet address (what Wake-on-LAN needs); loopback has none."""
+    macs: dict[str, str] = {}
+    for line in out.splitlines():
+        m = re.match(r"^\d+:\s+([^:@\s]+)(?:@[^:\s]+)?:.*?\slink/ether\s+([0-9a-fA-F:]{17})\s", line)
+        if m:
+            macs[m.group(1)] = m.group(2).lower()
+    return macs
+
+
 def parse_hostname(out: str, rc: int) -> dict[str, Any]:
     """`hostname` then `getent ahosts $(hostname)`: does the name resolve to loopback?"""
     lines = out.strip().splitlines()
@@ -176,6 +186,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("disk", _disk_cmd, parse_disk),
     Fact("gpus", lambda h: GPU_CMD, parse_gpus),
     Fact("nics", lambda h: "ip -o addr show", parse_nics),
+    Fact("macs", lambda h: "ip -o link show", parse_macs),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
     Fact("place", _place_cmd, parse_place),
     Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),

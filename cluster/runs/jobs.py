@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
     "seed": 0,
     "nodes": "all",
+    "min_nodes": 0,  # start with at least this many of them when some do not answer; 0: all of them
     "procs_per_node": "auto",
     "threads": 0,
     "loader_workers": -1,
@@ -97,6 +98,7 @@ NUMBERS: dict[str, Range] = {
     "max_steps": Range(0, 10**9, integer=True),
     "log_every": Range(1, 10**6, integer=True),
     "port": Range(0, 65535, integer=True),
+    "min_nodes": Range(0, 4096, integer=True),
     "procs_per_node": Range(1, 64, integer=True),  # or auto
     "powersgd_rank": Range(1, 1024, integer=True),
     "powersgd_start_step": Range(0, 10**9, integer=True),
@@ -490,6 +492,7 @@ class _Checks:
                       "auto: one process per GPU, one on a CPU-only node")
         if s["amp"] not in ("auto", "on", "off"):
             self.fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
+        self.number("min_nodes", s["min_nodes"])
         nodes = s["nodes"]
         if not (isinstance(nodes, str) and nodes) and not (
                 isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):

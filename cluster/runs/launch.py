@@ -68,9 +68,12 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
     return inv.ordered(chosen)
 
 
-def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None) -> dict[str, render.Target]:
+def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None,
+              left_out: dict[str, str] | None = None) -> dict[str, render.Target]:
     """Each node's verified environment (its provision state.json); refuse unless all exist and match, and
-    (with `spec`) unless that environment has the framework the job's launcher starts."""
+    (with `spec`) unless that environment has the framework the job's launcher starts.
+    `left_out`: where the job's `min_nodes` lets it start without the nodes that do not answer, they are put
+    there (node -> why) and left out of the targets; otherwise one unreachable node refuses the start."""
 
     def read(t: Transport) -> dict[str, Any] | None:
         q = shlex.quote(t.host.workdir)
@@ -79,10 +82,17 @@ def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None) -> d
 
     results = group.call(read, hosts)
     unreachable = {n: r for n, r in results.items() if not r.ok and r.status == "unreachable"}
-    if unreachable:
-        raise LaunchRefused("cannot reach " + "; ".join(f"{n}: {r.error}" for n, r in unreachable.items()),
+    need = (spec["min_nodes"] or len(hosts)) if spec is not None else len(hosts)
+    if unreachable and (left_out is None or len(hosts) - len(unreachable) < need):
+        short = (f" (min_nodes {need}: {len(hosts) - len(unreachable)} of {len(hosts)} answer)"
+                 if spec is not None and spec["min_nodes"] else "")
+        raise LaunchRefused("cannot reach " + "; ".join(f"{n}: {r.error}" for n, r in unreachable.items()) + short,
                             next((r.fix for r in unreachable.values() if r.fix), None)
                             or "check the nodes with `clusterctl check`", exit_code=errors.EXIT_UNREACHABLE)
+    if unreachable and left_out is not None:
+        left_out.update({n: f"unreachable: {r.error}" for n, r in unreachable.items()})
+        hosts = [h for h in hosts if h.name not in unreachable]
+        results = GroupResult((n, r) for n, r in results.items() if n not in unreachable)
     missing = [n for n, r in results.items() if not r.ok or not r.value]
     if missing:
         raise LaunchRefused(f"not provisioned (no verified environment): {', '.join(missing)}",
@@ -195,16 +205,25 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
     and every node's rendered files. Nothing is changed on the nodes or the head."""
     secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     hosts = select_hosts(inv, spec, limit)
+    if spec["min_nodes"] > len(hosts):
+        raise JobError(str(spec.path), None, "min_nodes", f"min_nodes is {spec['min_nodes']}, but the job has "
+                       f"{len(hosts)} nodes ({', '.join(h.name for h in hosts)})",
+                       f"set min_nodes to at most {len(hosts)} (0: all of them)")
     log(f"checking {len(hosts)} nodes are provisioned and identical")
     tree = program_tree(spec)  # a user's code refused here (too large, links out), before any node
+    left_out: dict[str, str] = {}
     with Group(hosts, forks=forks) as group:
-        targets = preflight(group, hosts, spec)
+        targets = preflight(group, hosts, spec, left_out)
+        hosts = [h for h in hosts if h.name in targets]
+        if left_out:
+            log(f"starting on {len(hosts)} nodes without {', '.join(left_out)} (min_nodes {spec['min_nodes']})")
         layer = None
         if spec.own and spec["requirements"]:  # resolved on the head for the nodes' Python, over their base
             log("resolving the job's requirements on the head")
             layer = layers.resolve(spec, *layers.base_environment(group, hosts[0]), log=log)
     request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name), layer=layer)
     request.code = tree
+    request.left_out = left_out
     return request
 
 
@@ -538,7 +557,8 @@ def _record(request: LaunchRequest, state: str) -> runs.RunRecord:
         run_id=request.run_id, job=spec.name, framework=spec.framework, state=state, created=time.time(),
         clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=request.world_size,
         endpoint=request.endpoint, data_file=request.data_file, inventory=request.inventory,
-        nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in request.nodes])
+        nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in request.nodes],
+        left_out=dict(request.left_out))
 
 
 def _keep_rendered(request: LaunchRequest) -> None:

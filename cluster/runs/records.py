@@ -99,6 +99,7 @@ class RunRecord:
     collected: dict[str, Any] | None = None
     watcher: dict[str, Any] | None = None  # {"pid", "started"} of the head-side watcher
     secrets: list[str] = field(default_factory=list)  # names of env values that are redacted everywhere
+    left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it started without (min_nodes): why
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

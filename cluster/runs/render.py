@@ -68,12 +68,15 @@ class LaunchRequest:
     inventory: dict[str, Any] = field(default_factory=dict)  # the hosts' snapshot the run record keeps
     code: Any = None  # a user's program: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
     layer: Any = None  # its requirements: the runs.layers.Layer launch.prepare resolved (installed by execute)
+    left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it starts without (min_nodes), why
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch --dry-run --json` document."""
         doc = {"run_id": self.run_id, "job": self.job.name, "framework": self.job.framework,
                "world_size": self.world_size, "endpoint": self.endpoint, "data_file": self.data_file,
                "nodes": [n.to_dict() for n in self.nodes], "files": {n.node: n.files for n in self.nodes}}
+        if self.left_out:
+            doc["left_out"] = dict(self.left_out)
         if self.code is not None:
             doc["code"] = {"root": str(self.code.root), "files": len(self.code.files), "bytes": self.code.total,
                            "digest": self.code.digest}
@@ -95,6 +98,8 @@ class LaunchRequest:
         if self.layer is not None:
             lines.append(f"requirements: {' '.join(self.layer.lock.split())}, installed offline on every node in "
                          f"<workdir>/clusterctl/layers/{self.layer.digest} (first on PYTHONPATH)")
+        for node, why in self.left_out.items():
+            lines.append(f"left out: {node} ({why}); the job's min_nodes lets it start without")
         lines.append(f"dry run: {len(self.nodes)} nodes, world size {self.world_size}; nothing was changed ({port})")
         return "\n".join(lines) + "\n"
 
