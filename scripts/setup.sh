@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-APT_PKGS="python3 python3-venv openssh-server openssh-client iproute2 util-linux procps pdsh chromium nftables sudo"
+APT_PKGS="python3 python3-venv openssh-server openssh-client iproute2 util-linux procps pdsh chromium nftables sudo slurmctld slurmd slurm-client munge"
 missing=""
 for p in $APT_PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; done
 if [ -n "$missing" ]; then

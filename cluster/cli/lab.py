@@ -8,6 +8,7 @@ from rich.markup import escape
 
 from cluster import errors
 from cluster.lab import lifecycle
+from cluster.lab import slurm as lab_slurm
 from cluster.inventory import context
 from cluster.cli.args import POSITIVE_INT, add_json
 from cluster.cli.context import switch
@@ -49,6 +50,9 @@ def _declare_up(sp: argparse.ArgumentParser) -> None:
                     help="the nodes' login user (default root); another gets NOPASSWD sudo and the inventory `become`")
     sp.add_argument("--gateway", action="store_true",
                     help="the nodes behind a gateway PC: the head reaches them only through its sshd (ProxyJump)")
+    sp.add_argument("--slurm", action="store_true",
+                    help="a real Slurm too: slurmctld on the head, slurmd on each node, a login node and a shared "
+                         "folder; the inventory declares it as the cluster `slurm`")
     sp.add_argument("--cpu-quota", metavar="Q1,Q2,...",
                     help="heterogeneous nodes: pin node i to one core and let it use Qi of it "
                          "(cgroup CPU bandwidth), e.g. 1,0.35")
@@ -69,11 +73,12 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
         state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
                        cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink,
-                       gateway=args.gateway, user=args.user)
+                       gateway=args.gateway, user=args.user, slurm=args.slurm)
     switch(Path(state.inventory))  # says so on stderr when the current context changes
     if args.json:
         emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
-                   "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes]})
+                   "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes],
+                   **_slurm_up_json(state)})
         return errors.EXIT_OK
     t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "netns", "sshd pid", "cpu"))
     for n in state.nodes:
@@ -86,8 +91,21 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         out.print(f"the head's uplink: {state.uplink} in each direction, shared by all nodes")
     if state.jump:
         out.print(f"behind a gateway PC at {state.jump.address}: the head reaches the nodes only through it")
+    if state.slurm:
+        out.print(f"Slurm cluster `{lab_slurm.CLUSTER}`: login node {state.slurm.login.address}, partition "
+                  f"{state.slurm.partition}, shared folder {state.slurm.shared_mount} (on the head: "
+                  f"{escape(state.slurm.shared)})")
     out.print(f"inventory: {escape(state.inventory)} (now the current context)")
     return errors.EXIT_OK
+
+
+def _slurm_up_json(state: lifecycle.LabState) -> dict[str, object]:
+    """`lab up --slurm --json`: the cluster's login node, conf and shared folder (nothing without --slurm)."""
+    if state.slurm is None:
+        return {}
+    ctl = state.slurm
+    return {"slurm": {"cluster": lab_slurm.CLUSTER, "login": ctl.login.address, "partition": ctl.partition,
+                      "conf": ctl.conf, "shared": ctl.shared, "shared_mount": ctl.shared_mount}}
 
 
 def cmd_lab_down(args: argparse.Namespace) -> int:
@@ -105,9 +123,12 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 
 def cmd_lab_status(args: argparse.Namespace) -> int:
     state, rows = lifecycle.status(args.name, _directory(args))
+    sl = lab_slurm.status(state) if state is not None else None
     if args.json:
         emit_json({"name": args.name, "up": state is not None,
-                   "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows]})
+                   "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows],
+                   **({"slurm": {"munged": sl.munged, "slurmctld": sl.slurmctld, "nodes": [vars(n) for n in sl.nodes]}}
+                      if sl else {})})
     elif state is None:
         out.print(f"lab {args.name} is not up (start it with `clusterctl lab up 3 --name {args.name}`)")
     else:
@@ -116,8 +137,12 @@ def cmd_lab_status(args: argparse.Namespace) -> int:
             t.add_row(r.name, r.address, "[green]on[/]" if r.power == "on" else "[yellow]off[/]",
                       *(("[green]yes[/]" if x else "[red]no[/]") for x in (r.netns, r.sshd, r.port_open)))
         out.print(t)
+        if sl:
+            _print_slurm_status(sl)
         out.print(f"inventory: {escape(state.inventory)}")
     healthy = state is not None and all(r.netns and r.sshd and r.port_open for r in rows)
+    if sl:
+        healthy = healthy and sl.healthy
     return errors.EXIT_OK if healthy else errors.EXIT_FAILED
 
 
@@ -137,3 +162,13 @@ def cmd_lab_power(args: argparse.Namespace) -> int:
             out.print(f"{n.name}: {n.power}" + (" (a magic packet for its MAC, or `lab power on`, starts it)"
                                                 if n.power == "off" else f" (sshd pid {n.pid})"))
     return errors.EXIT_OK
+
+
+def _print_slurm_status(sl: lab_slurm.SlurmStatus) -> None:
+    """`lab status` of a --slurm lab: the daemons, and each compute node as sinfo sees it."""
+    yes = {True: "[green]yes[/]", False: "[red]no[/]"}
+    out.print(f"Slurm: munged {yes[sl.munged]}, slurmctld {yes[sl.slurmctld]}")
+    t = table("Slurm nodes", ("node", "slurmd", "sinfo state"))
+    for n in sl.nodes:
+        t.add_row(n.name, yes[n.slurmd], escape(n.state) if n.state else "[red]no answer[/]")
+    out.print(t)

@@ -20,12 +20,14 @@ import shlex
 import shutil
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from cluster.errors import LabError, UsageError
+from cluster.lab import slurm as lab_slurm
 from cluster.lab.net import kill_netns as _kill_netns
 from cluster.lab.net import answers, links, netns_list, sh, start_gateway_links, start_links, subnet_in_use
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
@@ -123,7 +125,7 @@ def _prepare_dir(d: Path, name: str) -> None:
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
        directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None,
-       gateway: bool = False, user: str = "root") -> LabState:
+       gateway: bool = False, user: str = "root", slurm: bool = False) -> LabState:
     """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
 
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
@@ -131,11 +133,15 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
     `uplink` models the head's one NIC: every byte between the head and any node shares that rate.
     `gateway`: the head has no route to the nodes' bridge; it reaches one gateway PC (its own namespace
     and sshd, on the subnet's last /30) and the nodes only through it (the inventory's proxy_jump).
-    `user`: the nodes' login user; another than root gets NOPASSWD sudo and the inventory says `become`."""
+    `user`: the nodes' login user; another than root gets NOPASSWD sudo and the inventory says `become`.
+    `slurm`: a real Slurm too (cluster.lab.slurm): slurmctld on the head, a slurmd in each node, a login node
+    of its own and a shared folder; the inventory declares it as the cluster `slurm`."""
     net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink, gateway)
     if not USER_RE.match(user):
         raise UsageError(f"--user {user!r} is not a user name", "lowercase letters, digits, '_' or '-', e.g. student")
     preflight()
+    if slurm:
+        lab_slurm.preflight()
     d = (directory or default_dir(name)).resolve()
     down(name, d)
     bridge = f"{name}-br"
@@ -163,6 +169,8 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
             _start_node(state, node, net.prefixlen, None if cpu_quotas is None else cpu_quotas[i - 1], i - 1)
         for node in state.nodes:
             _wait_listening(node, state.jump.netns if state.jump else None)
+        if slurm:
+            _start_slurm(state, net)
     except BaseException:
         down(name, d)
         raise
@@ -183,6 +191,19 @@ def _start_gateway(state: LabState, net: ipaddress.IPv4Network) -> None:
     start_gateway_links(jump, state.bridge, state.gateway, net.prefixlen, str(head_end))
     _start_sshd(jump, Path(state.dir))
     _wait_listening(jump)
+
+
+def _start_slurm(state: LabState, net: ipaddress.IPv4Network) -> None:
+    """--slurm: the login node (netns <name>-sl at the subnet's .10, its own sshd and host key, the nodes'
+    login user; not a compute node), then the lab's Slurm (cluster.lab.slurm) with it."""
+    login = NodeState(name="login", netns=f"{state.name}-sl", veth=f"{state.name}-vs",
+                      address=lab_slurm.login_address(net), hostname="login", dir=str(Path(state.dir) / "login"))
+    start_links(login, state.bridge, net.prefixlen)
+    if state.bandwidth:
+        shape_link(login.netns, login.veth, state.bandwidth)
+    _start_sshd(login, Path(state.dir), state.user)
+    _wait_listening(login, state.jump.netns if state.jump else None)
+    lab_slurm.start(state, login, sys.executable)
 
 
 def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | None, index: int) -> None:
@@ -316,7 +337,7 @@ def _wait_listening(node: NodeState, via: str | None = None, timeout: float = 10
 def _write_known_hosts(state: LabState) -> None:
     # We generated these host keys ourselves, so recording them is verification, not blind trust.
     lines = []
-    for node in [*state.nodes, *([state.jump] if state.jump else [])]:
+    for node in [*state.nodes, *([state.jump] if state.jump else []), *([state.slurm.login] if state.slurm else [])]:
         kind, b64 = (Path(node.dir) / "hostkey.pub").read_text().split()[:2]
         lines.append(f"{node.address} {kind} {b64}\n")
     (Path(state.dir) / "known_hosts").write_text("".join(lines))
@@ -344,9 +365,20 @@ def _write_inventory(state: LabState) -> None:
         },
         "groups": {"lab": {"hosts": [n.name for n in state.nodes]}},
         "hosts": {n.name: {"address": n.address} for n in state.nodes},
+        # --slurm only: the inventory loader refuses top-level keys it does not know
+        **({"slurm": _slurm_inventory(state)} if state.slurm else {}),
     }
     header = f"# Simulated lab '{state.name}' ({len(state.nodes)} nodes on {state.subnet}), written by clusterctl lab up.\n"
     Path(state.inventory).write_text(header + yaml.safe_dump(doc, sort_keys=False))
+
+
+def _slurm_inventory(state: LabState) -> dict[str, object]:
+    """The inventory's `slurm:` section: the lab's cluster by name, its login node a host entry (user, key,
+    known_hosts and proxy_jump from `defaults`)."""
+    assert state.slurm is not None
+    ctl = state.slurm
+    return {lab_slurm.CLUSTER: {"login": {"address": ctl.login.address}, "partition": ctl.partition,
+                                "workdir": f"{ctl.shared_mount}/clusterctl", "python": ctl.python}}
 
 
 def down(name: str = "lab", directory: Path | None = None, purge: bool = False) -> list[str]:
@@ -356,7 +388,7 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
     """
     if not NAME_RE.match(name):
         raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
-    removed: list[str] = []
+    removed: list[str] = lab_slurm.stop(name)  # slurmctld and munged live on the head, not in a namespace
     for ns in netns_list(name):
         _kill_netns(ns)
         sh("ip", "netns", "del", ns, check=False)
@@ -384,6 +416,10 @@ def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState |
         alive = n.pid is not None and _pid_alive(n.pid)
         port = _answers(n.address, state.jump.netns if state.jump else None, 0.5)
         rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port, n.power))
+    if state.slurm:  # the login node's sshd; its Slurm part: lab_slurm.status
+        lg = state.slurm.login
+        rows.append(NodeStatus(lg.name, lg.address, lg.netns in present, lg.pid is not None and _pid_alive(lg.pid),
+                               _answers(lg.address, state.jump.netns if state.jump else None, 0.5)))
     return state, rows
 
 
@@ -417,6 +453,8 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
         for suffix in ("", ".pub"):
             (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
     _start_sshd(n, Path(state.dir), state.user, lab=state.name)
+    if state.slurm:  # a new sshd, a new mount namespace: the lab's /etc/slurm and shared folder again
+        lab_slurm.mount_into(state, n)
     _wait_listening(n, state.jump.netns if state.jump else None)
     save_state(state)
 

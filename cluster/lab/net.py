@@ -77,13 +77,13 @@ def answers(ns: str, address: str, port: int = 22, timeout: float = 1.0) -> bool
 
 def netns_list(name: str) -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(n\d+|gw)$")
+    pat = re.compile(rf"^{re.escape(name)}-(n\d+|gw|sl)$")  # sl: a --slurm lab's login node
     return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
 
 
 def links(name: str) -> list[str]:
     out = sh("ip", "-o", "link", "show", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+|vg|gwv)$")
+    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+|vg|gwv|vs)$")  # vs: the login node's link
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     return [n for n in names if pat.match(n)]
 

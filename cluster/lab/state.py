@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cluster import paths
@@ -24,6 +24,26 @@ class NodeState:
 
 
 @dataclass
+class SlurmState:
+    """`lab up --slurm`: the lab's Slurm cluster, what the launch target and `lab status`/`down` need."""
+    conf: str  # slurm.conf on the head (-f / SLURM_CONF); the PCs see its folder at /etc/slurm
+    shared: str  # the cluster's shared folder on the head
+    shared_mount: str  # where the login and compute nodes see it (the same path on each)
+    login: NodeState  # the login node: sshd and the Slurm client, not a compute node
+    controller: str  # slurmctld's address on the lab's bridge
+    ctld_port: int
+    slurmd_port: int  # each slurmd in its node's own network namespace
+    munge_socket: str
+    jobcomp: str  # JobCompLoc: what `sacct -c` reads
+    partition: str
+    python: str  # the head's interpreter, for a python_env: existing through the shared /usr
+    via: str | None = None  # --gateway: the namespace slurmctld and the head's clients run in
+    munged_pid: int | None = None
+    slurmctld_pid: int | None = None
+    slurmd_pids: dict[str, int] = field(default_factory=dict)  # node name -> pid
+
+
+@dataclass
 class LabState:
     name: str
     subnet: str
@@ -37,6 +57,7 @@ class LabState:
     ifb: str | None = None  # the device that shapes node->head traffic (the bridge's ingress, redirected)
     jump: NodeState | None = None  # --gateway: the one PC the head reaches (its sshd); the nodes only through it
     user: str = "root"  # --user: the nodes' login user (not root: NOPASSWD sudo, in each node's own /etc copies)
+    slurm: SlurmState | None = None  # --slurm: a real Slurm (slurmctld on the head, slurmd on each node)
 
 
 def default_dir(name: str) -> Path:
@@ -54,6 +75,8 @@ def load_state(name: str, directory: Path | None = None) -> LabState | None:
     raw = json.loads(p.read_text())
     raw["nodes"] = [NodeState(**n) for n in raw["nodes"]]
     raw["jump"] = NodeState(**raw["jump"]) if raw.get("jump") else None
+    if raw.get("slurm"):  # absent from a lab.json written before --slurm existed
+        raw["slurm"] = SlurmState(**{**raw["slurm"], "login": NodeState(**raw["slurm"]["login"])})
     return LabState(**raw)
 
 
