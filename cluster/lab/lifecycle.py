@@ -219,16 +219,35 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
         node.cpu, node.cpu_quota = str(core), quota
 
 
-def _accounts(nd: Path, user: str, home: Path) -> list[tuple[Path, Path]]:
+def _accounts(nd: Path, user: str, home: Path, again: bool = False) -> list[tuple[Path, Path]]:
     """The node's own /etc/passwd (the login user's home: `home`), and for a user other than root its own
     /etc/group, /etc/shadow (no password: keys only) and /etc/sudoers.d (NOPASSWD for that user), written
     beside the node and mounted over the host's in the node's namespace only: (file, mount point) pairs.
     The head's Python may live under /root (pyenv), which is 0700: its folder is shown in a /root of the
-    node's own, so that a python_env: existing run as that user finds it."""
-    passwd = Path("/etc/passwd").read_text()
+    node's own, so that a python_env: existing run as that user finds it.
+    `again`: the node powering on from its own namespace (a magic packet), where /etc is already the node's:
+    the files written at `lab up` are mounted as they are."""
+    again = again and (nd / "passwd").exists()
     if user == "root":
-        (nd / "passwd").write_text(_passwd_with_home(passwd, "root", str(HOME_POINT)))
+        if not again:
+            (nd / "passwd").write_text(_passwd_with_home(Path("/etc/passwd").read_text(), "root", str(HOME_POINT)))
         return [(nd / "passwd", Path("/etc/passwd"))]
+    if not again:
+        _write_accounts(nd, user, home)
+    mounts = [(nd / "passwd", Path("/etc/passwd")), (nd / "group", Path("/etc/group")),
+              (nd / "shadow", Path("/etc/shadow")), (nd / "sudoers.d", Path("/etc/sudoers.d"))]
+    pyenv = Path("/root/.pyenv")
+    if pyenv.is_dir():
+        view = nd / "rootview"
+        (view / ".pyenv").mkdir(parents=True, exist_ok=True)
+        view.chmod(0o755)
+        mounts += [(pyenv, view / ".pyenv"), (view, Path("/root"))]
+    return mounts
+
+
+def _write_accounts(nd: Path, user: str, home: Path) -> None:
+    """A non-root login user's files for the node (see _accounts), from this machine's own."""
+    passwd = Path("/etc/passwd").read_text()
     if not Path("/etc/sudoers.d").is_dir() or not shutil.which("sudo"):
         raise LabError("--user needs sudo on this machine (the nodes share its /usr)", "apt-get install sudo")
     taken = {int(line.split(":")[2]) for line in passwd.splitlines() if line.count(":") >= 6}
@@ -252,20 +271,11 @@ def _accounts(nd: Path, user: str, home: Path) -> list[tuple[Path, Path]]:
     shutil.copyfile(nd.parent / "authorized_keys", home / ".ssh" / "authorized_keys")
     for p in (home, *home.rglob("*")):
         os.chown(p, uid, uid)
-    mounts = [(nd / "passwd", Path("/etc/passwd")), (nd / "group", Path("/etc/group")),
-              (nd / "shadow", Path("/etc/shadow")), (sudoers, Path("/etc/sudoers.d"))]
-    pyenv = Path("/root/.pyenv")
-    if pyenv.is_dir():
-        view = nd / "rootview"
-        (view / ".pyenv").mkdir(parents=True, exist_ok=True)
-        view.chmod(0o755)
-        mounts += [(pyenv, view / ".pyenv"), (view, Path("/root"))]
-    return mounts
 
 
-def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None) -> int:
+def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None, again: bool = False) -> int:
     """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts, home and accounts);
-    returns its pid."""
+    returns its pid. `again`: its accounts as `lab up` wrote them (see _accounts)."""
     nd = Path(node.dir)
     (nd / "srv").mkdir(parents=True, exist_ok=True)
     _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
@@ -277,7 +287,7 @@ def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = 
     home = nd / "home"
     home.mkdir(exist_ok=True)
     (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
-    mounts = _accounts(nd, user, home)
+    mounts = _accounts(nd, user, home, again)
     if lab is not None:  # a node (not the gateway nor a login node): its power switch is the lab's
         from cluster.lab.power import power_bin
 
@@ -460,9 +470,13 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
 
 
 def start_node_sshd(state: LabState, node: NodeState) -> None:
-    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers."""
-    _start_sshd(node, Path(state.dir), state.user, lab=state.name)
+    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers; on a --slurm lab
+    its slurmd too. Also run from the node's own namespaces (its Wake-on-LAN listener)."""
+    _start_sshd(node, Path(state.dir), state.user, lab=state.name, again=True)
     _wait_listening(node, state.jump.netns if state.jump else None)
+    if state.slurm:
+        lab_slurm.mount_into(state, node)
+        lab_slurm.restart_slurmd(state, node.name)
 
 
 def _node(state: LabState, node: str) -> NodeState:

@@ -149,3 +149,22 @@ def test_with_become_launch_opens_a_blocking_firewall_for_the_run_and_closes_it_
         assert rec["run_id"] not in left and "tcp dport 22 accept" in left and "policy drop" in left, left
     finally:
         subprocess.run([*nft, "flush", "ruleset"], timeout=30)
+
+
+def test_poweroff_through_sudo_and_wake_from_the_gateway(glab) -> None:
+    """The nodes' networks are out of the head's reach: their magic packets go from the gateway PC (over its
+    sshd), and poweroff goes through `sudo -n` as the login user."""
+    state, d, env = glab
+    inv = str(d / "bare.yaml")
+    if not (d / "admin_known_hosts").read_text():
+        assert clusterctl("trust", inv, "--yes", env=env, timeout=120).returncode == 0
+    assert clusterctl("check", inv, env=env, timeout=120).returncode in (0, 1)  # records the MACs
+    rc, off = clusterctl_json("poweroff", "node2", "-i", inv, env=env, timeout=180)
+    assert rc == 0 and off["poweroff"][0]["status"] == "off", off
+    assert clusterctl("exec", inv, "--limit", "node2", "--", "true", env=env).returncode == 3
+    rc, woke = clusterctl_json("wake", "-i", inv, "--timeout", "60", env=env, timeout=180)
+    assert rc == 0, woke
+    by = {w["host"]: w for w in woke["wake"]}
+    assert by["node1"]["status"] == "up" and by["node2"]["status"] == "woke"
+    assert by["node2"]["sent_from"] == "gw (jump host)" and by["node2"]["broadcast"].endswith(".255")
+    assert clusterctl("exec", inv, "--limit", "node2", "--", "true", env=env).returncode == 0
