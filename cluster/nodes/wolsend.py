@@ -13,11 +13,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import struct
 import subprocess
 import sys
 from typing import Any
 
 WOL_PORT = 9
+IP_PKTINFO_LINUX = 8  # <linux/in.h>; Python's socket module does not export it
 
 
 def magic_packet(mac: str) -> bytes:
@@ -49,6 +51,18 @@ def route_for(address: str, nets: list[tuple[str, ipaddress.IPv4Interface]]) -> 
     return None
 
 
+def _send_on(s: socket.socket, dev: str, payload: bytes, broadcast: str) -> None:
+    """sendto through interface `dev` (IP_PKTINFO's ifindex: no privilege needed), so that a broadcast
+    address another local network also covers (a gateway's uplink inside the lab's range) leaves the right
+    way; plain sendto where the platform has no IP_PKTINFO."""
+    pktinfo = getattr(socket, "IP_PKTINFO", IP_PKTINFO_LINUX if sys.platform.startswith("linux") else None)
+    if pktinfo is None:
+        s.sendto(payload, (broadcast, WOL_PORT))
+        return
+    info = struct.pack("@i4s4s", socket.if_nametoindex(dev), bytes(4), bytes(4))
+    s.sendmsg([payload], [(socket.IPPROTO_IP, pktinfo, info)], 0, (broadcast, WOL_PORT))
+
+
 def send(pairs: list[tuple[str, str]], ip_output: str | None = None) -> list[dict[str, Any]]:
     """One magic packet (three copies: UDP may drop one) per (address, MAC); one result per node."""
     if ip_output is None:
@@ -69,7 +83,7 @@ def send(pairs: list[tuple[str, str]], ip_output: str | None = None) -> list[dic
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
                 s.bind((source, 0))
                 for _ in range(3):
-                    s.sendto(magic_packet(mac), (broadcast, WOL_PORT))
+                    _send_on(s, dev, magic_packet(mac), broadcast)
         except OSError as e:
             results.append({"address": address, "mac": mac, "sent": False, "error": f"sending failed: {e}"})
             continue
