@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor

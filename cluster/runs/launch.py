@@ -31,7 +31,7 @@ from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SIL
 from cluster.transport import Transport
 
 __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "PROGRAM_FILES", "SILENT_STATES",
-           "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply", "dry_run",
+           "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply",
            "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_tree",
            "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
            "stop_nodes"]

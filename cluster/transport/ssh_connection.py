@@ -10,14 +10,12 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterator
 
 import paramiko
 
 from cluster.inventory import hostkeys
 from cluster.errors import TransportError
-from cluster.inventory.model import Host
 from cluster.transport.base import Transport
 from cluster.transport.route import RejectUnknown, Route, connect_error, load_key, open_route
 
