@@ -289,7 +289,7 @@ def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = 
     (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
     mounts = _accounts(nd, user, home, again)
     if lab is not None:  # a node (not the gateway nor a login node): its power switch is the lab's
-        from cluster.lab.power import power_bin
+        from cluster.lab.switch import power_bin
 
         mounts += power_bin(node, lab, d)
     # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -25,51 +24,11 @@ from cluster.lab.net import kill_netns, sh
 from cluster.lab.state import LabState, NodeState, load_state, save_state
 
 WOL_PORT = 9
-# The PC's own commands that switch it off; the lab's script takes their place in each node's mount namespace.
-SWITCHES = ("poweroff", "shutdown", "halt", "systemctl")
-SWITCH_SCRIPT = """\
-#!/bin/sh
-# clusterctl lab {lab}: {node}'s power switch, in place of poweroff, shutdown, halt and systemctl on this node
-# (this lab's nodes share the machine's /usr: the real ones would switch off the machine itself).
-case "$(basename "$0")" in
-  systemctl) case "$1" in poweroff|halt|shutdown) ;; *)
-    echo "systemctl $*: no systemd on a clusterctl lab node (only systemctl poweroff works here)" >&2; exit 1;; esac ;;
-esac
-if [ "$(id -u)" != 0 ]; then echo "$(basename "$0"): must be root (use sudo)" >&2; exit 1; fi
-# Apart from the session first: switching the node off ends every process in it but this one, which then
-# waits for the node's magic packet (the NIC of a PC that is off).
-setsid {python} -m cluster.lab.power switch {node_q} --name {lab_q} --dir {dir_q} </dev/null >>{log_q} 2>&1 &
-echo "{node}: powering off"
-"""
-
-
 def mac_of(node: NodeState) -> str:
     """The node's eth0 Ethernet address (its namespace keeps it while the node is off)."""
     out = sh("ip", "-n", node.netns, "-o", "link", "show", "eth0").stdout
     words = out.split()
     return words[words.index("link/ether") + 1].lower()
-
-
-def power_bin(node: NodeState, lab: str, lab_dir: Path) -> list[tuple[Path, Path]]:
-    """The node's switch script and (file, mount point) pairs that put it over the PC's own commands: its
-    folder on /usr/local/sbin (first on root's and sudo's PATH), and over every real file those commands
-    resolve to (Debian: /usr/sbin/poweroff -> /bin/systemctl)."""
-    nd = Path(node.dir)
-    bin_dir = nd / "power-bin"
-    bin_dir.mkdir(exist_ok=True)
-    q = shlex.quote
-    script = SWITCH_SCRIPT.format(lab=lab, node=node.name, node_q=q(node.name), lab_q=q(lab), dir_q=q(str(lab_dir)),
-                                  python=q(sys.executable), log_q=q(str(nd / "power.log")))
-    for name in SWITCHES:
-        (bin_dir / name).write_text(script)
-        (bin_dir / name).chmod(0o755)
-    mounts = [(bin_dir, Path("/usr/local/sbin"))] if Path("/usr/local/sbin").is_dir() else []
-    real = sorted({(Path(d) / n).resolve() for d in ("/usr/sbin", "/usr/bin", "/sbin", "/bin") for n in SWITCHES
-                   if (Path(d) / n).exists()})
-    for target in real:
-        if target.is_file() and not str(target).startswith(str(bin_dir)):
-            mounts.append((bin_dir / ("systemctl" if target.name == "systemctl" else "poweroff"), target))
-    return mounts
 
 
 def _record(state: LabState, node: NodeState, **fields: object) -> None:
