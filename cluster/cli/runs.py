@@ -63,6 +63,24 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", action="store_true",
                    help="use `clusterctl plan JOB`'s recommended nodes and per-node batch shares")
     add_power(p)
+    _declare_slurm(p)
+
+
+def _declare_slurm(p: argparse.ArgumentParser) -> None:
+    """`launch JOB --on NAME`: the same job on a Slurm cluster of the inventory (docs/slurm.md)."""
+    from cluster.cli.args import POSITIVE_INT
+
+    g = p.add_argument_group("on a Slurm cluster (docs/slurm.md)")
+    g.add_argument("--on", metavar="NAME", help="run the job on the inventory's Slurm cluster NAME (`slurm:`)")
+    g.add_argument("--partition", metavar="P", help="with --on: the partition (default: the inventory's, else Slurm's)")
+    g.add_argument("--account", metavar="A", help="with --on: the account charged (default: the inventory's)")
+    g.add_argument("--qos", metavar="Q", help="with --on: the quality of service (default: the inventory's)")
+    g.add_argument("--nodes", type=POSITIVE_INT, metavar="N",
+                   help="with --on: how many nodes (default: as many as the job uses on the inventory's hosts)")
+    g.add_argument("--time", metavar="T", help="with --on: the time limit, e.g. 30, 2:00:00, 1-12:00:00")
+    g.add_argument("--mem", metavar="M", help="with --on: memory per node, e.g. 16G (default: Slurm's)")
+    g.add_argument("--gpus-per-node", type=NON_NEGATIVE_INT, metavar="G", help="with --on: GPUs per node")
+    g.add_argument("--cpus-per-task", type=POSITIVE_INT, metavar="C", help="with --on: CPUs of each node's task")
 
 
 # --------------------------------------------------------------------------- a run, shown
@@ -131,6 +149,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from cluster.runs import launch
 
     inv = load_inventory(args.inventory, args.host_set, args.ssh_config)
+    if args.on is not None or any(getattr(args, o) is not None for o in SLURM_OPTIONS):
+        return _launch_on_slurm(args, inv)  # `--on NAME`: a Slurm cluster (cluster/slurm/, docs/slurm.md)
     planned = None
     if args.plan:
         from cluster.study import placement
@@ -206,6 +226,43 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
     return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
+
+
+# --------------------------------------------------------------------------- launch --on NAME (Slurm)
+
+SLURM_OPTIONS = ("partition", "account", "qos", "nodes", "time", "mem", "gpus_per_node", "cpus_per_task")
+# launch options that pick or power the inventory's PCs: a Slurm job's nodes come from the scheduler
+NOT_ON_SLURM = {"limit": "--limit picks the inventory's PCs; Slurm chooses a job's nodes (--nodes N says how many)",
+                "plan": "--plan places the job on the inventory's PCs; on Slurm give --nodes N",
+                "wake": "--wake wakes the inventory's PCs, not a cluster's nodes",
+                "poweroff_after": "--poweroff-after powers the inventory's PCs off, not a cluster's nodes"}
+
+
+def _launch_on_slurm(args: argparse.Namespace, inv: Any) -> int:
+    """`launch JOB --on NAME [--partition P ...] --dry-run`: the sbatch script, as submission will send it."""
+    from cluster.errors import UsageError
+    from cluster.slurm import submit
+    from cluster.slurm.resources import SlurmOverrides
+
+    if args.on is None:
+        given = next(o for o in SLURM_OPTIONS if getattr(args, o) is not None)
+        raise UsageError(f"--{given.replace('_', '-')} goes with --on NAME (a Slurm cluster of the inventory)",
+                         f"clusterctl launch JOB --on NAME --{given.replace('_', '-')} ... (docs/slurm.md)")
+    for option, why in NOT_ON_SLURM.items():
+        if getattr(args, option, None):
+            raise UsageError(f"--{option.replace('_', '-')} does not go with --on {args.on}", why)
+    spec = _spec(args, inv)
+    overrides = SlurmOverrides(**{o: getattr(args, o) for o in SLURM_OPTIONS})
+    request = submit.prepare(inv, spec, args.on, overrides)  # every value checked first: exit 2 names it
+    if not args.dry_run:
+        raise UsageError("submitting to Slurm is not wired yet",
+                         f"`clusterctl launch {spec.name} --on {args.on} --dry-run` prints the sbatch script and "
+                         "what is staged where (docs/slurm.md)")
+    if args.json:
+        emit_json(request.to_dict())
+    else:
+        out.out(request.to_text(width=out.width), end="", highlight=False)
+    return errors.EXIT_OK
 
 
 def _follow(record: RunRecord, quiet: bool) -> RunRecord:

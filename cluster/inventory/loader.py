@@ -19,6 +19,7 @@ from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, chec
 from cluster.inventory.check import check_files as _check_files
 from cluster.inventory.model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory
 from cluster.inventory.sshconfig import Resolver
+from cluster.inventory.clusters import read_section as _slurm_section
 from cluster.yamlfile import Loader as _Loader
 from cluster.yamlfile import Map as _Map
 from cluster.yamlfile import line_of as _line
@@ -65,7 +66,7 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
     if yaml_error is not None and is_yaml_file:
         raise yaml_error  # Ansible reads these extensions as YAML only: the YAML error is the answer
     if yaml_error is None and isinstance(data, dict) and data and set(data) <= set(TOP_KEYS) \
-            and (is_yaml_file or path.suffix == ""):
+            and (is_yaml_file or path.suffix == "") and not _ansible_slurm_group(data):
         return _load_own(chk, path, data, cli, check_files)
     ans = inventory_ansible.answer(chk, path, data if yaml_error is None else None, reader)
     return inventory_ansible.finish(chk, path, ans, cli, check_files)
@@ -110,9 +111,10 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
         check_name(chk, str(name), _line(data, "name"), "name", "write a name of letters, digits, '.', '_' or '-'")
     ssh = Resolver(str(path))
     hosts = ssh.resolve_all(lambda n: build_host(chk, n, raw_hosts[n], cli, groups, ssh), raw_hosts)
-    if not hosts:
+    clusters = _slurm_section(chk, data, cli, ssh, check_files)  # `slurm:` (docs/slurm.md); {} without one
+    if not hosts and not clusters:  # a university cluster's user may have no PCs of their own: a cluster is enough
         raise chk.fail(_line(data), "hosts", "the inventory has no hosts", "add at least one host with an address")
-    rank0 = next(iter(hosts))
+    rank0 = next(iter(hosts), "")
     if "rank0" in data:
         rank0 = str(data["rank0"])
         if rank0 not in hosts:
@@ -120,10 +122,18 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
                            f"use one of: {', '.join(hosts)}")
     inv_name = str(name) if name is not None else default_name(chk, path)
     inv = Inventory(path=path, name=inv_name, hosts=hosts, groups=groups, rank0=rank0, format="clusterctl",
-                    notes=tuple(ssh.notes))
+                    notes=tuple(ssh.notes), clusters=clusters)
     if check_files:
         _check_files(chk, inv, raw_hosts)
     return inv
+
+
+def _ansible_slurm_group(data: dict[str, Any]) -> bool:
+    """An Ansible YAML inventory whose only group is called `slurm` (`slurm: {hosts: ...}`) is Ansible's, not
+    clusterctl's `slurm:` section: that section maps cluster names to entries, never only hosts/children/vars."""
+    value = data.get("slurm")
+    return set(data) == {"slurm"} and isinstance(value, dict) and bool(value) \
+        and set(value) <= {"hosts", "children", "vars"}
 
 
 def _own_hosts(chk: Checker, data: _Map) -> dict[str, Layers]:

@@ -35,7 +35,7 @@ HOST_FIELDS = (
     "vars",
 )
 HOST_ONLY = ("address", "mac")  # one PC's own: never set for a group or as a default
-TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts")
+TOP_KEYS = ("name", "rank0", "defaults", "groups", "hosts", "slurm")  # slurm: Slurm clusters (docs/slurm.md)
 GPU_KEYS = ("count", "model", "compute_capability")
 CONNECTIONS = ("ssh", "local")
 # A known_hosts file is read whole on every command: one line per key (~100-700 bytes), so 16 MiB is tens of
@@ -51,7 +51,6 @@ NUMBERS = {
     "gpu.count": Range(0, 64, integer=True),
     "gpu.compute_capability": Range(1, 100, high_open=True),  # CUDA's major.minor, e.g. 6.1
 }
-
 
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}\Z")
 
@@ -141,6 +140,26 @@ class Host:
 
 
 @dataclass(frozen=True)
+class SlurmCluster:
+    """A Slurm cluster of the inventory's `slurm:` section (cluster/inventory/clusters.py reads it): the login
+    node a job is submitted from, reached like any host, and where its jobs go (`launch JOB --on NAME`)."""
+
+    name: str
+    login: Host
+    workdir: str  # absolute, on the cluster's shared filesystem
+    partition: str | None = None  # None: Slurm's default partition
+    account: str | None = None
+    qos: str | None = None
+    python: str = "python3"  # the cluster's environment: a path, or a command found after env_setup
+    env_setup: str | None = None  # shell lines (e.g. `module load ...`), run before the job's Python
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "login": self.login.to_dict(), "workdir": self.workdir,
+                "partition": self.partition, "account": self.account, "qos": self.qos, "python": self.python,
+                "env_setup": self.env_setup}
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     name: str
@@ -150,6 +169,7 @@ class Inventory:
     format: str = "clusterctl"
     notes: tuple[str, ...] = ()  # said once by the CLI (e.g. an OpenSSH setting clusterctl does not follow)
     ansible_core: str | None = None  # the ansible-core version that read it; None: clusterctl read it
+    clusters: dict[str, SlurmCluster] = field(default_factory=dict)  # `slurm:`: `launch --on NAME` (own schema)
 
     def select(self, limit: str | None, option: str = "--limit") -> list[Host]:
         """The hosts an Ansible host pattern selects (docs/cli.md "Host patterns"), in inventory order.

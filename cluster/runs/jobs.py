@@ -73,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
     "shares": {},  # node -> its batch (uneven split, `clusterctl plan`); empty: `batch` on every worker
     "env": {},
     "env_from": {},  # NAME -> {file: PATH on the head} | {env: VARIABLE of the head}: secrets, never written in clear
+    # Slurm (docs/slurm.md): a job whose node fails is requeued by Slurm and starts over (its output appended);
+    # false: it ends NODE_FAIL. Slurm's own requeue is what min_nodes is on SSH launches; they ignore it.
+    "requeue": False,
 }
 COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "accumulate", "bucket_mb",
              "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
@@ -531,8 +534,16 @@ class _Checks:
                           f"{{{k}: {{env: {k}}}}} (the head's environment when you launch)")
 
 
+def _check_scheduler(checks: _Checks, s: dict[str, Any]) -> None:
+    """What a batch scheduler reads of the spec (Slurm, docs/slurm.md): `requeue`, a plain true or false."""
+    if not isinstance(s["requeue"], bool):
+        checks.fail("requeue", f"expected true or false, got {s['requeue']!r}",
+                    "requeue: true (Slurm requeues the job when a node fails) or false (it ends NODE_FAIL)")
+
+
 def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
     checks = _Checks(file, lines)
     for group in (checks.program, checks.data_and_model, checks.training, checks.communication, checks.placement,
                   checks.environment):
         group(s)
+    _check_scheduler(checks, s)

@@ -15,11 +15,12 @@ from tests.conftest import ROOT
 # The stages from the bottom up; a stage may import the ones below it. The same table is in
 # docs/architecture.md. Two stand apart: `lab` (the simulated lab: the base only, and only the CLI imports
 # it) and `workloads` (code that runs on the nodes: nothing of the head's library, not even the base).
-ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "study", "cli")
+ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "slurm", "study", "cli")
 BASE = frozenset({"errors", "paths", "yamlfile", "bounds"})
 ALLOWED: dict[str, frozenset[str]] = {s: frozenset(ORDER[:i]) for i, s in enumerate(ORDER)}
 ALLOWED = {**ALLOWED, "lab": frozenset({"base"}), "workloads": frozenset(),
-           "runs": ALLOWED["runs"] | {"workloads"}, "study": ALLOWED["study"] | {"workloads"},
+           "runs": ALLOWED["runs"] | {"workloads"}, "slurm": ALLOWED["slurm"] | {"workloads"},
+           "study": ALLOWED["study"] | {"workloads"},
            "cli": ALLOWED["cli"] | {"lab", "workloads"}}
 
 

@@ -1,0 +1,127 @@
+"""The inventory's `slurm:` section (clusterctl's own schema): the Slurm clusters `launch JOB --on NAME` uses.
+
+    slurm:
+      slurm:                                  # the cluster's name: `launch JOB --on slurm`
+        login: {address: 10.77.0.200}         # a host entry: reached like any host (defaults, jump hosts,
+                                              #   the OpenSSH config), never a compute node
+        partition: debug                      # default partition (else Slurm's); account, qos optional
+        account: null
+        qos: null
+        workdir: /srv/slurm-shared/clusterctl # on the shared filesystem every node mounts (absolute)
+        python: /opt/venv/bin/python          # an environment that exists on the cluster ...
+        env_setup: "module load pytorch/2.3"  # ... and/or shell lines run before it
+
+Read here with the inventory's Checker, so every error names the file, the line, the dotted field
+(`slurm.NAME.workdir`) and the fix, as the hosts' errors do. The login entry goes through the same layering
+(defaults < login < `--host-set`) and OpenSSH-config resolution (cluster.inventory.sshconfig) as a host.
+Values that reach `#SBATCH` lines (workdir, partition, account, qos) are refused unless they are plain
+words: sbatch reads those lines itself, no shell quoting applies there.
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cluster.inventory.check import Checker, Layers, build_host, check_files, check_name, kind
+from cluster.inventory.model import HOST_FIELDS, Inventory, SlurmCluster
+from cluster.inventory.sshconfig import Resolver
+from cluster.yamlfile import Map
+from cluster.yamlfile import line_of as _line
+
+SECTION = "slurm"
+CLUSTER_KEYS = ("login", "partition", "account", "qos", "workdir", "python", "env_setup")
+LOGIN_FIELDS = tuple(f for f in HOST_FIELDS if f != "workdir")  # the cluster's workdir is the one that counts
+# A partition, account or QoS name as it goes on an #SBATCH line (Slurm's names are words like these).
+SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
+# The workdir goes into #SBATCH --chdir/--output: no blanks (sbatch splits there), no % (sbatch's file-name
+# patterns, %j %t ...), no quotes; an absolute path of plain path characters.
+WORKDIR_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*\Z")
+
+
+def read_section(chk: Checker, data: Map, cli: list[tuple[str, Any]], ssh: Resolver,
+                 files: bool = True) -> dict[str, SlurmCluster]:
+    """The inventory's `slurm:` section (absent: no cluster), every cluster checked; `cli`: --host-set,
+    applied to each login node as to every host; `files`: check the login node's key file as a host's."""
+    if data.get(SECTION) is None:
+        return {}
+    section = chk.mapping(data.get(SECTION), _line(data, SECTION), SECTION)
+    defaults = chk.mapping(data.get("defaults"), _line(data, "defaults"), "defaults")
+    base = chk.host_fields(defaults, "defaults", allow_address=False)  # checked as the hosts' loader does
+    out = {}
+    for name, value in section.items():
+        out[str(name)] = _cluster(chk, section, str(name), value, (base, _line(data, "defaults"), "defaults"),
+                                  cli, ssh, files)
+    return out
+
+
+def _cluster(chk: Checker, section: Map, name: str, value: Any, defaults: tuple[Any, int | None, str],
+             cli: list[tuple[str, Any]], ssh: Resolver, files: bool) -> SlurmCluster:
+    where = f"{SECTION}.{name}"
+    line = _line(section, name)
+    check_name(chk, name, line, where, "rename the cluster (letters, digits, '.', '_', '-': `launch --on NAME`)")
+    m = chk.mapping(value, line, where)
+    chk.keys(m, CLUSTER_KEYS, where)
+    if m.get("login") is None:
+        raise chk.fail(line, f"{where}.login", "a Slurm cluster needs its login node",
+                       "login: {address: login.cluster.example.edu} (the host you `ssh` to and run sbatch on)")
+    login_m = chk.mapping(m["login"], _line(m, "login"), f"{where}.login")
+    if "workdir" in login_m:
+        raise chk.fail(_line(login_m, "workdir"), f"{where}.login.workdir", "the login node has no workdir of "
+                       "its own here", f"set {where}.workdir (the folder on the cluster's shared filesystem)")
+    chk.keys(login_m, LOGIN_FIELDS, f"{where}.login")
+    layers: Layers = [defaults, (chk.host_fields(login_m, f"{where}.login", allow_address=True),
+                                 _line(m, "login"), f"{where}.login")]
+    if "address" not in login_m:
+        raise chk.fail(_line(m, "login"), f"{where}.login.address", "the login node needs its address",
+                       "login: {address: login.cluster.example.edu}")
+    workdir = _workdir(chk, m, where)
+    login = build_host(chk, f"{name}-login", layers, cli, {}, ssh)
+    login = replace(login, workdir=workdir)
+    if files:  # its key file and known_hosts checked exactly as a host's
+        inv = Inventory(path=Path(chk.file), name=name, hosts={login.name: login}, groups={}, rank0=login.name)
+        check_files(chk, inv, {login.name: layers})
+    names = {k: _slurm_name(chk, m, k, where) for k in ("partition", "account", "qos")}
+    return SlurmCluster(name=name, login=login, workdir=workdir, python=_text(chk, m, "python", where) or "python3",
+                        env_setup=_text(chk, m, "env_setup", where), **names)
+
+
+def _workdir(chk: Checker, m: Map, where: str) -> str:
+    value = m.get("workdir")
+    line, field = _line(m, "workdir"), f"{where}.workdir"
+    if value is None:
+        raise chk.fail(_line(m), field, "a Slurm cluster needs the folder its jobs use on the shared filesystem",
+                       "workdir: /scratch/<you>/clusterctl (a folder every compute node and the login node see)")
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise chk.fail(line, field, f"expected an absolute path, got {kind(value) if not isinstance(value, str) else repr(value)}",
+                       "workdir: /scratch/<you>/clusterctl (the same path on the login node and every compute node)")
+    norm = posixpath.normpath(value)
+    if not WORKDIR_RE.match(value) or ".." in value.split("/") or norm == "/":
+        raise chk.fail(line, field, f"{value!r} cannot go on an #SBATCH line (sbatch splits it at blanks and "
+                       "reads % as a file-name pattern): letters, digits and . _ + @ - / only, below /",
+                       "choose a folder of plain characters, e.g. /scratch/<you>/clusterctl")
+    return norm
+
+
+def _slurm_name(chk: Checker, m: Map, key: str, where: str) -> str | None:
+    value = m.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or not SLURM_NAME.match(str(value)):
+        raise chk.fail(_line(m, key), f"{where}.{key}", f"expected a Slurm {key} name (letters, digits, _ . + -), "
+                       f"got {value!r}", f"`sinfo -s` lists the partitions; `sacctmgr show assoc user=$USER` the "
+                       f"accounts and QoS (or leave {key} out: Slurm's default)")
+    return str(value)
+
+
+def _text(chk: Checker, m: Map, key: str, where: str) -> str | None:
+    value = m.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value or (key == "python" and "\n" in value):
+        example = {"python": "python: /opt/venv/bin/python", "env_setup": 'env_setup: "module load pytorch/2.3"'}
+        what = "a non-empty string" + (" of one line" if key == "python" else "")
+        raise chk.fail(_line(m, key), f"{where}.{key}", f"expected {what}, got {kind(value)}", example[key])
+    return value.strip("\n") if key == "env_setup" else value
