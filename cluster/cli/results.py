@@ -65,6 +65,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from cluster.runs import collect
+    from cluster.runs.records import run_path
     from cluster.inventory import loader
 
     records = collect.chosen_runs(args.run, args.all)
@@ -72,10 +73,23 @@ def cmd_collect(args: argparse.Namespace) -> int:
     prog = Progress(TextColumn("{task.description}"), DownloadColumn(), TransferSpeedColumn(), console=err,
                     transient=True, disable=not err.is_terminal or args.json)
     tasks = {(r.run_id, n.node): prog.add_task(f"{r.run_id} {n.node}", total=None) for r in records for n in r.nodes}
+
+    def advance(run: str, node: str, n: int) -> None:
+        if (run, node) not in tasks:  # a Slurm run's nodes are known once its tasks ran
+            tasks[(run, node)] = prog.add_task(f"{run} {node}", total=None)
+        prog.advance(tasks[(run, node)], n)
+
     with prog:
-        summary = collect.collect_runs(records, checkpoints=args.with_checkpoints, forks=args.forks,
-                                       on_bytes=lambda run, node, n: prog.advance(tasks[(run, node)], n),
-                                       inventory_hosts=override)
+        summary = collect.collect_runs([r for r in records if r.target is None], checkpoints=args.with_checkpoints,
+                                       forks=args.forks, on_bytes=advance, inventory_hosts=override)
+        for r in (r for r in records if r.target is not None):  # Slurm runs: the job's folder on the cluster
+            from cluster.slurm import run as slurm_run
+
+            def bytes_in(node: str, n: int, rid: str = r.run_id) -> None:
+                advance(rid, node, n)
+
+            nodes = slurm_run.collect(r, checkpoints=args.with_checkpoints, on_bytes=bytes_in)
+            summary.runs.append(collect.RunCollect(r.run_id, run_path(r.run_id), nodes))
     if args.json:
         docs = [r.to_dict() for r in summary.runs]
         emit_json(docs if args.all else docs[0])

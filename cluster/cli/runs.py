@@ -255,9 +255,9 @@ def _launch_on_slurm(args: argparse.Namespace, inv: Any) -> int:
     overrides = SlurmOverrides(**{o: getattr(args, o) for o in SLURM_OPTIONS})
     request = submit.prepare(inv, spec, args.on, overrides)  # every value checked first: exit 2 names it
     if not args.dry_run:
-        raise UsageError("submitting to Slurm is not wired yet",
-                         f"`clusterctl launch {spec.name} --on {args.on} --dry-run` prints the sbatch script and "
-                         "what is staged where (docs/slurm.md)")
+        from cluster.cli import slurm as slurm_cli
+
+        return slurm_cli.submit(args, request)  # sinfo's check, staging, sbatch, then Slurm's verdict
     if args.json:
         emit_json(request.to_dict())
     else:
@@ -333,7 +333,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from cluster.runs import launch, records as runs
 
-    record = launch.refresh(runs.load(args.run))
+    record = runs.load(args.run)
+    if record.target is not None:  # a Slurm run: Slurm's verdict (cluster/cli/slurm.py)
+        from cluster.cli import slurm as slurm_cli
+
+        return slurm_cli.status(args, record)
+    record = launch.refresh(record)
     if args.json:
         emit_json(record.to_dict())
     else:
@@ -346,6 +351,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from cluster.runs import launch, logstream, records as runs
 
     record = runs.load(args.run)
+    if record.target is not None:
+        from cluster.cli import slurm as slurm_cli
+
+        return slurm_cli.logs(args, record)
     if not args.follow:
         got = launch.logs(record, args.node, lines=args.lines)
         if args.json:
@@ -376,6 +385,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from cluster.runs import launch, records as runs
 
     record = runs.load(args.run)
+    if record.target is not None:
+        from cluster.cli import slurm as slurm_cli
+
+        return slurm_cli.stop(args, record)
     with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):
         record = launch.stop(record, grace=args.grace)
     results = record.stop_results or {}

@@ -375,7 +375,7 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
     _ship(group, record, request, request.code if request.code is not None else program_tree(request.job),
           "program", log)
     if request.job.own and request.job["data"] is not None:
-        _ship(group, record, request, _data_tree(request.job), "data", log)
+        _ship(group, record, request, data_tree(request.job), "data", log)
     if request.layer is not None:
         _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
@@ -416,7 +416,7 @@ def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: co
                   for n, v in sent.items()}}))
 
 
-def _data_tree(spec: JobSpec) -> code.CodeTree:
+def data_tree(spec: JobSpec) -> code.CodeTree:
     p = Path(str(spec["data"])).expanduser()
     return code.scan(p, limit_bytes=DATA_LIMIT_BYTES, source="data") if p.is_dir() else code.named(p.parent, [p.name])
 

@@ -100,6 +100,7 @@ class RunRecord:
     watcher: dict[str, Any] | None = None  # {"pid", "started"} of the head-side watcher
     secrets: list[str] = field(default_factory=list)  # names of env values that are redacted everywhere
     left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it started without (min_nodes): why
+    target: dict[str, Any] | None = None  # where it ran when not on the inventory's PCs: {"kind": "slurm", ...}
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

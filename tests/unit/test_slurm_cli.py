@@ -1,5 +1,5 @@
 """`clusterctl launch JOB --on NAME ... --dry-run` as a user meets it: the script printed, the JSON document,
-exit 2 for what cannot be (no network: nothing is contacted)."""
+exit 2 for what cannot be (nothing is contacted), exit 3 for a login node out of reach (a closed loopback port)."""
 from __future__ import annotations
 
 import json
@@ -68,13 +68,23 @@ def test_what_cannot_be_is_exit_2(tmp_path: Path) -> None:
         (["--on", "slurm", "--time", "soon", "--dry-run"], "--time: expected a Slurm time limit, got 'soon'"),
         (["--on", "slurm", "--nodes", "0", "--dry-run"], "argument --nodes"),
         (["--on", "slurm", "--set", "requeue=maybe", "--dry-run"], "requeue: expected true or false"),
-        (["--on", "slurm"], "submitting to Slurm is not wired yet"),
     ]
     for extra, words in cases:
         r = run("launch", "resnet50-ddp", "-i", inv, *extra)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+
+
+def test_a_login_node_out_of_reach_submits_nothing_exit_3(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inv = str(write(tmp_path, INV.replace("login: {address: 10.77.0.200}",
+                                          f"login: {{address: 127.0.0.1, port: {port}, connect_timeout: 3}}")))
     r = run("launch", "resnet50-ddp", "-i", inv, "--on", "slurm")
-    assert "--dry-run` prints the sbatch script" in r.stderr
+    assert r.returncode == 3 and f"127.0.0.1:{port} refused the connection" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "submitted" not in r.stderr
 
 
 def test_help_lists_the_slurm_options() -> None:

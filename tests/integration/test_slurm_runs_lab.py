@@ -1,0 +1,128 @@
+"""The same jobs on a real Slurm (issue 27): `launch JOB --on slurm` on a `lab up 2 --slurm` lab submits over SSH to
+the login node, Slurm runs the tasks on both nodes, `status` is Slurm's verdict, `stop` is scancel, `collect`
+brings the job's folder back, and one `report` shows the Slurm runs beside an SSH run of the same job."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.lab import lifecycle
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark, wait_until  # noqa: F401
+
+pytestmark = [pytestmark, pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists(),
+                                             reason="slurm-wlm is not installed (scripts/setup.sh installs it)")]
+TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+PLAIN = """\
+import json, os, socket
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+print(f"plain rank {rank} of {world} on {os.environ['CLUSTER_NODE_NAME']} at {os.environ['CLUSTER_NODE_ADDRESS']}")
+with open(os.environ["CLUSTER_METRICS"], "a") as f:
+    f.write(json.dumps({"step": 1, "loss": 0.5 + rank}) + "\\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def slab(tmp_path_factory: pytest.TempPathFactory):
+    with lab_up(tmp_path_factory, "q", 2, 19, slurm=True) as (state, d):
+        env = {"CLUSTERCTL_HOME": str(d / "home")}
+        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                                  "--set", "vars.python_env=existing", env=env, timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+        yield state, d, env
+
+
+def test_both_jobs_run_on_slurm_and_report_beside_an_ssh_run(slab) -> None:
+    state, d, env = slab
+    rc, ssh_run = clusterctl_json("launch", "resnet50-ddp", *TINY, env=env, timeout=600)
+    assert rc == 0 and ssh_run["state"] == "succeeded", json.dumps(ssh_run)[-2000:]
+    runs = [ssh_run["run_id"]]
+    for job in ("resnet50-ddp", "resnet50-tf"):
+        rc, rec = clusterctl_json("launch", job, "--on", "slurm", *TINY, env=env, timeout=900)
+        assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+        assert rec["target"]["kind"] == "slurm" and rec["target"]["state"] == "COMPLETED"
+        assert sorted(n["node"] for n in rec["nodes"]) == ["node1", "node2"] and rec["world_size"] == 2
+        rc, col = clusterctl_json("collect", rec["run_id"], env=env, timeout=600)
+        assert rc == 0, col
+        base = Path(env["CLUSTERCTL_HOME"]) / "runs" / rec["run_id"]
+        for node in ("node1", "node2"):
+            assert list((base / node).rglob("metrics-rank*.jsonl")), list(base.rglob("*"))[:30]
+            assert (base / node / "task.json").is_file() and (base / node / "exit.json").is_file()
+        assert (base / "slurm" / "job.sbatch").is_file()
+        runs.append(rec["run_id"])
+    assert clusterctl("collect", ssh_run["run_id"], env=env, timeout=600).returncode == 0
+    rc, rep = clusterctl_json("report", *runs, env=env, timeout=600)
+    assert rc == 0, rep
+    figs = {f["run_id"]: f for f in rep["runs"]}
+    keys = set(figs[runs[0]])
+    for rid in runs[1:]:
+        assert set(figs[rid]) == keys  # the same metrics for a Slurm run as for the SSH one
+        f = figs[rid]
+        assert sorted(f["nodes"]) == ["node1", "node2"] and f["world"] == 2 and (f["images_per_s"] or 0) > 0, f
+        assert f["wall_s"] and [n["exit_code"] for n in f["per_node"]] == [0, 0], f["per_node"]
+        assert all(n["rss_mb_peak"] for n in f["per_node"])  # the tasks' own resource samples
+
+
+def test_a_users_program_runs_through_slurm_the_same_way(slab, tmp_path: Path) -> None:
+    state, d, env = slab
+    (tmp_path / "hello.py").write_text(PLAIN)
+    r = subprocess.run([sys.executable, "-m", "cluster", "launch", "--on", "slurm", "--launcher", "plain",
+                        "--code", str(tmp_path), "--json", "--", "python", "hello.py"],
+                       capture_output=True, text=True, cwd=tmp_path, env={**__import__("os").environ, **env},
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rec = json.loads(r.stdout)
+    assert rec["state"] == "succeeded"
+    rc, logs = clusterctl_json("logs", rec["run_id"], env=env)
+    assert rc == 0 and any("plain rank 1 of 2" in text for text in logs.values()), logs
+
+
+def test_stop_cancels_a_running_job_and_leaves_nothing_on_the_nodes(slab) -> None:
+    state, d, env = slab
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
+                              "--set", "threads=1", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+
+    def running() -> bool:
+        rc, st = clusterctl_json("status", run_id, env=env)
+        return st["target"]["state"] == "RUNNING" and any(s["state"] == "running" for s in (st["last_status"] or {}).values())
+    wait_until(running, 120, "the job's tasks running", step=1.0)
+    rc, stopped = clusterctl_json("stop", run_id, env=env, timeout=180)
+    assert rc == 0 and stopped["state"] == "stopped" and stopped["target"]["state"] == "CANCELLED", stopped
+    time.sleep(1.0)
+    for n in state.nodes:  # nothing of the job left in any node's namespace
+        pids = subprocess.run(["ip", "netns", "pids", n.netns], capture_output=True, text=True).stdout.split()
+        cmds = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                for p in pids if Path(f"/proc/{p}/cmdline").exists()]
+        assert not [c for c in cmds if "train_torch" in c or "torch.distributed.run" in c], cmds
+    rc, st = clusterctl_json("status", run_id, env=env)
+    assert st["state"] == "stopped"
+
+
+def test_a_crashed_node_gives_slurms_verdict_naming_the_node(slab) -> None:
+    from cluster.lab import slurm as lab_slurm
+
+    state, d, env = slab
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
+                              "--set", "threads=1", env=env, timeout=300)
+    assert rc == 0
+    run_id = rec["run_id"]
+    wait_until(lambda: clusterctl_json("status", run_id, env=env)[1]["target"]["state"] == "RUNNING", 120,
+               "the job running", step=1.0)
+    lab = lifecycle.load_state(state.name, Path(state.dir))
+    assert lab is not None
+    lab_slurm.crash_node(lab, "node2")
+    try:
+        def ended() -> bool:
+            return clusterctl_json("status", run_id, env=env)[1]["state"] != "running"
+        wait_until(ended, 90, "Slurm's verdict on the crashed node", step=2.0)
+        rc, st = clusterctl_json("status", run_id, env=env)
+        assert rc == 1 and st["state"] == "failed" and st["target"]["state"] == "NODE_FAIL", st
+        assert "node2" in st["failure"]["node"] + st["failure"]["reason"]
+    finally:
+        lab_slurm.restart_slurmd(lab, "node2")
