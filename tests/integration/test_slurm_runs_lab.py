@@ -67,6 +67,13 @@ def test_both_jobs_run_on_slurm_and_report_beside_an_ssh_run(slab) -> None:
         assert all(n["rss_mb_peak"] for n in f["per_node"])  # the tasks' own resource samples
 
 
+def test_more_nodes_than_the_partition_has_is_refused_before_submitting(slab) -> None:
+    state, d, env = slab
+    r = clusterctl("launch", "resnet50-ddp", "--on", "slurm", "--nodes", "3", *TINY, env=env, timeout=120)
+    assert r.returncode == 2 and "partition debug has 2 node(s); the job asks for 3" in r.stderr, r.stderr
+    assert "submitted" not in r.stderr
+
+
 def test_a_users_program_runs_through_slurm_the_same_way(slab, tmp_path: Path) -> None:
     state, d, env = slab
     (tmp_path / "hello.py").write_text(PLAIN)
