@@ -55,10 +55,17 @@ def connect_error(h: Host, e: BaseException, elapsed: float) -> BaseException:
         return e
     if isinstance(e, paramiko.BadHostKeyException):
         return hostkeys.changed_key_error(h, e.key, e.expected_key)
+    if isinstance(e, paramiko.BadAuthenticationType) and "publickey" not in e.allowed_types:
+        # sshd offers no (more) key: a password login, or a second factor after the key (MFA)
+        return TransportError(f"{h.name}: {h.user}@{h.address} asks for {' or '.join(e.allowed_types)} (a password "
+                              "or a one-time code, alone or after the key): clusterctl runs unattended and never "
+                              "asks for one", "log in with a key alone: `ssh-copy-id` it there, or ask the admins "
+                              "how keys are allowed (a university login node's docs name the way)", "auth")
     if isinstance(e, paramiko.AuthenticationException):
         return TransportError(f"{h.name}: {h.user}@{h.address} refused our key: {e}",
-                              f"copy your public key to the node: `ssh-copy-id -p {h.port} {h.user}@{h.address}`",
-                              "auth")
+                              f"copy your public key to the node: `ssh-copy-id -p {h.port} {h.user}@{h.address}` "
+                              "(a node that wants a one-time code after the key cannot be scripted: use a login "
+                              "that takes the key alone)", "auth")
     if isinstance(e, ConnectionRefusedError):
         return TransportError(f"{h.name}: {h.address}:{h.port} refused the connection",
                               "is sshd running on the node? (`systemctl status ssh` there)", "refused")
@@ -86,7 +93,18 @@ class RejectUnknown(paramiko.MissingHostKeyPolicy):
         self.host = host
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise hostkeys.unknown_key_error(self.host, key)
+        # paramiko looks the key up as [address]:port; a HostKeyAlias names it otherwise (trust_known_hosts)
+        if hostkeys.check_key(self.host, key) != "known":  # changed or revoked: check_key raises
+            raise hostkeys.unknown_key_error(self.host, key)
+
+
+def trust_known_hosts(client: paramiko.SSHClient, host: Host) -> None:
+    """The host's known_hosts as paramiko checks it, and RejectUnknown for the rest. With a HostKeyAlias
+    paramiko would look under the address and port, so every key goes to the policy, which looks it up
+    under the alias as OpenSSH does."""
+    if not host.host_key_alias:
+        client.get_host_keys().update(hostkeys.known_hosts(host.known_hosts_path))
+    client.set_missing_host_key_policy(RejectUnknown(host))
 
 
 @dataclass
@@ -130,8 +148,7 @@ def first_stream(host: Host) -> Any:
 def _hop(host: Host, sock: Any) -> paramiko.SSHClient:
     """An authenticated connection to a jump host, its key checked in its known_hosts (strict)."""
     client = paramiko.SSHClient()
-    client.get_host_keys().update(hostkeys.known_hosts(host.known_hosts_path))
-    client.set_missing_host_key_policy(RejectUnknown(host))
+    trust_known_hosts(client, host)
     key = key_for(host)
     try:
         client.connect(hostname=host.address, port=host.port, username=host.user, pkey=key, sock=sock,

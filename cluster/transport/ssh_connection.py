@@ -14,10 +14,9 @@ from typing import Callable, Iterator
 
 import paramiko
 
-from cluster.inventory import hostkeys
 from cluster.errors import TransportError
 from cluster.transport.base import Transport
-from cluster.transport.route import RejectUnknown, Route, connect_error, load_key, open_route
+from cluster.transport.route import Route, connect_error, load_key, open_route, trust_known_hosts
 
 KEEPALIVE_S = 15
 _WATCH_POLL_S = 0.25  # how often a watchdog looks at its limit (the limit may move: a copy's progress)
@@ -37,8 +36,7 @@ class SSHConnection(Transport):
             return
         h = self.host
         client = paramiko.SSHClient()
-        client.get_host_keys().update(hostkeys.known_hosts(h.known_hosts_path))
-        client.set_missing_host_key_policy(RejectUnknown(h))
+        trust_known_hosts(client, h)
         key = load_key(h.key_path) if h.key_path else None
         start = time.monotonic()
         route = None

@@ -133,3 +133,39 @@ def test_a_crashed_node_gives_slurms_verdict_naming_the_node(slab) -> None:
         assert "node2" in st["failure"]["node"] + st["failure"]["reason"]
     finally:
         lab_slurm.restart_slurmd(lab, "node2")
+
+
+@pytest.mark.parametrize("methods", ["password", "publickey,keyboard-interactive"])
+def test_a_login_node_that_wants_a_password_or_a_code_is_refused_with_the_fix(slab, methods: str) -> None:
+    """A second sshd in the login node's namespace (port 2200, its own host key seen as the login node's) that
+    asks for a password, or for a one-time code after the key (MFA): refused, nothing asked, nothing submitted."""
+    state, d, env = slab
+    assert state.slurm is not None
+    login = state.slurm.login
+    lab = Path(state.dir)
+    cfg = d / f"sshd-{methods.replace(',', '-')}"
+    text = lifecycle.SSHD_CONFIG.format(authorized_keys=lab / "authorized_keys").replace("Port 22", "Port 2200")
+    text = text.replace("PasswordAuthentication no", "PasswordAuthentication yes").replace(
+        "KbdInteractiveAuthentication no", "KbdInteractiveAuthentication yes")
+    cfg.write_text(text + f"AuthenticationMethods {methods}\n")
+    pid = d / f"{cfg.name}.pid"
+    subprocess.run(["ip", "netns", "exec", login.netns, lifecycle.SSHD, "-f", str(cfg), "-h",
+                    str(Path(login.dir) / "hostkey"), "-o", f"PidFile={pid}", "-o", f"ListenAddress={login.address}",
+                    "-E", str(d / f"{cfg.name}.log")], check=True, timeout=30)
+    try:
+        wait_until(pid.exists, 10, "the second sshd")
+        inv = d / f"inv-{cfg.name}.yaml"
+        inv.write_text(Path(state.inventory).read_text().replace(
+            f"login:\n      address: {login.address}",
+            f"login:\n      address: {login.address}\n      port: 2200\n      host_key_alias: {login.address}"))
+        assert "port: 2200" in inv.read_text()
+        r = clusterctl("launch", "resnet50-ddp", "-i", str(inv), "--on", "slurm", *TINY, env=env, timeout=120)
+        assert r.returncode == 3, r.stderr
+        if methods == "password":
+            assert "asks for password (a password or a one-time code" in r.stderr and "key alone" in r.stderr
+        else:  # paramiko says only "Authentication failed": the fix names the second factor
+            assert "refused our key" in r.stderr and "one-time code after the key" in r.stderr
+        assert "submitted" not in r.stderr
+    finally:
+        if pid.exists():
+            subprocess.run(["kill", pid.read_text().strip()], timeout=10)
