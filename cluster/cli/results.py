@@ -56,6 +56,8 @@ def _declare_study(p: argparse.ArgumentParser) -> None:
                    "like this one, runs one node once: every value's scaling baseline)")
     add_price(p)
     add_power(p)
+    p.add_argument("--on", metavar="NAME", help="run every cell on the inventory's Slurm cluster NAME "
+                   "(docs/slurm.md): N nodes of its partition instead of the first N PCs")
 
 
 # --------------------------------------------------------------------------- collect
@@ -162,10 +164,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     from cluster.cli.nodes import poweroff_after, wake_first
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    hosts = inv.select(args.limit)
+    if args.on and (args.wake or args.poweroff_after):
+        raise errors.UsageError("--wake and --poweroff-after power the inventory's PCs, not a Slurm cluster's nodes",
+                                f"leave them out with --on {args.on}")
+    hosts = [] if args.on else inv.select(args.limit)
     wake_first(args, inv, hosts)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
-                                 log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks)
+                                 log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks,
+                                 on=args.on)
     if args.json:
         emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})
     else:

@@ -34,8 +34,10 @@ class Cell:
 
 
 def study_id(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],
-             vary: str | None = None, limit: str | None = None) -> str:
+             vary: str | None = None, limit: str | None = None, on: str | None = None) -> str:
     doc: dict[str, Any] = {"inventory": str(inv.path), "jobs": job_names, "sizes": sizes, "set": sorted(overrides)}
+    if on:  # a Slurm cluster's runs are another study than the room's
+        doc["on"] = on
     if vary:  # absent otherwise: the studies recorded before --vary keep their ids
         doc["vary"] = vary
     if limit:  # the same: other nodes are another study
@@ -69,16 +71,20 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
         on_run: Callable[[records.RunRecord, Any], None] | None = None,
         target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None, limit: str | None = None,
-        forks: int = 32) -> tuple[str, list[Cell], Path | None]:
+        forks: int = 32, on: str | None = None) -> tuple[str, list[Cell], Path | None]:
     """Each job on each node count (the first N of its nodes, narrowed by `limit`, a host pattern), each run
-    collected, one report; `forks` bounds the nodes contacted at once."""
+    collected, one report; `forks` bounds the nodes contacted at once. `on`: the inventory's Slurm cluster of
+    that name runs every cell instead (N nodes of its partition, Slurm's verdict, the job's folder collected)."""
     overrides = list(overrides or [])
     settings = variants(vary)
     # every spec valid before anything runs
     specs = {(name, v): jobs.load(name, overrides + ([v] if v else [])) for name in job_names for v in settings}
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"--nodes {sizes}: expected node counts >= 1", "e.g. --nodes 1,2,4")
-    sid = study_id(inv, job_names, sizes, overrides, vary, limit)
+    if on and limit:
+        raise UsageError("--limit picks the inventory's PCs; a Slurm cluster chooses a job's nodes",
+                         f"leave --limit out with --on {on}")
+    sid = study_id(inv, job_names, sizes, overrides, vary, limit, on)
     d = study_dir(sid)
     d.mkdir(parents=True, exist_ok=True)
     rec_path = d / "study.json"
@@ -86,10 +92,10 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     previous = {(c["job"], c["nodes"], c.get("setting")): c for c in done}
     cells: list[Cell] = []
     for (name, setting), spec in specs.items():
-        hosts = launch.select_hosts(inv, spec, limit)
+        hosts = launch.select_hosts(inv, spec, limit) if not on else []
         what = name + (f" with {setting}" if setting else "")
         for n in sizes:
-            if n > len(hosts):
+            if not on and n > len(hosts):
                 raise UsageError(f"--nodes {n}: job {name} has only {len(hosts)} nodes in {inv.path}",
                                  f"use counts up to {len(hosts)}")
             if n == 1 and not _runs_alone(setting, settings[0]):
@@ -102,13 +108,17 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
                 cells.append(cell)
                 continue
             subset = ",".join(h.name for h in hosts[:n])
-            log(f"{what} on {n} node(s): {subset}")
+            log(f"{what} on {n} node(s): {subset or on}")
             try:
-                record, _ = launch.launch(inv, spec, limit=subset, forks=forks, log=log)
-                cell.run_id = record.run_id
-                record = launch.follow(record, on_update=on_run)
-                cell.state = record.state
-                collect.collect(record, forks=forks)
+                if on:
+                    record = _on_slurm(inv, spec, on, n, log)
+                    cell.run_id, cell.state = record.run_id, record.state
+                else:
+                    record, _ = launch.launch(inv, spec, limit=subset, forks=forks, log=log)
+                    cell.run_id = record.run_id
+                    record = launch.follow(record, on_update=on_run)
+                    cell.state = record.state
+                    collect.collect(record, forks=forks)
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message
             cells.append(cell)
@@ -123,6 +133,18 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
                                      target_acc=target_acc)
         (d / "report.json").write_text(json.dumps([f.to_dict() for f in figs], indent=1, default=str))
     return sid, cells, page
+
+
+def _on_slurm(inv: Inventory, spec: jobs.JobSpec, cluster: str, nodes: int,
+              log: Callable[[str], None]) -> records.RunRecord:
+    """One cell on the inventory's Slurm cluster: submitted, followed to Slurm's verdict, collected."""
+    from cluster.slurm import run as slurm_run, submit
+    from cluster.slurm.resources import SlurmOverrides
+
+    record = slurm_run.submit(submit.prepare(inv, spec, cluster, SlurmOverrides(nodes=nodes)), log)
+    record = slurm_run.follow(record)
+    slurm_run.collect(record)
+    return record
 
 
 def _save(path: Path, sid: str, inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],
