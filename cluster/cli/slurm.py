@@ -32,6 +32,10 @@ def slurm_table(record: RunRecord) -> Table:
         code = s.get("exit_code")
         t.add_row(escape(node), styled(str(s.get("state"))), "-" if code is None else str(code),
                   escape(tail[-1][:160] if tail else ""))
+    rq = tg.get("requeued")
+    if rq and record.active:
+        t.caption = (f"requeued by Slurm after it lost {', '.join(rq['lost'])} {rq.get('reason') or ''}: it starts "
+                     "over when Slurm lets it (requeue: true)")
     return t
 
 

@@ -223,6 +223,11 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
     r.last_status = {str(named.get(i) or f"task-{i}"): {
         "state": "exited" if v["exit"] else ("running" if state in LIVE else state.lower()),
         "exit_code": (v["exit"] or {}).get("code"), "log_tail": v["log"][-20:]} for i, v in tasks.items()}
+    if state in LIVE and state != "RUNNING" and tasks and any(v["task"] for v in tasks.values()):
+        # it ran and waits again: Slurm requeued it (requeue: true) after it lost a node; the lost node's
+        # task left no exit code, the others were ended by srun -K
+        lost = [str(named.get(i) or f"task-{i}") for i, v in sorted(tasks.items()) if not v["exit"]]
+        r.target["requeued"] = {"lost": lost or [nodelist or "?"], "reason": reason, "seen": time.time()}
     if state in LIVE or state == "UNKNOWN" and not tasks:
         return
     codes = {i: (v["exit"] or {}).get("code") for i, v in tasks.items()}

@@ -145,6 +145,33 @@ def test_a_crashed_node_gives_slurms_verdict_naming_the_node(slab) -> None:
         lab_slurm.restart_slurmd(lab, "node2")
 
 
+def test_with_requeue_a_crashed_node_requeues_the_job_and_status_names_the_node(slab) -> None:
+    from cluster.lab import slurm as lab_slurm
+
+    state, d, env = slab
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
+                              "--set", "threads=1", "--set", "requeue=true", env=env, timeout=300)
+    assert rc == 0
+    run_id = rec["run_id"]
+    wait_until(lambda: clusterctl_json("status", run_id, env=env)[1]["target"]["state"] == "RUNNING", 120,
+               "the job running", step=1.0)
+    wait_until(lambda: len(clusterctl_json("status", run_id, env=env)[1]["nodes"]) == 2, 60, "both tasks", step=1.0)
+    lab = lifecycle.load_state(state.name, Path(state.dir))
+    assert lab is not None
+    lab_slurm.crash_node(lab, "node2")
+    try:
+        def requeued() -> bool:
+            return bool(clusterctl_json("status", run_id, env=env)[1]["target"].get("requeued"))
+        wait_until(requeued, 90, "Slurm requeuing the job", step=2.0)
+        rc, st = clusterctl_json("status", run_id, env=env)
+        assert rc == 0 and st["state"] == "running" and st["target"]["state"] == "PENDING", st["target"]
+        assert st["target"]["requeued"]["lost"] == ["node2"], st["target"]
+    finally:
+        lab_slurm.restart_slurmd(lab, "node2")
+        rc, stopped = clusterctl_json("stop", run_id, env=env, timeout=180)
+    assert rc == 0 and stopped["state"] == "stopped"
+
+
 @pytest.mark.parametrize("methods", ["password", "publickey,keyboard-interactive"])
 def test_a_login_node_that_wants_a_password_or_a_code_is_refused_with_the_fix(slab, methods: str) -> None:
     """A second sshd in the login node's namespace (port 2200, its own host key seen as the login node's) that
