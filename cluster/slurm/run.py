@@ -328,8 +328,11 @@ def collect(record: runs.RunRecord, checkpoints: bool = False,
                     on_bytes(name, k)
 
             try:
-                out[n.node] = run_collect.collect_node(t, n.run_dir, run_collect.safe_dest(base, n.node),
-                                                       checkpoints, cb)
+                got = run_collect.collect_node(t, n.run_dir, run_collect.safe_dest(base, n.node), checkpoints, cb)
+                got.node = n.node  # the task's node, not the login node it was read through
+                # the task's program/ is a link to the run's one program (staged from the head): not a result
+                got.skipped = [x for x in got.skipped if x.get("path") != "program"]
+                out[n.node] = got
             except ClusterError as e:
                 res = run_collect.NodeCollect(n.node)
                 res.status, res.error, res.fix = "failed", e.message, e.fix
