@@ -4,7 +4,7 @@ Takes in: a job spec (cluster.runs.jobs), the inventory's Slurm cluster (`slurm:
 cluster.inventory.clusters into model.SlurmCluster), the command line's resources, a cluster's sinfo output.
 Gives out: the SlurmRequest `launch JOB --on NAME --dry-run` prints: the sbatch script (templates/slurm_*.j2),
 the run's settings, what is staged where on the cluster's shared filesystem; refusals of what a partition
-cannot give.
+cannot give; a submitted run's record (`target: slurm`) and Slurm's verdict on it.
 Must never import: study, lab or cli.
 
     layout.py    where a run's files go on the cluster's shared filesystem (what submission stages where)
@@ -14,6 +14,5 @@ Must never import: study, lab or cli.
     fit.py       the refusal of a request the partition cannot give
     submit.py    prepare(): inventory + spec + cluster + overrides -> the SlurmRequest `--dry-run` prints
     sampler.py   runs on the compute nodes (standard library only): a task's resource samples
-
-Submission over SSH and the run commands (status, logs, stop, collect) come next (issue 27).
+    run.py       submission over SSH on the login node; status, logs, stop (scancel), collect of a Slurm run
 """
