@@ -225,7 +225,8 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
     torch.save({"records": records, "sent": sent, "volume": comp.volume, "fp16_steps": sum(fp16_last),
                 "plain": wlcommon.comm_volume([tuple(p.shape) for p in model.parameters()], world, "none")},
                f"{tmp}/psgd{rank}.pt")
-    dist.destroy_process_group()
+    del ddp, comp
+    _leave()
 
 
 @pytest.mark.parametrize("max_groups", [8, 2], ids=["group-per-bucket", "groups-reused"])
@@ -283,6 +284,17 @@ def _one_group_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> N
     sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"sent": sent, "fp16": comp.before_start, "psgd": comp.volume, "iter": comp.state.iter,
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/one{rank}.pt")
+    del ddp, comp
+    _leave()
+
+
+def _leave() -> None:
+    """After the caller dropped its DDP and PowerSGD state (they hold the process group and its threads): them
+    collected before the group goes, so that no thread is torn down at interpreter exit (seen once under load
+    in CI: SIGABRT, "Resource deadlock avoided")."""
+    import gc
+
+    gc.collect()
     dist.destroy_process_group()
 
 
