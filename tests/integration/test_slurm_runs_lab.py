@@ -71,12 +71,13 @@ def test_both_jobs_run_on_slurm_and_report_beside_an_ssh_run(slab) -> None:
 
 def test_a_study_runs_its_matrix_on_slurm(slab) -> None:
     state, d, env = slab
-    rc, res = clusterctl_json("study", "resnet50-ddp", "--on", "slurm", "--nodes", "1,2", *TINY, env=env, timeout=900)
+    # one cell (the 2-node runs are above): the matrix's way onto Slurm, its report
+    rc, res = clusterctl_json("study", "resnet50-ddp", "--on", "slurm", "--nodes", "1", *TINY, env=env, timeout=900)
     assert rc == 0, json.dumps(res)[-2000:]
-    assert [(c["nodes"], c["state"]) for c in res["cells"]] == [(1, "succeeded"), (2, "succeeded")]
+    assert [(c["nodes"], c["state"]) for c in res["cells"]] == [(1, "succeeded")]
     assert res["report"] and Path(res["report"]).is_file()
     report = json.loads((Path(res["report"]).parent / "report.json").read_text())
-    assert sorted(len(f["nodes"]) for f in report) == [1, 2] and all(f["images_per_s"] for f in report)
+    assert [len(f["nodes"]) for f in report] == [1] and all(f["images_per_s"] for f in report)
 
 
 def test_more_nodes_than_the_partition_has_is_refused_before_submitting(slab) -> None:
