@@ -33,6 +33,7 @@ LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_
         "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT")
 FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 STOP_WAIT_S = 60.0  # scancel, then at most this long until Slurm says the job ended
+SUBMIT_GRACE_S = 120.0  # a record without a job id younger than this: its launch may still be submitting
 
 
 def is_slurm(record: runs.RunRecord) -> bool:
@@ -95,22 +96,51 @@ def submit(request: SlurmRequest, log: Log = lambda s: None) -> runs.RunRecord:
             t.put_bytes(launch.secrets_file(secret).encode(), f"{rdir}/{layout.SECRETS}", mode=0o600)
         for name, content in request.files.items():
             t.put_bytes(content.encode(), f"{rdir}/{name}", mode=0o600)
-        out = _run(t, f"cd -- {q(rdir)} && sbatch --parsable {q(layout.BATCH_SCRIPT)}", "sbatch").strip()
+        # recorded before sbatch: a lost answer or a Ctrl-C after it leaves a record that finds its job by name
+        record = _record(request)
+        runs.save(record)
+        try:
+            r = t.run(f"cd -- {q(rdir)} && sbatch --parsable {q(layout.BATCH_SCRIPT)}", timeout=120)
+        except BaseException:
+            runs.update(record.run_id, lambda rec: _note(rec, "sbatch's answer was lost: the job, if Slurm has "
+                                                          "it, is found by its name (the run id)"))
+            raise
+    out = r.stdout.strip()
     job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
-    if not job_id.isdigit():
-        raise ClusterError(f"sbatch gave no job id: {out[-300:]!r}", "run sbatch by hand on the login node")
+    if r.exit_code != 0 or not job_id.isdigit():
+        why = f"sbatch refused the job (exit {r.exit_code}): {(r.stderr or out).strip()[-500:]}"
+        runs.update(record.run_id, lambda rec: _refused(rec, why))
+        raise ClusterError(why, "run the same sbatch by hand on the login node to see why")
     log(f"submitted: Slurm job {job_id} on {cluster.name}")
-    res = request.resources
-    record = runs.RunRecord(
-        run_id=request.run_id, job=spec.name, framework=spec.framework, state="running", created=time.time(),
+    return runs.update(record.run_id, lambda rec: _submitted(rec, job_id))
+
+
+def _record(request: SlurmRequest) -> runs.RunRecord:
+    spec, cluster, res = request.job, request.cluster, request.resources
+    return runs.RunRecord(
+        run_id=request.run_id, job=spec.name, framework=spec.framework, state="starting", created=time.time(),
         clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=res.world_size,
-        data_file=request.data_file, nodes=[], started=time.time(),
-        inventory={"path": "", "name": cluster.name, "hosts": []},
-        target={"kind": KIND, "cluster": cluster.name, "job_id": job_id, "login": cluster.login.to_dict(),
-                "workdir": cluster.workdir, "run_dir": request.run_dir, "state": "PENDING",
+        data_file=request.data_file, nodes=[], inventory={"path": "", "name": cluster.name, "hosts": []},
+        target={"kind": KIND, "cluster": cluster.name, "job_id": None, "login": cluster.login.to_dict(),
+                "workdir": cluster.workdir, "run_dir": request.run_dir, "state": "SUBMITTING",
                 "resources": res.to_dict()})
-    runs.save(record)
-    return record
+
+
+def _submitted(r: runs.RunRecord, job_id: str) -> None:
+    assert r.target is not None
+    r.target.update({"job_id": job_id, "state": "PENDING"})
+    r.started = time.time()
+    r.move("running")
+
+
+def _refused(r: runs.RunRecord, why: str) -> None:
+    r.failure = runs.Failure(node=(r.target or {}).get("cluster", "?"), reason=why)
+    r.move("failed")
+
+
+def _note(r: runs.RunRecord, text: str) -> None:
+    assert r.target is not None
+    r.target["note"] = text
 
 
 def _stage_tree(t: Transport, tree: code.CodeTree, into: str, log: Log, what: str) -> None:
@@ -205,14 +235,44 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
     unreachable login node changes nothing (TransportError: exit 3 for `status`)."""
     if not record.active:
         return record
-    assert record.target is not None
+    tg = target(record)
     with transport_for(login_of(record)) as t:
-        state, reason, nodelist = _job_state(t, record.target["job_id"])
-        tasks = _tasks(t, record.target["run_dir"])
-    return runs.update(record.run_id, lambda r: _apply(r, state, reason, nodelist, tasks))
+        if tg.get("job_id") is None:
+            found = _by_name(t, record.run_id)
+            if found is None:
+                if time.time() - record.created < SUBMIT_GRACE_S:
+                    return record  # sbatch may still be answering the launch that records it
+                return runs.update(record.run_id, lambda r: _refused(
+                    r, f"Slurm has no job named {record.run_id}: sbatch's answer was lost before it queued one"))
+            record = runs.update(record.run_id, lambda r: _submitted(r, found))
+            tg = target(record)
+        state, reason, nodelist = _job_state(t, tg["job_id"])
+        tasks = _tasks(t, tg["run_dir"])
+        down = _down_nodes(t) if state not in ("RUNNING", "COMPLETED", "COMPLETING") else set()
+    return runs.update(record.run_id, lambda r: _apply(r, state, reason, nodelist, tasks, down))
 
 
-def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dict[int, dict[str, Any]]) -> None:
+def _down_nodes(t: Transport) -> set[str]:
+    """The nodes Slurm has marked down or failing (sinfo's `*`: not responding): the node a job lost."""
+    r = t.run("sinfo -h -N -o '%N %T' 2>/dev/null", timeout=60)
+    out = set()
+    for line in r.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[1].rstrip("*~#!%$@^-").lower() in ("down", "fail", "failing", "drain",
+                                                                         "drained", "draining", "unknown"):
+            out.add(words[0])
+    return out
+
+
+def _by_name(t: Transport, run_id: str) -> str | None:
+    """The job Slurm holds under this run's name (sbatch --job-name is the run id), the newest."""
+    r = t.run(f"squeue -h -t all -n {shlex.quote(run_id)} -o %i 2>/dev/null", timeout=60)
+    ids = [x.strip() for x in r.stdout.split() if x.strip().isdigit()]
+    return max(ids, key=int) if r.exit_code == 0 and ids else None
+
+
+def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dict[int, dict[str, Any]],
+           down: set[str] | None = None) -> None:
     assert r.target is not None
     r.target.update({"state": state, "reason": reason, "nodelist": nodelist, "seen": time.time()})
     rdir = r.target["run_dir"]
@@ -226,7 +286,7 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
     if state in LIVE and state != "RUNNING" and tasks and any(v["task"] for v in tasks.values()):
         # it ran and waits again: Slurm requeued it (requeue: true) after it lost a node; the lost node's
         # task left no exit code, the others were ended by srun -K
-        lost = [str(named.get(i) or f"task-{i}") for i, v in sorted(tasks.items()) if not v["exit"]]
+        lost = _lost(named, tasks, down)
         r.target["requeued"] = {"lost": lost or [nodelist or "?"], "reason": reason, "seen": time.time()}
     if state in LIVE or state == "UNKNOWN" and not tasks:
         return
@@ -238,8 +298,7 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
         r.move("stopped")
     else:
         bad = next((i for i, c in sorted(codes.items()) if c not in (0, None)), None)
-        # a node Slurm lost took its task with it: no exit.json there (the others were ended by srun -K)
-        lost = [str(named.get(i) or f"task-{i}") for i, c in sorted(codes.items()) if c is None]
+        lost = _lost(named, tasks, down)
         node = nodelist or "?"
         if state == "NODE_FAIL" and lost:
             node, bad = ", ".join(lost), None
@@ -254,6 +313,14 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
         r.failure = runs.Failure(node=node, reason=why, log=tasks.get(bad, {}).get("log", [])[-20:] if bad is not None
                                  else [])
         r.move("failed")
+
+
+def _lost(named: dict[int, Any], tasks: dict[int, dict[str, Any]], down: set[str] | None) -> list[str]:
+    """The job's nodes Slurm lost: those it marks down now; else those whose task left no exit code (a node
+    that died took its task with it; srun -K ended the others, which wrote theirs)."""
+    nodes = [str(named.get(i) or f"task-{i}") for i in sorted(tasks)]
+    marked = [n for n in nodes if n in (down or set())]
+    return marked or [str(named.get(i) or f"task-{i}") for i, v in sorted(tasks.items()) if not v["exit"]]
 
 
 def follow(record: runs.RunRecord, interval: float = 2.0,
@@ -277,8 +344,10 @@ def follow(record: runs.RunRecord, interval: float = 2.0,
 def stop(record: runs.RunRecord) -> runs.RunRecord:
     """scancel, then wait (bounded) until Slurm says the job ended; `stopped`."""
     record = runs.update(record.run_id, _stopping)
-    job_id = target(record)["job_id"]
     with transport_for(login_of(record)) as t:
+        job_id = target(record).get("job_id") or _by_name(t, record.run_id)
+        if job_id is None:  # never queued (sbatch's answer lost, or refused): nothing to cancel
+            return runs.update(record.run_id, lambda r: _stopped(r, "CANCELLED", {}))
         _run(t, f"scancel {job_id}", "scancel")
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:

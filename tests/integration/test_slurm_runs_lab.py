@@ -209,3 +209,38 @@ def test_a_login_node_that_wants_a_password_or_a_code_is_refused_with_the_fix(sl
     finally:
         if pid.exists():
             subprocess.run(["kill", pid.read_text().strip()], timeout=10)
+
+
+def test_a_lost_sbatch_answer_leaves_a_record_that_finds_its_job_by_name(slab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link drops after sbatch queued the job but before its answer came: the record (saved before sbatch)
+    finds the job by its name, the run id; `status` then follows it to Slurm's verdict."""
+    from cluster.errors import TransportError
+    from cluster.inventory import loader
+    from cluster.runs import jobs, records
+    from cluster.slurm import run, submit
+    from cluster.transport.ssh import SSHTransport
+
+    state, d, env = slab
+    monkeypatch.setenv("CLUSTERCTL_HOME", env["CLUSTERCTL_HOME"])
+    request = submit.prepare(loader.load(state.inventory), jobs.load("resnet50-ddp", [
+        "epochs=1", "threads=1", "max_steps=3", "log_every=1"]), "slurm")
+    real = SSHTransport.run
+
+    def lossy(self: SSHTransport, command: str, timeout: float | None = None, stdin: bytes | None = None) -> object:
+        res = real(self, command, timeout, stdin)
+        if "sbatch --parsable" in command:
+            raise TransportError("the link dropped before sbatch's answer", "try again", "timeout")
+        return res
+
+    with monkeypatch.context() as m:
+        m.setattr(SSHTransport, "run", lossy)
+        with pytest.raises(TransportError):
+            run.submit(request)
+    rec = records.load(request.run_id)
+    assert rec.state == "starting" and rec.target["job_id"] is None and "lost" in rec.target["note"]
+
+    def done() -> bool:
+        return clusterctl_json("status", request.run_id, env=env)[1]["state"] not in ("starting", "running")
+    wait_until(done, 300, "the adopted job's verdict", step=2.0)
+    rc, st = clusterctl_json("status", request.run_id, env=env)
+    assert rc == 0 and st["state"] == "succeeded" and st["target"]["job_id"], st
