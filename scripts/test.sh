@@ -7,4 +7,5 @@ bash scripts/setup.sh
 # Types first (a minute, strict, the training programs included: pyproject's [tool.mypy]), then the tests.
 .venv/bin/mypy
 # pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
-exec .venv/bin/python -m pytest -ra "$@"
+# The slowest tests are listed at the end, so the suite's budget (60 min in CI) can be kept with data.
+exec .venv/bin/python -m pytest -ra --durations=40 "$@"
