@@ -120,6 +120,10 @@ def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any
 
 
 def _print_failure(record: RunRecord) -> None:
+    from cluster.runs import elastic
+
+    for line in elastic.describe(record):  # the membership periods of a run that lost a node and went on
+        out.print(escape(line))
     f = record.failure
     if f is not None:
         out.print(f"[red]run failed[/red] on {f.node}: {escape(f.reason)}"
@@ -128,7 +132,9 @@ def _print_failure(record: RunRecord) -> None:
             out.print(f"  [dim]{f.node}|[/dim] {escape(line)}")
     if record.stop_pending:
         out.print(f"[red]not confirmed stopped[/red] (unreachable): {', '.join(record.stop_pending)}; "
-                  f"run `clusterctl stop {record.run_id}` when they are back")
+                  f"run `clusterctl stop {record.run_id}` when they are back"
+                  + (" (the watcher stops what a dropped node left running when it answers again)"
+                     if set(record.stop_pending) <= set(record.dropped) else ""))
     elif f is not None and record.stop_results:
         out.print("the other nodes were stopped")
     if f is not None:
@@ -136,10 +142,10 @@ def _print_failure(record: RunRecord) -> None:
 
 
 def _run_exit(record: RunRecord) -> int:
-    if record.stop_pending:
+    if set(record.stop_pending) & set(record.members()):  # a node it dropped is retried, and said (_print_failure)
         return errors.EXIT_UNREACHABLE
     return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
-            "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
+            "restarting": errors.EXIT_OK, "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
 
 
 # --------------------------------------------------------------------------- launch

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import code, datasets, firewall, layers, records as runs, render
+from cluster.runs import code, datasets, elastic, firewall, layers, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -329,6 +329,7 @@ def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret:
             n.pids = pids.get(n.node)
         r.started = time.time()
         r.extra.pop("launcher", None)
+        r.periods = [elastic.first_period(r, request)]
 
     record = runs.update(record.run_id, running)
     if record.state != "running":  # the stop came between the last look and this update
@@ -558,7 +559,10 @@ def _record(request: LaunchRequest, state: str) -> runs.RunRecord:
         clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=request.world_size,
         endpoint=request.endpoint, data_file=request.data_file, inventory=request.inventory,
         nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in request.nodes],
-        left_out=dict(request.left_out))
+        left_out=dict(request.left_out),
+        # what a restart without a lost node renders from again (cluster/runs/elastic.py)
+        extra={"targets": {t.host.name: {"gpus": t.gpus, "backend": t.backend} for t in request.targets},
+               "layer_dir": _layer_dir(request.layer)})
 
 
 def _keep_rendered(request: LaunchRequest) -> None:

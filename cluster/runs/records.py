@@ -30,13 +30,15 @@ from cluster import paths
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Host
 
-ACTIVE = ("starting", "running", "stopping")
+ACTIVE = ("starting", "running", "restarting", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
 # The only moves a run's state makes (RunRecord.move is the one place that changes it): a final state is
 # never left, and a stop the user asked for (`stopping`) only ends `stopped`, whatever a later step finds.
 MOVES: dict[str, tuple[str, ...]] = {
     "starting": ("running", "stopping", "failed", "stopped"),
-    "running": ("stopping", "succeeded", "failed", "stopped"),
+    "running": ("restarting", "stopping", "succeeded", "failed", "stopped"),
+    # continuing without a lost node (cluster/runs/elastic.py): the survivors are stopped and started again
+    "restarting": ("running", "stopping", "failed", "stopped"),
     "stopping": ("stopped",),
 }
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
@@ -101,6 +103,12 @@ class RunRecord:
     secrets: list[str] = field(default_factory=list)  # names of env values that are redacted everywhere
     left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it started without (min_nodes): why
     target: dict[str, Any] | None = None  # where it ran when not on the inventory's PCs: {"kind": "slurm", ...}
+    # Membership (cluster/runs/elastic.py): one period per set of nodes the run ran on, the first from the
+    # start; `dropped`: the nodes it lost on the way (node -> why, when, in which period, when it came back);
+    # `reform`: who is restarting the survivors right now ({"pid", "since", "lost", "reason"}).
+    periods: list[dict[str, Any]] = field(default_factory=list)
+    dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reform: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -121,6 +129,10 @@ class RunRecord:
 
     def node_dirs(self) -> dict[str, str]:
         return {n.node: n.run_dir for n in self.nodes}
+
+    def members(self) -> list[str]:
+        """The nodes the run runs on now: all of them, less those it lost and continued without."""
+        return [n.node for n in self.nodes if n.node not in self.dropped]
 
     def hosts(self) -> list[Host]:
         """The hosts as they were when the run started (the inventory may have changed since)."""
@@ -176,7 +188,11 @@ def _check_types(r: RunRecord) -> None:
         bad("last_seen")
     if not isinstance(r.stop_pending, list) or not all(isinstance(x, str) for x in r.stop_pending):
         bad("stop_pending")
-    for name in ("settings", "last_status", "stop_results", "prediction", "collected", "watcher"):
+    if not isinstance(r.periods, list) or not all(isinstance(p, dict) for p in r.periods):
+        bad("periods")
+    if not isinstance(r.dropped, dict) or not all(isinstance(v, dict) for v in r.dropped.values()):
+        bad("dropped")
+    for name in ("settings", "last_status", "stop_results", "prediction", "collected", "watcher", "reform"):
         v = getattr(r, name)
         if v is not None and not isinstance(v, dict):
             bad(name)

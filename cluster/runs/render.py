@@ -191,9 +191,11 @@ def procs_per_node(spec: JobSpec, target: Target) -> int:
 
 
 def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
-           ports: dict[str, int], layer: str | None = None) -> LaunchRequest:
+           ports: dict[str, int], layer: str | None = None, period: int = 1) -> LaunchRequest:
     """`ports`: the rendezvous port under the first node's name (torchrun), or one port per worker (TF).
-    `layer`: the folder (under each node's workdir) of the job's own requirements, if it has any."""
+    `layer`: the folder (under each node's workdir) of the job's own requirements, if it has any.
+    `period`: the run's membership period (cluster/runs/elastic.py): after the first, the survivors' files say
+    so (CLUSTER_PERIOD in the environment, `period` in job.json)."""
     if not targets:
         raise JobError(str(spec.path), None, "nodes", "no node to run on", "check `nodes:` and --limit")
     first = targets[0].host
@@ -220,10 +222,11 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 own=spec.own, addrs=addrs, master_addr=first.address, master_port=ports[first.name],
                 layer=in_workdir(h, layer) if layer else None, data=data_path(spec),
                 devices=",".join(visible_devices(h) or []) or None,
-                max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"])),
+                max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"]), period=period),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,
-                                    "job": spec.settings}, indent=1, sort_keys=True) + "\n",
+                                    "job": spec.settings, **({"period": period} if period > 1 else {})},
+                                   indent=1, sort_keys=True) + "\n",
         }
         if spec.launcher == "tensorflow":
             files["tf_config.json"] = json.dumps(

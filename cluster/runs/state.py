@@ -66,6 +66,10 @@ class NodeStatus:
     rss_mb: float | None = None
     traceback: list[str] = field(default_factory=list)  # a failed program's last Python traceback
     failed_ranks: list[int] = field(default_factory=list)  # the global ranks torchrun's summary names
+    # from its programs' start record: the membership period (cluster/runs/elastic.py) and where they resumed
+    period: int | None = None
+    start_epoch: int | None = None
+    start_step: int | None = None
 
     @classmethod
     def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
@@ -91,7 +95,10 @@ class NodeStatus:
         if ranks:
             recs = ranks[min(ranks)]  # the node's lowest rank speaks for it
             last, end = _obj(recs.get("step")), _obj(recs.get("end"))
-            s.world = _num(_obj(recs.get("start")).get("world"), int)
+            start = _obj(recs.get("start"))
+            s.world = _num(start.get("world"), int)
+            s.period, s.start_epoch = _num(start.get("period", 1), int), _num(start.get("start_epoch"), int)
+            s.start_step = _num(start.get("start_step"), int)
             s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
             s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
         return s
@@ -106,10 +113,12 @@ def poll(record: records.RunRecord, group: Group | None = None, lines: int = 20)
     A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
     something unreadable is `unanswered`: both get a grace time before they fail the run (see judge)."""
     dirs = record.node_dirs()
-    hosts = record.hosts()
+    asked = set(record.members()) | set(record.stop_pending)  # a dropped node only while its stop is pending
+    hosts = [h for h in record.hosts() if h.name in asked]
 
     def ask(g: Group) -> dict[str, NodeStatus]:
-        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S)
+        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S,
+                    hosts=hosts)
         out = {}
         for h in hosts:
             r = res[h.name]
@@ -175,16 +184,50 @@ def _remember(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> Non
         if s.state in SILENT_STATES and n in before:
             d = {**before[n], "state": s.state, "error": s.error}
         now[n] = d
-    record.last_status = now
+    record.last_status = {**before, **now}  # a dropped node no longer polled keeps its last status
+
+
+def _lost(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float) -> list[str] | None:
+    """Where the job's min_nodes lets the run go on without a node (cluster/runs/elastic.py): the nodes silent
+    past the grace, to continue without; [] to wait, when a node failed while another is silent within the
+    grace (the failure may be its peers' answer to a PC going away); None: judge as usual."""
+    from cluster.runs import elastic
+
+    start = record.started or record.created
+    silent = [n for n, s in statuses.items() if s.state in SILENT_STATES]
+    gone = [n for n in silent if now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S]
+    if gone:
+        return gone if elastic.may_continue(record, gone) else None
+    if silent and any(s.state in FAILED_STATES for s in statuses.values()) and elastic.may_continue(record, silent):
+        return []
+    return None
 
 
 def _apply(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
-    """The verdict, written into the newest copy of the record (inside records.update)."""
-    if not record.active or record.stopped_by_user:
+    """The verdict, written into the newest copy of the record (inside records.update). A run that may go on
+    without a lost node is moved to `restarting` instead of failing (cluster/runs/elastic.py)."""
+    from cluster.runs import elastic
+
+    now = time.time()
+    elastic.note(record, statuses, now)
+    if not record.active or record.stopped_by_user or record.state == "restarting":
         _remember(record, statuses)
         return
+    polled, statuses = statuses, {n: s for n, s in statuses.items() if n in record.members()}  # dropped: no say
+    for n, s in statuses.items():
+        if s.state not in SILENT_STATES:
+            record.last_seen[n] = now
+    lost = _lost(record, statuses, now)
+    if lost is not None:
+        if lost:
+            start = record.started or record.created
+            why = "; ".join(f"{n} {statuses[n].state} for {now - record.last_seen.get(n, start):.0f} s "
+                            f"({(statuses[n].error or 'no answer').removeprefix(n + ': ')})" for n in lost)
+            elastic.begin(record, sorted(lost), why, now)
+        _remember(record, polled)
+        return
     state = judge(record, statuses)
-    _remember(record, statuses)
+    _remember(record, polled)
     if not record.move(state):
         return
     if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
@@ -199,6 +242,11 @@ def settle(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> record
     A stop not yet confirmed everywhere (a failed run's or the user's) is sent again, every
     STOP_RETRY_S, to the pending nodes that answered this poll: whoever follows the run finishes it."""
     record = records.update(record.run_id, lambda r: _apply(r, statuses))
+    if record.state == "restarting":
+        from cluster.runs import elastic
+
+        if elastic.claimed(record):
+            record = elastic.reform(record)
     if not record.stop_pending:
         return record
     if record.state == "failed" and record.stop_tried is None:  # the verdict just came: stop them all now
@@ -221,7 +269,7 @@ def stop_and_record(record: records.RunRecord, nodes: list[str], grace: float = 
         if statuses:  # what the table shows: the confirmed nodes stopped, the others as last known
             r.last_status = {**(r.last_status or {}),
                              **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
-        if r.stopped_by_user and not r.stop_pending:
+        if r.stopped_by_user and not set(r.stop_pending) & set(r.members()):  # a dropped node does not hold it
             r.move("stopped")
 
     return records.update(record.run_id, change)
@@ -246,6 +294,11 @@ def refresh(record: records.RunRecord) -> records.RunRecord:
     be confirmed on some node."""
     if record.state == "starting" and _launcher_alive(record):
         return record  # its launcher is still uploading; judging now would see no processes yet
+    if record.state == "restarting":
+        from cluster.runs import elastic
+
+        if not elastic.claimed(record):
+            return record  # its watcher is restarting the survivors
     if record.active and not record.stopped_by_user:
         return settle(record, poll(record))  # a failure found now is stopped there
     if record.stop_pending:

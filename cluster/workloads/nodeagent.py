@@ -2,7 +2,11 @@
 
     nodeagent.py start  RUN_DIR        detach `sh launch.sh` in its own session; print pid/pgid as JSON
     nodeagent.py status RUN_DIR        state, exit code, live processes, last metrics and log lines as JSON
-    nodeagent.py stop   RUN_DIR        SIGTERM the run's processes, SIGKILL what is left after a grace time
+    nodeagent.py stop   RUN_DIR [GRACE [reform]]  SIGTERM the run's processes, SIGKILL what is left after
+                                       GRACE; `reform`: the head is restarting the survivors (see restart)
+    nodeagent.py restart RUN_DIR PERIOD NOTE   start launch.sh again for membership period PERIOD (the head
+                                       uploaded its new files), once nothing of the run runs: the last
+                                       period's pid/exit/stop files go to attempts/period-<N>/, NOTE to the log
     nodeagent.py manifest RUN_DIR [checkpoints]   regular files of the run with size and sha256
     nodeagent.py freeport              a TCP port free on this node right now
     nodeagent.py code-missing CACHE_DIR           < manifest: the blobs of a program folder the cache lacks
@@ -165,7 +169,33 @@ def start(run_dir: Path) -> Doc:
         return _fork_leader(run_dir, lock_fd)
 
 
-def _fork_leader(run_dir: Path, lock_fd: int) -> Doc:
+def restart(run_dir: Path, period: int, note: str) -> Doc:
+    """Start the run again, for membership period `period`, on this surviving node (cluster/runs/elastic.py).
+    Refused while a process of the run is alive, and when the user's stop is recorded (a stop the head sent
+    to re-form the run says `reform` and does not count). Asked twice for the same period (a lost reply),
+    the second answer is the first start's."""
+    with _agent_lock(run_dir) as lock_fd:
+        stop_doc = _read_json(run_dir / STOP)
+        if stop_doc is not None and not stop_doc.get("reform"):
+            return {"ok": False, "stop_requested": True,
+                    "error": f"{run_dir} has a stop request (clusterctl stop): not restarted"}
+        pid_doc = _read_json(run_dir / "pid.json") or {}
+        if pid_doc.get("period", 1) == period:
+            return {"ok": True, "already": True, **pid_doc}
+        left = run_processes(run_dir)
+        if left:
+            return {"ok": False, "left": left, "error": f"{len(left)} process(es) of the run still run: stop first"}
+        keep = run_dir / "attempts" / f"period-{pid_doc.get('period', 1)}"
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ("pid.json", "exit.json", STOP):
+            if (run_dir / name).exists():
+                os.replace(run_dir / name, keep / name)
+        with open(run_dir / LOG, "a") as f:
+            f.write(f"---- clusterctl: {note} ----\n")
+        return _fork_leader(run_dir, lock_fd, period)
+
+
+def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the session leader: pgid == its pid, outlives the SSH session
@@ -182,7 +212,7 @@ def _fork_leader(run_dir: Path, lock_fd: int) -> Doc:
         signal.signal(signal.SIGTERM, lambda *_: None)
         child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)  # bounded: see the wait below
         doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
-               "leader_start": _start_ticks(os.getpid())}
+               "leader_start": _start_ticks(os.getpid()), "period": period}
         _write_json(run_dir / "pid.json", doc)
         os.write(w, json.dumps(doc).encode())
         os.close(w)
@@ -367,10 +397,13 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
             **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
-def stop(run_dir: Path, grace: float = 10.0) -> Doc:
+def stop(run_dir: Path, grace: float = 10.0, reform: bool = False) -> Doc:
+    """`reform`: the head stops this survivor to start it again (restart); the user's stop replaces such a
+    request, never the other way round, so a restart after it is refused."""
     with _agent_lock(run_dir):  # after a start in progress, before any later one (which then refuses)
-        if not (run_dir / STOP).exists() and not (run_dir / "exit.json").exists():
-            _write_json(run_dir / STOP, {"time": time.time()})
+        asked = _read_json(run_dir / STOP)
+        if asked is None and not (run_dir / "exit.json").exists() or (asked or {}).get("reform") and not reform:
+            _write_json(run_dir / STOP, {"time": time.time(), **({"reform": True} if reform else {})})
     sent = run_processes(run_dir)
     for p in sent:
         try:
@@ -540,7 +573,7 @@ def main(argv: list[str]) -> int:
         result = code_action(argv)
         sys.stdout.write(json.dumps(result) + "\n")
         return 0 if result.get("ok") else 1
-    if not argv or argv[0] not in ("start", "status", "stop", "manifest", "prefix", "freeport"):
+    if not argv or argv[0] not in ("start", "restart", "status", "stop", "manifest", "prefix", "freeport"):
         sys.stderr.write(__doc__ or "")
         return 2
     if argv[0] == "freeport":
@@ -566,12 +599,14 @@ def main(argv: list[str]) -> int:
             return 1
         if argv[0] == "start":
             result = start(run_dir)
+        elif argv[0] == "restart":
+            result = restart(run_dir, int(argv[2]), argv[3] if len(argv) > 3 else f"period {argv[2]}")
         elif argv[0] == "manifest":
             result = manifest(run_dir, len(argv) > 2 and argv[2] == "checkpoints")
         elif argv[0] == "status":
             result = status(run_dir, int(argv[2]) if len(argv) > 2 else 20)
         else:
-            result = stop(run_dir, float(argv[2]) if len(argv) > 2 else 10.0)
+            result = stop(run_dir, float(argv[2]) if len(argv) > 2 else 10.0, argv[3:4] == ["reform"])
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if result.get("ok", True) else 1
 

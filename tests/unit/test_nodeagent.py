@@ -182,3 +182,28 @@ def test_a_failed_runs_status_names_the_ranks_and_the_programs_traceback() -> No
     assert got["traceback"][0] == "Traceback (most recent call last):"
     assert got["traceback"][-1] == "RuntimeError: deliberate failure on group rank 0"
     assert not any("torch/distributed" in x for x in got["traceback"])
+
+
+def test_restart_for_a_new_period_after_the_heads_stop_and_never_after_the_users(tmp_path: Path) -> None:
+    """The head re-forms a run (cluster/runs/elastic.py): `stop ... reform`, then `restart DIR 2 NOTE`. The
+    last period's files are kept, the log says why; a lost reply asked again gets the same start; a running
+    run is never restarted; the user's stop (even after the head's) refuses every later restart."""
+    d = make_run(tmp_path, "echo \"period ${CLUSTER_PERIOD:-1}\"\nsleep 300\n")
+    assert agent("start", str(d))["ok"]
+    wait_state(d, "running")
+    assert agent("restart", str(d), "2", "x")["ok"] is False  # still running: stop first
+    assert agent("stop", str(d), "5", "reform")["ok"]
+    (d / "launch.sh").write_text((d / "launch.sh").read_text().replace("${CLUSTER_PERIOD:-1}", "2"))
+    first = agent("restart", str(d), "2", "period 2: n1 goes on without n2")
+    assert first["ok"] and first["period"] == 2
+    again = agent("restart", str(d), "2", "period 2: n1 goes on without n2")
+    assert again["ok"] and again["already"] and again["pgid"] == first["pgid"]
+    st = wait_state(d, "running")
+    assert (d / "attempts" / "period-1" / "pid.json").exists() and (d / "attempts" / "period-1" / "stop.json").exists()
+    log = (d / "node.log").read_text()
+    assert "---- clusterctl: period 2: n1 goes on without n2 ----" in log and "period 2" in st["log"][-1]
+    assert agent("stop", str(d), "5", "reform")["ok"]
+    assert agent("stop", str(d), "5")["ok"]  # the user's stop replaces the head's request
+    refused = agent("restart", str(d), "3", "x")
+    assert refused["ok"] is False and refused["stop_requested"]
+    assert agent("status", str(d))["state"] == "stopped"
