@@ -4,9 +4,16 @@ Everything `report` shows is computed here, in one place, from what `collect`
 brought (runs/<run-id>/<node>/out/metrics-rank*.jsonl and facts.json); report.py
 only renders these figures. A figure the metrics cannot give is None ("-" on
 the page), never a guess.
+
+A run that lost a node and went on without it (cluster/runs/elastic.py) has several membership periods,
+each with its own ranks: rank 0 of period 2 may write in another node's folder than rank 0 of period 1,
+and a node that kept its rank appends the new period's records after the old ones. So every metrics file
+is split into its periods (each `start` record names its `period`, 1 when absent) and rank 0's records
+are merged from every node folder before anything is computed from them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -52,6 +59,33 @@ class NodeFigures:
 
 
 @dataclass
+class PeriodFigures:
+    """One membership period of a run: the nodes it ran on (rank order) and what it did."""
+
+    period: int  # 1-based
+    nodes: list[str]
+    world: int | None
+    from_epoch: int | None  # where it resumed (its start record's start_epoch / start_step, else the record's)
+    from_step: int | None
+    reason: str | None  # why it began (the run record's); None for the first
+    epochs: list[int]  # the epochs whose records it wrote (a redone epoch is in two periods)
+    started: float | None  # its first start record's time
+    wall_s: float | None  # its start record to its last epoch / end record
+    images_per_s: float | None  # the samples of its epochs (images_per_s x epoch_s) / wall_s
+    gap_s: float | None  # the previous period's last record (any rank) to this start: what the change cost
+
+
+@dataclass
+class SeriesRecords:
+    """One metrics file's records of one period (a file holds several when its node kept its rank)."""
+
+    node: str
+    rank: int
+    period: int
+    records: list[Record]
+
+
+@dataclass
 class RunFigures:
     run_id: str
     job: str
@@ -91,10 +125,15 @@ class RunFigures:
     time_to_target_s: float | None = None  # run start -> end of the first epoch with val_acc >= target
     # what a program wrote to $CLUSTER_METRICS (JSON lines), per node: plotted field by field
     user_metrics: dict[str, list[Record]] = field(default_factory=dict)
+    # membership: one period for a run that kept its nodes; the nodes it lost (node -> the record's
+    # {"why", "at", "period", "came_back", ...})
+    periods: list[PeriodFigures] = field(default_factory=list)
+    dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["per_node"] = [{k: v for k, v in n.__dict__.items() if k != "usage"} for n in self.per_node]
+        d["periods"] = [dataclasses.asdict(p) for p in self.periods]
         d.pop("user_metrics")
         return d
 
@@ -127,6 +166,112 @@ def read_metrics(node_dir: Path) -> dict[int, list[Record]]:
             except ValueError:
                 continue  # a line cut by a stop: everything before it counts
         out[int(f.stem.removeprefix("metrics-rank"))] = recs
+    return out
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _time(x: Record) -> float:
+    t = _num(x.get("time"))
+    return float("-inf") if t is None else t
+
+
+def period_of(start: Record) -> int:
+    """The membership period a start record opens (1 when it names none: runs from before periods)."""
+    p = _int(start.get("period"))
+    return p if p is not None and p >= 1 else 1
+
+
+def split_periods(recs: list[Record]) -> dict[int, list[Record]]:
+    """One metrics file's records by period: each start record opens its period; what comes before any
+    start record (a file cut at its head) counts to period 1. Anything but an object is passed over."""
+    out: dict[int, list[Record]] = {}
+    period = 1
+    for x in recs:
+        if not isinstance(x, dict):
+            continue
+        if x.get("type") == "start":
+            period = period_of(x)
+        out.setdefault(period, []).append(x)
+    return out
+
+
+def _series(by_node: dict[str, dict[int, list[Record]]]) -> list[SeriesRecords]:
+    """Every (node folder, rank file, period) of the run's metrics."""
+    return [SeriesRecords(n, r, k, recs) for n, m in by_node.items() for r in sorted(m)
+            for k, recs in sorted(split_periods(m[r]).items())]
+
+
+def _lead(series: list[SeriesRecords]) -> dict[int, list[Record]]:
+    """Rank 0's records per period, from every node folder (a restart may give rank 0 to another node),
+    in time order. A period whose rank 0 left nothing on the head (its node was not collected) takes its
+    lowest collected rank: every rank writes the same all-reduced epoch figures."""
+    out: dict[int, list[Record]] = {}
+    for k in sorted({s.period for s in series}):
+        mine = [s for s in series if s.period == k]
+        low = min(s.rank for s in mine)
+        out[k] = sorted((x for s in mine if s.rank == low for x in s.records), key=_time)
+    return out
+
+
+def record_periods(record: runs.RunRecord) -> dict[int, dict[str, Any]]:
+    """The run record's periods by number (none: a record from before periods)."""
+    return {p["period"]: p for p in record.periods if isinstance(p.get("period"), int) and p["period"] >= 1}
+
+
+def record_dropped(record: runs.RunRecord) -> dict[str, dict[str, Any]]:
+    """The nodes the run went on without: node -> {"why", "at", "period", "came_back", ...}."""
+    return dict(record.dropped)
+
+
+def _names(x: Any) -> list[str]:
+    return [n for n in x if isinstance(n, str)] if isinstance(x, list) else []
+
+
+def _start_nodes(series: list[SeriesRecords], k: int) -> list[str]:
+    """Period k's nodes in rank order, from the folders its start records are in."""
+    starts = sorted((s.rank, s.node) for s in series
+                    if s.period == k and any(x.get("type") == "start" for x in s.records))
+    return list(dict.fromkeys(n for _, n in starts))
+
+
+def _periods(record: runs.RunRecord, series: list[SeriesRecords], lead: dict[int, list[Record]],
+             run_nodes: list[str]) -> list[PeriodFigures]:
+    """Each membership period's figures: its nodes and reason from the run record (else its start
+    records), the rest from rank 0's records of that period."""
+    recorded = record_periods(record)
+    numbers = sorted(set(lead) | set(recorded)) or [1]
+    out: list[PeriodFigures] = []
+    prev_last: float | None = None
+    for k in numbers:
+        rp, recs = recorded.get(k, {}), lead.get(k, [])
+        start = next((x for x in recs if x.get("type") == "start"), {})
+        t0 = _num(start.get("time"))
+        ends = [t for x in recs if x.get("type") in ("epoch", "end") and (t := _num(x.get("time"))) is not None]
+        wall = max(ends) - t0 if t0 is not None and ends and max(ends) >= t0 else None
+        ep = [x for x in recs if x.get("type") == "epoch"]
+        samples = sum((_num(x.get("images_per_s")) or 0.0) * (_num(x.get("epoch_s")) or 0.0) for x in ep)
+        nodes = (_names(rp.get("nodes")) or (run_nodes if len(numbers) == 1 else _start_nodes(series, k))
+                 or (run_nodes if k == 1 else []))
+        world = _int(start.get("world")) or _int(rp.get("world_size")) or len(nodes) or None
+        from_epoch, from_step = _int(start.get("start_epoch")), _int(start.get("start_step"))
+        from_epoch = _int(rp.get("from_epoch")) if from_epoch is None else from_epoch
+        from_step = _int(rp.get("from_step")) if from_step is None else from_step
+        reason = rp.get("reason")
+        out.append(PeriodFigures(
+            period=k, nodes=nodes, world=world, from_epoch=from_epoch, from_step=from_step,
+            reason=reason if isinstance(reason, str) else None,
+            epochs=sorted({e for x in ep if (e := _int(x.get("epoch"))) is not None}), started=t0, wall_s=wall,
+            images_per_s=samples / wall if samples and wall else None,
+            gap_s=t0 - prev_last if t0 is not None and prev_last is not None else None))
+        lasts = [t for s in series if s.period == k for x in s.records if (t := _num(x.get("time"))) is not None]
+        prev_last = max(lasts) if lasts else None
     return out
 
 
@@ -191,8 +336,9 @@ def _board_watts(gpu: str) -> float:
 
 
 def _rank0(r0: list[Record]) -> tuple[Record, list[Record], float | None, float | None]:
-    """Rank 0's start record, its epoch records (the last of a repeated epoch wins), the wall time and
-    the time of its first start."""
+    """Rank 0's first start record (period 1's: what describes the run), its epoch records (the last of a
+    repeated epoch wins), the wall time and the time of its first start; `r0` is rank 0's records of
+    every node folder, period by period in time order (_lead)."""
     start = next((x for x in r0 if x["type"] == "start"), {})
     epochs_by_n: dict[int, Record] = {}
     for x in r0:
@@ -205,9 +351,10 @@ def _rank0(r0: list[Record]) -> tuple[Record, list[Record], float | None, float 
 
 
 def _node_figures(node: str, by_rank: dict[int, list[Record]], node_dir: Path,
-                  batch: int) -> tuple[NodeFigures, float]:
+                  batch: int, procs: int) -> tuple[NodeFigures, float]:
     """One node's step times, CPU use and power (measured, else estimated from its hardware); the watts
-    unrounded, for the energy."""
+    unrounded, for the energy. `procs`: its training processes at a time (a node whose rank changed with
+    the membership has a file per rank it held, one after the other)."""
     recs = [x for r in sorted(by_rank) for x in by_rank[r]]
     steps = [x for x in recs if x["type"] == "step"]
     step_s = [x["data_s"] + x["compute_s"] for x in steps]
@@ -222,7 +369,7 @@ def _node_figures(node: str, by_rank: dict[int, list[Record]], node_dir: Path,
     return NodeFigures(
         node=node, ranks=sorted(by_rank), step_s_median=med, step_s_p90=_p90(step_s),
         data_s_median=_median([x["data_s"] for x in steps]),
-        images_per_s=(batch * len(by_rank) / med) if med else None, cpu_percent=_median(cpu),
+        images_per_s=(batch * procs / med) if med else None, cpu_percent=_median(cpu),
         gpu_power_w=statistics.mean(power) if power else None, watts=round(watts, 1),
         watts_source="measured" if power else "estimated", hardware=hw), watts
 
@@ -261,10 +408,11 @@ def time_to_target(epochs: list[Record], t0: float | None, target: float) -> flo
     return hit["time"] - t0 if hit is not None and t0 is not None else None
 
 
-def _cpu_cores(ranks: dict[int, list[Record]]) -> float | None:
-    """Cores a training process kept busy: the median over every rank's epochs after its first."""
-    per_rank = [[float(x["cpu_cores_process"]) for x in recs if x["type"] == "epoch" and "cpu_cores_process" in x]
-                for recs in ranks.values()]
+def _cpu_cores(series: list[SeriesRecords]) -> float | None:
+    """Cores a training process kept busy: the median over every rank's epochs after its first (of each
+    period: a restart warms up again)."""
+    per_rank = [[float(x["cpu_cores_process"]) for x in s.records if x["type"] == "epoch" and "cpu_cores_process" in x]
+                for s in series]
     return _median([v for vals in per_rank for v in (vals[1:] if len(vals) > 1 else vals)])
 
 
@@ -274,14 +422,15 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
     base = runs.run_path(record.run_id)
     nodes = [n.node for n in record.nodes]
     by_node = {n: read_metrics(base / n) for n in nodes}
-    ranks = {r: recs for m in by_node.values() for r, recs in m.items()}
+    series = _series(by_node)
     exits = {n: (record.last_status or {}).get(n, {}).get("exit_code") for n in nodes}
-    if not ranks:
+    if not any(by_node.values()):
         if not record.collected:
             raise UsageError(f"run {record.run_id}: no metrics on the head",
                              f"collect them first: clusterctl collect {record.run_id}")
         return _program_figures(record, base, nodes, exits, price_kwh, target_acc)
-    start, epochs, wall, t0 = _rank0(ranks[min(ranks)])
+    lead = _lead(series)
+    start, epochs, wall, t0 = _rank0([x for k in sorted(lead) for x in lead[k]])
     vals = [e["val_acc"] for e in epochs]
     fig = RunFigures(
         run_id=record.run_id, job=record.job, framework=record.framework, state=record.state,
@@ -292,16 +441,47 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
         final_val_acc=vals[-1] if vals else None, best_val_acc=max(vals) if vals else None, wall_s=wall,
         settings=record.settings or {}, started=record.started,
         predicted_images_per_s=(record.prediction or {}).get("planned_images_per_s"),
-        cpu_cores_process=_cpu_cores(ranks), target_acc=target_acc,
-        time_to_target_s=time_to_target(epochs, t0, target_acc))
+        cpu_cores_process=_cpu_cores(series), target_acc=target_acc,
+        time_to_target_s=time_to_target(epochs, t0, target_acc),
+        periods=_periods(record, series, lead, nodes), dropped=record_dropped(record))
     _communication(fig, start, epochs)
-    per_node = [_node_figures(n, by_node[n], base / n, fig.batch) for n in nodes]
+    per_node = [_node_figures(n, by_node[n], base / n, fig.batch, _processes(series, n, len(by_node[n])))
+                for n in nodes]
     fig.per_node = [p for p, _ in per_node]
     for p in fig.per_node:
         _usage_figures(p, read_usage(base / p.node), exits[p.node])
     fig.user_metrics = {n: m for n in nodes if (m := read_user_metrics(base / n))}
     _spread_and_energy(fig, [w for _, w in per_node], price_kwh)
     return fig
+
+
+def _processes(series: list[SeriesRecords], node: str, files: int) -> int:
+    """A node's training processes at a time: its rank files, or where its ranks changed with the
+    membership, the most it ran in one period."""
+    per = [s.period for s in series if s.node == node]
+    return max(per.count(k) for k in set(per)) if len(set(per)) > 1 else files
+
+
+def _head_periods(record: runs.RunRecord, nodes: list[str], wall: float | None) -> list[PeriodFigures]:
+    """A run without training metrics: its periods as the head recorded them (its times), else one."""
+    recorded = record_periods(record)
+    if not recorded:
+        return [PeriodFigures(1, nodes, record.world_size or None, None, None, None, [], record.started, wall,
+                              None, None)]
+    out: list[PeriodFigures] = []
+    prev_end: float | None = None
+    for k in sorted(recorded):
+        rp = recorded[k]
+        t0, t1 = _num(rp.get("started")), _num(rp.get("ended"))
+        t1 = _num(record.ended) if t1 is None and k == max(recorded) else t1  # the last ends with the run
+        reason = rp.get("reason")
+        out.append(PeriodFigures(
+            k, _names(rp.get("nodes")), _int(rp.get("world_size")), _int(rp.get("from_epoch")),
+            _int(rp.get("from_step")), reason if isinstance(reason, str) else None, [], t0,
+            t1 - t0 if t0 is not None and t1 is not None else None, None,
+            t0 - prev_end if t0 is not None and prev_end is not None else None))
+        prev_end = t1
+    return out
 
 
 def _program_figures(record: runs.RunRecord, base: Path, nodes: list[str], exits: dict[str, int | None],
@@ -313,7 +493,8 @@ def _program_figures(record: runs.RunRecord, base: Path, nodes: list[str], exits
         run_id=record.run_id, job=record.job, framework=record.framework, state=record.state, nodes=nodes,
         world=record.world_size, batch=0, global_batch=0, dataset="-", synthetic=False, epochs=[],
         images_per_s=None, epoch_s=None, final_val_acc=None, best_val_acc=None, wall_s=wall,
-        settings=record.settings or {}, started=record.started, target_acc=target_acc)
+        settings=record.settings or {}, started=record.started, target_acc=target_acc,
+        periods=_head_periods(record, nodes, wall), dropped=record_dropped(record))
     watts = []
     for n in nodes:
         hw, gpus, _ = _hardware(base / n)

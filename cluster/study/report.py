@@ -20,7 +20,8 @@ from cluster.runs import records
 from cluster.study.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
 
 __all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "plots", "summary_rows",
-           "node_rows", "run_line", "html_page", "markdown_page", "default_page", "write_pages"]
+           "node_rows", "period_rows", "dropped_lines", "run_line", "html_page", "markdown_page", "default_page",
+           "write_pages"]
 
 # --------------------------------------------------------------------------- plots
 
@@ -203,7 +204,48 @@ def run_line(f: RunFigures) -> str:
             + (f"; slowest node {f.straggler} (spread {f.step_spread:.2f}x)" if f.straggler else "")
             + f". {sent}; {comm}. Validation accuracy {f.target_acc:g} {reached}. "
             + ("CPU use not recorded." if f.cpu_cores_process is None
-               else f"{f.cpu_cores_process:.2f} cores busy per training process."))
+               else f"{f.cpu_cores_process:.2f} cores busy per training process.")
+            + (f" The membership changed: {len(f.periods)} periods (below); world size and batch are period 1's, "
+               "images/s and epoch s the medians over every period's epochs, wall s from period 1's start."
+               if len(f.periods) > 1 else ""))
+
+
+def _span(epochs: list[int]) -> str:
+    """0, 1, 2, 5 -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for e in epochs:
+        if runs and e == runs[-1][1] + 1:
+            runs[-1][1] = e
+        else:
+            runs.append([e, e])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
+
+
+def _clock(t: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "-"
+
+
+def period_rows(f: RunFigures) -> tuple[list[str], list[list[str]]]:
+    """One row per membership period: who ran it, where it resumed, what it did, what the change cost."""
+    head = ["period", "nodes", "world", "from epoch / step", "epochs", "images/s", "wall s", "lost to the change s",
+            "why it began"]
+    rows = [[str(p.period), ", ".join(p.nodes) or "-", _f(p.world, "{:d}"),
+             f"{_f(p.from_epoch, '{:d}')} / {_f(p.from_step, '{:d}')}", _span(p.epochs), _f(p.images_per_s),
+             _f(p.wall_s, "{:.0f}"), _f(p.gap_s, "{:.0f}"), p.reason or "-"] for p in f.periods]
+    return head, rows
+
+
+def dropped_lines(f: RunFigures) -> list[str]:
+    """The nodes the run went on without, a line each: why, when, and whether they came back."""
+    out = []
+    for node, d in f.dropped.items():
+        period = d.get("period")
+        back = d.get("came_back")
+        out.append(f"{node} dropped at {_clock(d.get('at'))}"
+                   + (f" (period {period})" if isinstance(period, int) else "")
+                   + f": {d.get('why') or 'no reason recorded'}"
+                   + (f"; came back at {_clock(back)}, kept out of this run" if back is not None else ""))
+    return out
 
 
 def node_rows(f: RunFigures) -> tuple[list[str], list[list[str]]]:
@@ -263,6 +305,10 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
     for f in figs:
         nh, nr = node_rows(f)
         parts.append(f"<h2>{e(f.run_id)}</h2><p>{e(run_line(f))}</p>")
+        if len(f.periods) > 1:
+            parts.append("<h3>Membership periods</h3>" + _html_table(*period_rows(f)))
+        if f.dropped:  # also a run that failed to go on without them (one period)
+            parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in dropped_lines(f)) + "</ul>")
         parts.append(_html_table(nh, nr))
         eh = ["epoch", "step", "train loss", "train acc", "val loss", "val acc", "epoch s", "images/s"]
         er = [[str(x["epoch"]), str(x["step"]), f"{x['train_loss']:.4f}", f"{x['train_acc']:.4f}",
@@ -286,7 +332,12 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
     image_dir.mkdir(parents=True, exist_ok=True)
     parts = [f"# {_title(figs)}", "", table(*summary_rows(figs)), ""]
     for f in figs:
-        parts += [f"## {f.run_id}", "", run_line(f), "", table(*node_rows(f)), ""]
+        parts += [f"## {f.run_id}", "", run_line(f), ""]
+        if len(f.periods) > 1:
+            parts += ["### Membership periods", "", table(*period_rows(f)), ""]
+        if f.dropped:
+            parts += [*(f"- {x}" for x in dropped_lines(f)), ""]
+        parts += [table(*node_rows(f)), ""]
     for name, png in images.items():
         (image_dir / f"{name}.png").write_bytes(png)
         parts += [f"![{CAPTIONS.get(name, name)}]({image_dir.name}/{name}.png)", ""]
