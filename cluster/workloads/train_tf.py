@@ -156,8 +156,10 @@ class Trainer:
             sums += self.eval_sums(tf.constant(xb), tf.constant(yb)).numpy()
         return float(sums[0] / sums[2]), float(sums[1] / sums[2])
 
-    def broadcast_from_chief(self, chief: bool) -> None:
-        """After the chief restored a checkpoint (nodes don't share disks): everyone takes its values."""
+    def broadcast_from(self, source: bool) -> None:
+        """After the workers restored their own checkpoints (nodes don't share disks) and agreed on the
+        newest: everyone takes the values of the one worker called with source=True (a collective: every
+        worker calls it, exactly one as the source)."""
         opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
         variables = self.model.variables + list(opt_vars) + [self.epoch, self.step]
 
@@ -165,7 +167,7 @@ class Trainer:
         def bcast() -> Any:
             def replica() -> Any:
                 ctx = tf.distribute.get_replica_context()
-                mine = [tf.cast(v.read_value(), tf.float64) if chief else tf.zeros(v.shape, tf.float64)
+                mine = [tf.cast(v.read_value(), tf.float64) if source else tf.zeros(v.shape, tf.float64)
                         for v in variables]
                 return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
 
@@ -231,8 +233,8 @@ def setup_worker(a: argparse.Namespace) -> Worker:
 
 
 def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsWriter) -> Training:
-    """The data, every worker's batch, the Trainer (resumed from the chief's checkpoint); writes the
-    start record."""
+    """The data, every worker's batch, the Trainer (resumed from the newest checkpoint any worker
+    holds, resume_newest); writes the start record."""
     ds = wldata.open_prepared(a.data) if a.data else wldata.load(a.dataset, a.data_path, a.size, a.seed)
     mean, std = ds.normalization()
     vidx = np.arange(w.rank, len(ds.x_val), w.world)
@@ -245,16 +247,11 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     comp = wlcommon.Compression(a.grad_compression, [tuple(v.shape) for v in tr.model.trainable_variables], w.world)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
     if a.resume == "auto":
-        latest = tf.train.latest_checkpoint(str(metrics.dir / "checkpoint")) if w.rank == 0 else None
-        if latest:
-            ckpt.read(latest).expect_partial()
-        if w.world > 1:
-            _build_optimizer_slots(tr)
-            tr.broadcast_from_chief(chief=w.rank == 0)
+        resume_newest(w, tr, ckpt, metrics.dir / "checkpoint")
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
     device = "cpu" if not tf.config.list_physical_devices("GPU") else "gpu"
     metrics.start(**wlmetrics.run_fields(a, ds, plan, start_epoch, world=w.world, local_rank=0, device=device,
-                                         amp=False),
+                                         amp=False, start_step=step),
                   tensorflow=tf.__version__, threads=w.threads,
                   interop_threads=tf.config.threading.get_inter_op_parallelism_threads(), loader_workers=w.loaders,
                   backend="mwms" if w.world > 1 else "none", collective_timeout_s=a.collective_timeout_s,
@@ -294,11 +291,7 @@ def train_epoch(t: Training, epoch: int) -> None:
     t.metrics.epoch(epoch, t.step, tally, plan, scores, int(t.comp.volume["bytes_sent_per_step_ring"]))
     tr.epoch.assign(epoch)
     tr.step.assign(t.step)
-    # every worker writes (MWMS collectives); only the chief's copy is kept
-    ckpt_dir = t.metrics.dir / "checkpoint"
-    t.ckpt.write(str((ckpt_dir if w.rank == 0 else t.metrics.dir / f".checkpoint-worker{w.rank}") / "ckpt"))
-    if w.rank == 0:
-        (ckpt_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt"\n')
+    save_checkpoint(t.ckpt, t.metrics.dir / "checkpoint")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,6 +358,41 @@ def wait_for_all_workers(world: int, name: str = "clusterctl-exit") -> None:
         from tensorflow.python.eager import context
 
         context.context().wait_at_barrier(name, 300_000)  # the coordination service's barrier
+
+
+CKPT_PREFIX = "ckpt"  # OUT/checkpoint/ckpt.index, ckpt.data-*; OUT/checkpoint/checkpoint names it
+
+
+def save_checkpoint(ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> None:
+    """Every worker writes the whole checkpoint into its own OUT/checkpoint/ (MWMS needs all of them to
+    take part: reading the sync-on-read BatchNorm statistics is a collective), so every node holds every
+    checkpoint and whichever nodes survive a failure can resume. Then the index file that
+    tf.train.latest_checkpoint reads, replaced atomically."""
+    ckpt.write(str(ckpt_dir / CKPT_PREFIX))
+    tmp = ckpt_dir / "checkpoint.tmp"
+    tmp.write_text(f'model_checkpoint_path: "{CKPT_PREFIX}"\nall_model_checkpoint_paths: "{CKPT_PREFIX}"\n')
+    os.replace(tmp, ckpt_dir / "checkpoint")
+
+
+def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> int:
+    """Every worker restores its own latest checkpoint, if it has one (a restart after a node died gives
+    the survivors new ranks, so the chief's disk may hold an older one or none); the workers agree on the
+    one with the newest epoch (ties: the lowest rank) and everyone takes its values. A worker without a
+    checkpoint joins the collectives all the same. Returns the source worker's rank (-1: none had one:
+    a fresh start)."""
+    latest = tf.train.latest_checkpoint(str(ckpt_dir))
+    if latest:
+        ckpt.read(latest).expect_partial()
+    if w.world == 1:
+        return 0 if latest else -1
+    _build_optimizer_slots(tr)  # (the deferred restore of the momentum slots happens here)
+    mine = int(tr.epoch.numpy()) + 1 if latest else 0  # 0: no checkpoint; epoch e: e + 1
+    epochs = _allsum(w.strategy, np.eye(w.world)[w.rank] * mine)
+    if epochs.max() <= 0:
+        return -1  # no worker has one: MWMS already gave all workers the chief's initial values
+    src = int(np.argmax(epochs))  # the first of the highest: the lowest rank on a tie
+    tr.broadcast_from(source=w.rank == src)
+    return src
 
 
 def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:

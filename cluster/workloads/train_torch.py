@@ -2,8 +2,10 @@
 
 Started by torchrun on every node (RANK, WORLD_SIZE, LOCAL_RANK, ... in the
 environment), or alone as one process. Writes metrics-rank<R>.jsonl per rank,
-summary.json and a checkpoint each epoch (rank 0) into --out; with --resume auto
-(the default, which torchrun's restarts rely on) it continues from the checkpoint.
+summary.json (rank 0) and a checkpoint each epoch (LOCAL_RANK 0 of every node:
+nodes don't share --out, and a restart may give any node any rank) into --out;
+with --resume auto (the default, which torchrun's and the head's restarts rely
+on) it continues from the newest checkpoint any rank holds.
 
 main's phases: the settings (wlcommon.parse_args), setup_process (device,
 threads, process group), load_data, build_training (model, optimizer, resume,
@@ -225,7 +227,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
                              step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s)
     psgd = comp.kind == "powersgd"
     metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
-                                         device=str(proc.device), amp=amp),
+                                         device=str(proc.device), amp=amp, start_step=step),
                   torch=torch.__version__, threads=torch.get_num_threads(),
                   interop_threads=torch.get_num_interop_threads(), loader_workers=workers, backend=proc.backend,
                   collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
@@ -236,7 +238,8 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
 
 
 def train_epoch(t: Training, epoch: int) -> None:
-    """One epoch's steps, its evaluation and its record; rank 0 saves the checkpoint after it."""
+    """One epoch's steps, its evaluation and its record; then LOCAL_RANK 0 of every node saves the
+    checkpoint (all ranks hold the same model and optimizer state after the step's all-reduce)."""
     a, proc, data, plan = t.a, t.proc, t.data, t.plan
     order = wlcommon.epoch_order(len(data.xtr), a.seed, epoch)
     mine = order[wldata.shard(len(order), proc.rank, proc.world)]
@@ -266,7 +269,7 @@ def train_epoch(t: Training, epoch: int) -> None:
     val_loss, val_acc = evaluate(t.ddp, data.xva, data.yva, 256, proc.world)
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), _train_acc(t, mine), val_loss, val_acc)
     t.metrics.epoch(epoch, t.step, tally, plan, scores, tally.mean_bytes_sent(plan.steps_per_epoch))
-    if proc.rank == 0:
+    if proc.local_rank == 0:  # each node's own disk: whichever node survives a failure can resume
         _save(t.model, t.opt, epoch, t.step, t.ckpt)
 
 
@@ -321,8 +324,12 @@ def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: 
 
 def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank: int,
             world: int) -> tuple[int, int]:
-    """The newest checkpoint any rank holds (nodes don't share disks, and a c10d rendezvous after a
-    restart may give rank 0 to another node) is read there and handed to every rank."""
+    """The newest checkpoint any rank holds (nodes don't share disks, and a c10d rendezvous or the head's
+    restart after a node died may give rank 0 to another node) is read there and handed to every rank.
+
+    Every rank joins both collectives, with or without a file: its epoch (-1: none) goes into the
+    all-gather; the source is the rank with the highest epoch, the lowest such rank on a tie (the ranks
+    of one node read the same file). No file anywhere: a fresh start (0, 0) on every rank."""
     state: dict[str, Any] | None = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
     if world > 1:
         epochs: list[int] = [-1] * world

@@ -85,14 +85,19 @@ class MetricsWriter:
 
 
 def run_fields(a: argparse.Namespace, ds: Dataset, plan: BatchPlan, start_epoch: int, *, world: int,
-               local_rank: int, device: str, amp: bool) -> dict[str, Any]:
-    """The start record's fields both programs write first, in their order (docs/metrics.md)."""
+               local_rank: int, device: str, amp: bool, start_step: int = 0) -> dict[str, Any]:
+    """The start record's fields both programs write first, in their order (docs/metrics.md).
+
+    `period`: CLUSTER_PERIOD, which the head sets in the launch script of a run it restarted after a
+    node died (1, absent, for the run's first start); `start_step`: the optimizer steps done before
+    this start (0 when fresh), as `start_epoch` the epochs."""
     return {"world": world, "local_rank": local_rank, "device": device, "amp": amp, "dataset": ds.name,
             "synthetic": ds.synthetic, "train_samples": len(ds.x_train), "val_samples": len(ds.x_val),
             "batch": plan.batch, "batches": plan.batches, "global_batch": plan.global_batch,
             "steps_per_epoch": plan.steps_per_epoch, "epochs": a.epochs, "peak_lr": plan.peak_lr,
             "momentum": a.momentum, "weight_decay": a.weight_decay, "schedule": a.schedule,
-            "warmup_epochs": a.warmup_epochs, "start_epoch": start_epoch}
+            "warmup_epochs": a.warmup_epochs, "start_epoch": start_epoch, "start_step": start_step,
+            "period": int(os.environ.get("CLUSTER_PERIOD") or 1)}
 
 
 class StepOutcome(NamedTuple):
