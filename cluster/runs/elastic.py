@@ -176,6 +176,8 @@ def reform(record: records.RunRecord) -> records.RunRecord:
             _upload(group, record, request)
             started = _restart(group, record, request)
             bad = {n: why for n, why in started.items() if why}
+            if records.load(record.run_id).stopped_by_user:  # its stop refused the restart, or comes after it
+                return state.stop_and_record(records.load(record.run_id), list(record.node_dirs()))
             if bad:
                 record = _drop(record, bad)
                 continue

@@ -1,0 +1,275 @@
+"""A run that loses a node goes on without it (cluster/runs/elastic.py), on a real 3-node lab, detached,
+nobody running any command: each test cuts a node's link mid-run and reads the record the watcher wrote.
+
+Each test prints a row (fault, time to recover, outcome) and the module prints the table at the end, for
+docs/reliability.md. The lab's nodes share this machine's process table, so leftovers are looked for in /proc.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark, wait_until  # noqa: F401
+
+# tiny, and long enough to cut a link in the middle: 4 epochs of 8 steps, ResNet18 (ResNet50 for TF) on 32-pixel digits
+TINY = ["--set", "epochs=4", "--set", "max_steps=8", "--set", "threads=1", "--set", "log_every=1",
+        "--set", "batch=8", "--set", "min_nodes=2"]
+ROWS: list[tuple[str, str, str]] = []
+
+
+@pytest.fixture(scope="module")
+def elab(tmp_path_factory: pytest.TempPathFactory):
+    yield from provisioned_lab(tmp_path_factory, "e", 3, 20)
+    print("\n| fault | time to recover | outcome |\n|---|---|---|")
+    for row in ROWS:
+        print("| " + " | ".join(row) + " |")
+
+
+def saved(env: dict[str, str], run_id: str) -> dict[str, Any]:
+    return json.loads((Path(env["CLUSTERCTL_HOME"]) / "runs" / run_id / "run.json").read_text())
+
+
+def out_dir(state, i: int, run_id: str) -> Path:
+    return Path(state.nodes[i].dir) / "srv" / "runs" / run_id / "out"
+
+
+def records(state, i: int, run_id: str) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(out_dir(state, i, run_id).glob("metrics-rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return sorted(out, key=lambda r: r["time"])  # a node whose rank changed has a file per rank
+
+
+def in_epoch(state, run_id: str, epoch: int) -> bool:
+    """Node 1 has stepped in `epoch` (and, after epoch 0, written the epoch before and its checkpoint)."""
+    return any(r["type"] == "step" and r["epoch"] == epoch for r in records(state, 0, run_id))
+
+
+def procs_of(run_id: str, node: str) -> list[int]:
+    out = []
+    tags = (f"CLUSTER_RUN_ID={run_id}".encode(), f"CLUSTER_NODE_NAME={node}".encode())
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        if tags[0] in env and tags[1] in env:
+            out.append(int(p.name))
+    return out
+
+
+def link(state, i: int, up: bool) -> None:
+    subprocess.run(["ip", "link", "set", state.nodes[i].veth, "up" if up else "down"], check=True)
+
+
+def start(env: dict[str, str], job: str, *more: str) -> str:
+    rc, rec = clusterctl_json("launch", job, "--detach", *TINY, *more, env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    return rec["run_id"]
+
+
+def cleanup(env: dict[str, str], state, run_id: str) -> None:
+    for i in range(3):
+        link(state, i, True)
+    clusterctl("stop", run_id, env=env, timeout=120)
+    for n in ("node1", "node2", "node3"):
+        for p in procs_of(run_id, n):
+            os.kill(p, signal.SIGKILL)
+
+
+def cut_and_recover(env: dict[str, str], state, run_id: str, node: int, epoch: int) -> tuple[float, dict[str, Any]]:
+    """Cut node `node`'s link once node1 trains in `epoch`; wait (nobody running any command) for the run's
+    second period and for its end; returns the seconds from the cut to period 2's start, and the record."""
+    wait_until(lambda: in_epoch(state, run_id, epoch), 400, f"node1 training epoch {epoch}", step=0.5)
+    link(state, node, False)
+    cut = time.time()
+    wait_until(lambda: len(saved(env, run_id)["periods"]) == 2 and saved(env, run_id)["state"] != "restarting",
+               240, "the run's second period", step=1)
+    recovered = saved(env, run_id)["periods"][1]["started"] - cut
+    wait_until(lambda: saved(env, run_id)["state"] in ("succeeded", "failed", "stopped"), 600, "the run's end",
+               step=1)
+    return recovered, saved(env, run_id)
+
+
+def test_ddp_goes_on_without_node3_from_the_last_checkpoint(elab) -> None:
+    """node3's link is cut in epoch 2 of 4: the run ends succeeded on node1 and node2, from epoch 2 (the
+    checkpoint of epoch 1), with the global batch kept; node3 comes back and stays out, its leftovers stopped."""
+    state, env = elab
+    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18")
+    try:
+        took, rec = cut_and_recover(env, state, run_id, 2, 1)
+        assert rec["state"] == "succeeded", rec.get("failure")
+        p1, p2 = rec["periods"]
+        assert p1["nodes"] == ["node1", "node2", "node3"] and p2["nodes"] == ["node1", "node2"]
+        assert p2["world_size"] == 2 and p2["from_epoch"] == 1 and p2["from_step"] == 8, p2
+        assert "node3" in p2["reason"] and "unreachable" in p2["reason"]
+        assert rec["dropped"]["node3"]["period"] == 1
+        assert sum(p2["node_batch"].values()) == sum(p1["node_batch"].values()) == 24  # the global batch kept
+        starts = [r for r in records(state, 0, run_id) if r["type"] == "start"]
+        assert [(s["period"], s["world"], s["global_batch"], s["start_epoch"]) for s in starts] == \
+            [(1, 3, 24, 0), (2, 2, 24, 1)]
+        epochs = sorted({r["epoch"] for r in records(state, 0, run_id) if r["type"] == "epoch"})
+        assert epochs == [0, 1, 2, 3]
+        assert (out_dir(state, 1, run_id) / "checkpoint.pt").exists()  # every node keeps the checkpoint
+        r = clusterctl("status", run_id, env=env, timeout=120)
+        text = " ".join(r.stdout.split())
+        assert "period 2: node1, node2 (world 2) from epoch 1 (step 8)" in text and "dropped: node3" in text, text
+        logs = clusterctl("logs", run_id, "--node", "node1", "--lines", "400", env=env, timeout=120).stdout
+        assert "period 2: node1, node2 (world 2) go on without node3" in logs
+        # node3 comes back: it stays out, and what it still ran of the run is stopped
+        link(state, 2, True)
+        wait_until(lambda: not procs_of(run_id, "node3"), 120, "node3's leftovers stopped", step=1)
+        wait_until(lambda: saved(env, run_id)["dropped"]["node3"]["came_back"], 120, "node3 noted back", step=1)
+        assert saved(env, run_id)["state"] == "succeeded"
+        ROWS.append(("resnet50-ddp, node3's link cut in epoch 2 of 4 (min_nodes 2)", f"{took:.0f} s",
+                     "succeeded on node1+node2 from epoch 2's checkpoint; node3 kept out when it came back"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_ddp_goes_on_without_node1_the_rendezvous_host(elab) -> None:
+    """node1 (rank 0, the rendezvous host) is cut: node2 hosts the new rendezvous and is rank 0."""
+    state, env = elab
+    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18")
+    try:
+        took, rec = cut_and_recover(env, state, run_id, 0, 1)
+        assert rec["state"] == "succeeded", rec.get("failure")
+        p2 = rec["periods"][1]
+        assert p2["nodes"] == ["node2", "node3"] and p2["from_epoch"] == 1, p2
+        assert p2["endpoint"].startswith(state.nodes[1].address + ":")
+        starts = [r for r in records(state, 1, run_id) if r["type"] == "start"]
+        assert [(s["rank"], s["period"], s["world"]) for s in starts] == [(1, 1, 3), (0, 2, 2)]
+        ROWS.append(("resnet50-ddp, node1 (rank 0, rendezvous host) cut in epoch 2 of 4", f"{took:.0f} s",
+                     "succeeded on node2+node3 (node2 the new host) from epoch 2's checkpoint"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_tf_goes_on_without_node3(elab) -> None:
+    """The same with MultiWorkerMirroredStrategy: a new TF_CONFIG for the two left."""
+    state, env = elab
+    run_id = start(env, "resnet50-tf")
+    try:
+        took, rec = cut_and_recover(env, state, run_id, 2, 1)
+        assert rec["state"] == "succeeded", rec.get("failure")
+        p2 = rec["periods"][1]
+        assert p2["nodes"] == ["node1", "node2"] and p2["from_epoch"] == 1, p2
+        cfg = json.loads((out_dir(state, 1, run_id).parent / "tf_config.json").read_text())
+        assert len(cfg["cluster"]["worker"]) == 2 and cfg["task"]["index"] == 1
+        epochs = sorted({r["epoch"] for r in records(state, 0, run_id) if r["type"] == "epoch"})
+        assert epochs == [0, 1, 2, 3]
+        ROWS.append(("resnet50-tf, node3's link cut in epoch 2 of 4", f"{took:.0f} s",
+                     "succeeded on node1+node2 (new TF_CONFIG) from epoch 2's checkpoint"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_no_checkpoint_yet_then_a_second_loss_fails_the_run(elab) -> None:
+    """node3 is cut before the first checkpoint: the others start again from step 0 (the record says so);
+    then node2 is cut too: min_nodes 2 is no longer met, the run fails as before and nothing is left running."""
+    state, env = elab
+    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18")
+    try:
+        wait_until(lambda: in_epoch(state, run_id, 0), 400, "node1 training epoch 0", step=0.5)
+        link(state, 2, False)
+        wait_until(lambda: len(saved(env, run_id)["periods"]) == 2 and saved(env, run_id)["state"] == "running"
+                   and saved(env, run_id)["periods"][1]["from_epoch"] is not None, 300, "period 2 resumed", step=1)
+        p2 = saved(env, run_id)["periods"][1]
+        assert p2["from_epoch"] == 0 and p2["from_step"] == 0, p2
+        r = clusterctl("status", run_id, env=env, timeout=120)
+        assert "from step 0 (no checkpoint yet)" in " ".join(r.stdout.split()), r.stdout
+        wait_until(lambda: any(x["type"] == "step" and x.get("time", 0) > p2["started"]
+                               for x in records(state, 1, run_id)), 300, "period 2 training", step=0.5)
+        link(state, 1, False)
+        cut = time.time()
+        wait_until(lambda: saved(env, run_id)["state"] == "failed", 240, "the run failed", step=1)
+        failed = time.time() - cut
+        rec = saved(env, run_id)
+        assert rec["failure"]["node"] == "node2" and len(rec["periods"]) == 2, rec["failure"]
+        wait_until(lambda: not procs_of(run_id, "node1"), 120, "node1 stopped", step=1)
+        link(state, 1, True)
+        link(state, 2, True)
+        wait_until(lambda: not procs_of(run_id, "node2") and not procs_of(run_id, "node3"), 180,
+                   "the cut nodes' leftovers stopped once they are back", step=1)
+        ROWS.append(("node3 cut before the first checkpoint, then node2 cut", f"{failed:.0f} s to the verdict",
+                     "period 2 from step 0 (said so); then failed (min_nodes 2 not met), nothing left running"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+OWN_CKPT = '''"""A user's torchrun program that checkpoints itself (its step, in its run folder on each node)."""
+import datetime, json, os, time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+ckpt = Path("ckpt.json")
+step = torch.tensor([json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0])
+dist.all_reduce(step, op=dist.ReduceOp.MAX)  # the newest any node holds
+step = int(step)
+with open("steps.jsonl", "a") as log:
+    while step < 60:
+        ones = torch.ones(1)
+        dist.all_reduce(ones)
+        step += 1
+        log.write(json.dumps({"step": step, "world": int(ones), "rank": rank,
+                              "period": int(os.environ.get("CLUSTER_PERIOD", "1"))}) + "\\n")
+        log.flush()
+        if os.environ["LOCAL_RANK"] == "0":
+            Path("ckpt.tmp").write_text(json.dumps({"step": step}))
+            os.replace("ckpt.tmp", ckpt)
+        time.sleep(0.4)
+dist.destroy_process_group()
+'''
+
+
+def test_a_users_torchrun_program_goes_on_from_its_own_checkpoint(elab, tmp_path: Path) -> None:
+    """`launcher: torchrun` with the user's own program: it is started again with its new world and
+    CLUSTER_PERIOD, and resumes from the checkpoint it wrote itself."""
+    state, env = elab
+    code = tmp_path / "mine"
+    code.mkdir()
+    (code / "train.py").write_text(OWN_CKPT)
+    rc, rec = clusterctl_json("launch", "--code", str(code), "--detach", "--set", "min_nodes=2", "--",
+                              "python", "train.py", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+    steps = out_dir(state, 0, run_id).parent / "program" / "steps.jsonl"
+    try:
+        wait_until(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 10, 300, "10 steps", step=0.5)
+        link(state, 2, False)
+        cut = time.time()
+        wait_until(lambda: len(saved(env, run_id)["periods"]) == 2 and saved(env, run_id)["state"] != "restarting",
+                   240, "the run's second period", step=1)
+        took = saved(env, run_id)["periods"][1]["started"] - cut
+        wait_until(lambda: saved(env, run_id)["state"] in ("succeeded", "failed", "stopped"), 300, "the end", step=1)
+        rec = saved(env, run_id)
+        assert rec["state"] == "succeeded", rec.get("failure")
+        lines = [json.loads(x) for x in steps.read_text().splitlines()]
+        p1 = [x for x in lines if x["period"] == 1]
+        p2 = [x for x in lines if x["period"] == 2]
+        assert {x["world"] for x in p1} == {3} and {x["world"] for x in p2} == {2}
+        assert p2[0]["step"] > 10 and p2[0]["step"] <= p1[-1]["step"] + 1  # from its checkpoint, not from 0
+        assert p2[-1]["step"] == 60
+        ROWS.append(("a user's torchrun program (its own checkpoint), node3's link cut at step ~10 of 60",
+                     f"{took:.0f} s", f"succeeded on node1+node2, resumed at step {p2[0]['step']}"))
+    finally:
+        cleanup(env, state, run_id)
