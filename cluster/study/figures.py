@@ -98,7 +98,7 @@ class RunFigures:
     dataset: str
     synthetic: bool
     epochs: list[Record]  # rank 0's epoch records: global loss / accuracy / throughput
-    images_per_s: float | None  # median over the epochs after the first (warm-up), else the one epoch
+    images_per_s: float | None  # steady: median over the epochs after the first (warm-up), else the one epoch
     epoch_s: float | None  # the same way
     final_val_acc: float | None
     best_val_acc: float | None
@@ -123,6 +123,11 @@ class RunFigures:
     comm_share_source: str | None = None  # how comm_share was obtained; None: it could not be
     target_acc: float = DEFAULT_TARGET_ACC
     time_to_target_s: float | None = None  # run start -> end of the first epoch with val_acc >= target
+    # end to end: every epoch's samples (once; steps_per_epoch x global_batch of the period that trained it) /
+    # wall_s, so the first epoch, warm-up, evaluation, checkpoints and restart gaps all count
+    trained_samples: float | None = None
+    images_per_s_e2e: float | None = None
+    energy_to_target_kwh: float | None = None  # every node's watts (as energy_kwh) x time_to_target_s
     # what a program wrote to $CLUSTER_METRICS (JSON lines), per node: plotted field by field
     user_metrics: dict[str, list[Record]] = field(default_factory=dict)
     # membership: one period for a run that kept its nodes; the nodes it lost (node -> the record's
@@ -256,7 +261,7 @@ def _periods(record: runs.RunRecord, series: list[SeriesRecords], lead: dict[int
         ends = [t for x in recs if x.get("type") in ("epoch", "end") and (t := _num(x.get("time"))) is not None]
         wall = max(ends) - t0 if t0 is not None and ends and max(ends) >= t0 else None
         ep = [x for x in recs if x.get("type") == "epoch"]
-        samples = sum((_num(x.get("images_per_s")) or 0.0) * (_num(x.get("epoch_s")) or 0.0) for x in ep)
+        samples = sum(epoch_samples(x, start) or 0.0 for x in ep)
         nodes = (_names(rp.get("nodes")) or (run_nodes if len(numbers) == 1 else _start_nodes(series, k))
                  or (run_nodes if k == 1 else []))
         world = _int(start.get("world")) or _int(rp.get("world_size")) or len(nodes) or None
@@ -273,6 +278,31 @@ def _periods(record: runs.RunRecord, series: list[SeriesRecords], lead: dict[int
         lasts = [t for s in series if s.period == k for x in s.records if (t := _num(x.get("time"))) is not None]
         prev_last = max(lasts) if lasts else None
     return out
+
+
+def epoch_samples(epoch: Record, start: Record) -> float | None:
+    """The samples one epoch record trained: steps_per_epoch x global_batch of the start record of the period
+    that wrote it (exact: what the program ran, and what its images_per_s divides), else images_per_s x
+    epoch_s (both rounded in the record: a few samples off); None when neither is recorded."""
+    steps, batch = _int(start.get("steps_per_epoch")), _int(start.get("global_batch"))
+    if steps and batch:
+        return float(steps * batch)
+    ips, secs = _num(epoch.get("images_per_s")), _num(epoch.get("epoch_s"))
+    return ips * secs if ips is not None and secs is not None else None
+
+
+def run_samples(lead: dict[int, list[Record]]) -> float | None:
+    """Every epoch's samples once, from rank 0's records per period (_lead): an epoch redone after a restart
+    counts as its later record (the one the epoch table shows), so the work lost to the restart is wall time
+    without samples. None without epochs, or when an epoch's samples are not recorded."""
+    by_n: dict[Any, float | None] = {}
+    for k in sorted(lead):
+        start = next((x for x in lead[k] if x.get("type") == "start"), {})
+        for x in lead[k]:
+            if x.get("type") == "epoch":
+                by_n[x.get("epoch")] = epoch_samples(x, start)
+    vals = list(by_n.values())
+    return sum(v for v in vals if v is not None) if vals and None not in vals else None
 
 
 def _jsonl(path: Path) -> list[Record]:
@@ -375,7 +405,8 @@ def _node_figures(node: str, by_rank: dict[int, list[Record]], node_dir: Path,
 
 
 def _spread_and_energy(fig: RunFigures, watts: list[float], price_kwh: float | None) -> None:
-    """The straggler and the step-time spread across nodes; energy (and cost) over the wall time."""
+    """The straggler and the step-time spread across nodes; energy (and cost) over the wall time, and the
+    energy to the target accuracy (the same watts over time_to_target_s)."""
     meds = [(p.step_s_median, p.node) for p in fig.per_node if p.step_s_median]
     if len(meds) > 1:
         fig.step_spread = max(meds)[0] / min(meds)[0]
@@ -385,6 +416,8 @@ def _spread_and_energy(fig: RunFigures, watts: list[float], price_kwh: float | N
         measured_all = all(p.watts_source == "measured" for p in fig.per_node)
         fig.energy_source = "measured GPU power" if measured_all else "estimated"
         fig.cost = fig.energy_kwh * price_kwh if price_kwh is not None else None
+    if fig.time_to_target_s is not None:
+        fig.energy_to_target_kwh = sum(w * fig.time_to_target_s for w in watts) / 3.6e6
 
 
 def _communication(fig: RunFigures, start: Record, epochs: list[Record]) -> None:
@@ -444,6 +477,8 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
         cpu_cores_process=_cpu_cores(series), target_acc=target_acc,
         time_to_target_s=time_to_target(epochs, t0, target_acc),
         periods=_periods(record, series, lead, nodes), dropped=record_dropped(record))
+    fig.trained_samples = run_samples(lead)
+    fig.images_per_s_e2e = fig.trained_samples / wall if fig.trained_samples and wall else None
     _communication(fig, start, epochs)
     per_node = [_node_figures(n, by_node[n], base / n, fig.batch, _processes(series, n, len(by_node[n])))
                 for n in nodes]
@@ -542,9 +577,15 @@ def _comm_share(f: RunFigures, one: RunFigures) -> None:
                            f"{one.run_id}")
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], price_kwh: float | None) -> None:
     """Against a one-node run of the same job and settings (among these runs, else any collected one):
-    scaling efficiency, images/s on N nodes / (N x images/s on one), and the communication share."""
+    scaling efficiency, images/s on N nodes / (N x images/s on one), and the communication share; end to
+    end, this run's figure / the one-node run's: e2e images/s (above 1: this run trains faster), time and
+    energy to the target accuracy and wall time (below 1: this run needs less; None where either has none)."""
     pool = _collected_singles(records)
     singles: dict[str, RunFigures] = {f.run_id: f for f in figs if len(f.nodes) == 1}
     for f in figs:
@@ -559,7 +600,13 @@ def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], pric
         if one.images_per_s:
             f.scaling = {"baseline": rid, "baseline_images_per_s": one.images_per_s,
                          "speedup": f.images_per_s / one.images_per_s,
-                         "efficiency": f.images_per_s / (len(f.nodes) * one.images_per_s)}
+                         "efficiency": f.images_per_s / (len(f.nodes) * one.images_per_s),
+                         "baseline_images_per_s_e2e": one.images_per_s_e2e,
+                         "baseline_time_to_target_s": one.time_to_target_s,
+                         "e2e_speedup": _ratio(f.images_per_s_e2e, one.images_per_s_e2e),
+                         "time_to_target_ratio": _ratio(f.time_to_target_s, one.time_to_target_s),
+                         "energy_to_target_ratio": _ratio(f.energy_to_target_kwh, one.energy_to_target_kwh),
+                         "wall_ratio": _ratio(f.wall_s, one.wall_s)}
         _comm_share(f, one)
 
 

@@ -164,26 +164,75 @@ def _reached(f: RunFigures) -> str:
     return "not reached" if f.time_to_target_s is None else f"{f.time_to_target_s:.0f}"
 
 
+def _vs_one(f: RunFigures) -> str:
+    """This run's time to the target / the one-node run's, as a cell: '0.45x' (below 1: this run is faster)."""
+    if not f.scaling or not f.epochs:
+        return "-"
+    ratio = f.scaling.get("time_to_target_ratio")
+    if ratio is not None:
+        return f"{ratio:.2f}x"
+    return "not reached" if f.time_to_target_s is None else "1 node: not reached"
+
+
 def _summary_row(f: RunFigures) -> list[str]:
     predicted = _f(f.predicted_images_per_s) + (f" ({f.images_per_s / f.predicted_images_per_s - 1:+.0%})"
                                                 if f.predicted_images_per_s and f.images_per_s else "")
     return [f.run_id, f.job, f.framework, str(len(f.nodes)), str(f.world), str(f.global_batch),
-            _f(f.images_per_s), _f(f.cpu_cores_process, "{:.2f}"), predicted, _f(f.epoch_s),
-            _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"), _reached(f), _f(f.wall_s, "{:.0f}"),
+            _f(f.images_per_s), _f(f.images_per_s_e2e), _f(f.cpu_cores_process, "{:.2f}"), predicted, _f(f.epoch_s),
+            _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"), _reached(f), _vs_one(f),
+            _f(f.wall_s, "{:.0f}"),
             _f(f.scaling["efficiency"] if f.scaling else None, "{:.2f}"), _f(f.comm_share, "{:.0%}"),
             _mb(f.bytes_sent_per_step), _scheme(f), _f(f.accumulate, "{:d}"), _f(f.step_spread, "{:.2f}"),
             _f(f.energy_kwh, "{:.4f}"), _f(f.cost, "{:.4f}")]
 
 
 def summary_rows(figs: list[RunFigures]) -> tuple[list[str], list[list[str]]]:
-    """One row per run: throughput beside CPU use, accuracy and time to the target accuracy, scaling and
-    communication, energy."""
+    """One row per run: throughput (steady and end to end) beside CPU use, accuracy and time to the target
+    accuracy (also against one node), scaling and communication, energy. SUMMARY_NOTE says which way the
+    ratio goes."""
     target = figs[0].target_acc if figs else DEFAULT_TARGET_ACC
-    head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "CPU cores/proc",
-            "predicted", "epoch s", "final val acc", "best val acc", f"s to val acc {target:g}", "wall s",
+    head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "e2e images/s",
+            "CPU cores/proc", "predicted", "epoch s", "final val acc", "best val acc", f"s to val acc {target:g}",
+            "time to target vs 1 node", "wall s",
             "scaling eff.", "comm. share", "MB sent/step", "compression", "accumulate", "step spread",
             "energy kWh", "cost"]
     return head, [_summary_row(f) for f in figs]
+
+
+SUMMARY_NOTE = ("images/s: steady, the median over the epochs after the first; e2e images/s: every trained "
+                "sample / wall s (the first epoch, warm-up and restarts included). time to target vs 1 node: this "
+                "run's s to the target val acc / that of a one-node run of the same job and settings; below 1x "
+                "this run is faster (0.45x: 2.2x faster), above 1x one node is faster end to end.")
+
+
+def _end_to_end(f: RunFigures) -> str:
+    """The run's end-to-end throughput and, against a one-node run, which is faster to the target: sentences."""
+    if f.images_per_s_e2e is None:
+        return ""
+    s = f.scaling or {}
+    speedup = s.get("e2e_speedup")
+    out = (f"End to end {f.images_per_s_e2e:.1f} images/s (every trained sample / the {f.wall_s or 0:.0f} s wall "
+           f"time, first epoch and any restart included; steady {_f(f.images_per_s)})"
+           + (f", {speedup:.2f}x one node's" if speedup is not None else "") + ". ")
+    if not s:
+        return out
+    rid, target, ratio = s["baseline"], f"{f.target_acc:g}", s.get("time_to_target_ratio")
+    one_faster = ": one node is faster end to end"
+    if ratio is not None:
+        energy = s.get("energy_to_target_ratio")
+        out += (f"It reaches {target} in {ratio:.2f}x the time of one node ({rid})"
+                + (one_faster if ratio > 1 else f": {1 / ratio:.1f}x faster end to end" if ratio < 1
+                   else ": as fast as one node")
+                + (f", with {energy:.2f}x its energy" if energy is not None else "") + ". ")
+    elif f.time_to_target_s is not None:
+        out += f"One node ({rid}) did not reach {target}; this run did. "
+    elif s.get("baseline_time_to_target_s") is not None:
+        out += (f"It does not reach {target}; one node ({rid}) does, after {s['baseline_time_to_target_s']:.0f} s"
+                f"{one_faster}. ")
+    else:
+        out += (f"Neither it nor one node ({rid}) reaches {target}"
+                + (one_faster if speedup is not None and speedup < 1 else "") + ". ")
+    return out
 
 
 def run_line(f: RunFigures) -> str:
@@ -202,11 +251,12 @@ def run_line(f: RunFigures) -> str:
             f"dataset {f.dataset}" + (" (synthetic: accuracy is meaningless)" if f.synthetic else "")
             + f", state {f.state}"
             + (f"; slowest node {f.straggler} (spread {f.step_spread:.2f}x)" if f.straggler else "")
-            + f". {sent}; {comm}. Validation accuracy {f.target_acc:g} {reached}. "
+            + f". {sent}; {comm}. Validation accuracy {f.target_acc:g} {reached}. " + _end_to_end(f)
             + ("CPU use not recorded." if f.cpu_cores_process is None
                else f"{f.cpu_cores_process:.2f} cores busy per training process.")
             + (f" The membership changed: {len(f.periods)} periods (below); world size and batch are period 1's, "
-               "images/s and epoch s the medians over every period's epochs, wall s from period 1's start."
+               "images/s and epoch s the medians over every period's epochs, wall s from period 1's start, e2e "
+               "images/s every epoch's samples once over that wall time."
                if len(f.periods) > 1 else ""))
 
 
@@ -295,13 +345,15 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
              "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "figure{margin:1em 0}figcaption{font-size:13px;color:#444}</style></head><body>",
              f"<h1>{e(_title(figs))}</h1>",
-             f"<p>{len(figs)} run(s). Throughput and epoch time are medians over the epochs after the first; "
+             f"<p>{len(figs)} run(s). Throughput (images/s) and epoch time are medians over the epochs after the "
+             "first; end-to-end throughput (e2e images/s) is every trained sample over the wall time; "
              "scaling efficiency and the communication share compare with a one-node run of the same job and "
              "settings; time to the target accuracy counts from the run's start; energy is "
              + ("measured GPU power plus an estimate for the rest of the PC" if any(
                  f.energy_source != "estimated" for f in figs) else "estimated from the hardware (docs/report.md)")
              + (f"; cost at {price_kwh:g} per kWh" if price_kwh is not None else "") + ".</p>",
-             "<h2>Runs</h2>", *(_html_table(h, r) for h, r in _split(head, rows, "final val acc"))]
+             "<h2>Runs</h2>", *(_html_table(h, r) for h, r in _split(head, rows, "final val acc")),
+             f"<p>{e(SUMMARY_NOTE)}</p>"]
     for f in figs:
         nh, nr = node_rows(f)
         parts.append(f"<h2>{e(f.run_id)}</h2><p>{e(run_line(f))}</p>")
@@ -330,7 +382,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
                          + ["| " + " | ".join(r) + " |" for r in rows])
 
     image_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {_title(figs)}", "", table(*summary_rows(figs)), ""]
+    parts = [f"# {_title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
     for f in figs:
         parts += [f"## {f.run_id}", "", run_line(f), ""]
         if len(f.periods) > 1:

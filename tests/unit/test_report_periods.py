@@ -141,6 +141,18 @@ def test_each_period_has_its_nodes_epochs_throughput_and_what_the_change_cost(ho
     assert d["dropped"]["node1"]["came_back"] == 300.0
 
 
+def test_end_to_end_throughput_counts_the_restart_and_each_epoch_once(home: Path) -> None:
+    """Epoch 0 by three nodes (4 steps x 96), epochs 1 (redone) and 2 by two (4 x 64 each), over the wall time
+    from period 1's start to period 2's end: the gap, the lost epoch 1 and the restart count as time."""
+    _elastic_run()
+    f = report.build([RUN], target_acc=0.9)[0]
+    assert f.trained_samples == 4 * 96 + 2 * 4 * 64
+    assert f.images_per_s_e2e == pytest.approx((4 * 96 + 2 * 4 * 64) / 185.0)
+    assert f.images_per_s == 8.0 and f.images_per_s_e2e < f.images_per_s  # steady: period 2's epochs
+    assert f.energy_to_target_kwh == pytest.approx(f.energy_kwh * 180.0 / 185.0)  # the same watts, 180 s
+    assert "e2e images/s every epoch's samples once" in report.run_line(f)
+
+
 def test_without_the_records_periods_the_start_records_give_them(home: Path) -> None:
     _elastic_run(membership=False)
     f = report.build([RUN])[0]
