@@ -90,15 +90,14 @@ def may_continue(record: records.RunRecord, lost: list[str]) -> bool:
 
 
 def _alive(pid: Any) -> bool:
+    """A process of this head that still runs: a killed watcher nobody has reaped yet (a zombie) is gone."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
 def begin(record: records.RunRecord, lost: list[str], reason: str, now: float) -> None:
@@ -319,7 +318,12 @@ def _running(record: records.RunRecord, request: render.LaunchRequest,
 
     record = records.update(record.run_id, change)
     if record.stopped_by_user:  # the user's stop came during the restart: it wins
-        record = state.stop_and_record(record, list(record.node_dirs()))
+        return state.stop_and_record(record, list(record.node_dirs()))
+    watcher = (record.watcher or {}).get("pid")
+    if watcher is not None and watcher != os.getpid() and not _alive(watcher):  # this process took the restart
+        from cluster.runs import watch  # over from a watcher that died: the run is watched again
+
+        watch.spawn(record.run_id)
     return record
 
 

@@ -173,20 +173,25 @@ def restart(run_dir: Path, period: int, note: str) -> Doc:
     """Start the run again, for membership period `period`, on this surviving node (cluster/runs/elastic.py).
     Refused while a process of the run is alive, and when the user's stop is recorded (a stop the head sent
     to re-form the run says `reform` and does not count). Asked twice for the same period (a lost reply),
-    the second answer is the first start's."""
+    the second answer is the first start's while it runs; a start of that period that was stopped since (the
+    restart was taken over by another process) is started again."""
     with _agent_lock(run_dir) as lock_fd:
         stop_doc = _read_json(run_dir / STOP)
         if stop_doc is not None and not stop_doc.get("reform"):
             return {"ok": False, "stop_requested": True,
                     "error": f"{run_dir} has a stop request (clusterctl stop): not restarted"}
         pid_doc = _read_json(run_dir / "pid.json") or {}
-        if pid_doc.get("period", 1) == period:
-            return {"ok": True, "already": True, **pid_doc}
         left = run_processes(run_dir)
+        if pid_doc.get("period", 1) == period and left and not (run_dir / "exit.json").exists():
+            return {"ok": True, "already": True, **pid_doc}
         if left:
             return {"ok": False, "left": left, "error": f"{len(left)} process(es) of the run still run: stop first"}
         keep = run_dir / "attempts" / f"period-{pid_doc.get('period', 1)}"
-        keep.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while keep.exists():  # that period was started before and stopped again (a restart taken over)
+            n += 1
+            keep = run_dir / "attempts" / f"period-{pid_doc.get('period', 1)}.{n}"
+        keep.mkdir(parents=True)
         for name in ("pid.json", "exit.json", STOP):
             if (run_dir / name).exists():
                 os.replace(run_dir / name, keep / name)

@@ -273,3 +273,59 @@ def test_a_users_torchrun_program_goes_on_from_its_own_checkpoint(elab, tmp_path
                      f"{took:.0f} s", f"succeeded on node1+node2, resumed at step {p2[0]['step']}"))
     finally:
         cleanup(env, state, run_id)
+
+
+def test_the_restart_itself_attacked_a_killed_watcher_then_a_stop(elab, tmp_path: Path) -> None:
+    """min_nodes 1, node1's agent slow to restart (a wrapper sleeps 8 s in `restart`): node3 is cut and the
+    run's watcher is killed in the middle of the restart: the next `status` takes the restart over, the
+    run goes on (period 2) and is watched again. Then node2 is cut and `clusterctl stop` comes while the
+    run is `restarting`: the stop wins, nothing is left running."""
+    import sys
+
+    state, env = elab
+    mark = tmp_path / "mark"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$(hostname)" = node1 ] && [ "$2" = restart ]; then
+  touch {mark}.$4
+  sleep 8
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    code = tmp_path / "mine"
+    code.mkdir()
+    (code / "train.py").write_text(OWN_CKPT.replace("step < 60", "step < 400"))
+    rc, rec = clusterctl_json("launch", "--code", str(code), "--detach", "--set", "min_nodes=1", "--host-set",
+                              f"python={wrapper}", "--", "python", "train.py", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+    steps = out_dir(state, 0, run_id).parent / "program" / "steps.jsonl"
+    try:
+        wait_until(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 5, 300, "5 steps", step=0.5)
+        link(state, 2, False)
+        wait_until(lambda: Path(f"{mark}.2").exists(), 120, "node1's restart under way", step=0.2)
+        assert saved(env, run_id)["state"] == "restarting"
+        watcher = saved(env, run_id)["watcher"]["pid"]
+        os.kill(watcher, signal.SIGKILL)
+        r = clusterctl("status", run_id, env=env, timeout=180)
+        rec = saved(env, run_id)
+        assert r.returncode == 0 and rec["state"] == "running" and len(rec["periods"]) == 2, r.stdout + r.stderr
+        assert rec["periods"][1]["nodes"] == ["node1", "node2"]
+        wait_until(lambda: saved(env, run_id)["watcher"]["pid"] != watcher, 60, "a new watcher", step=0.5)
+        n = len(steps.read_text().splitlines())
+        wait_until(lambda: len(steps.read_text().splitlines()) > n + 3, 120, "period 2 training", step=0.5)
+        # node2 cut: node1 alone (min_nodes 1) is being restarted when the user's stop comes
+        link(state, 1, False)
+        wait_until(lambda: Path(f"{mark}.3").exists(), 120, "node1's second restart under way", step=0.2)
+        rc, st = clusterctl_json("stop", run_id, env=env, timeout=180)
+        wait_until(lambda: saved(env, run_id)["state"] == "stopped", 120, "the run stopped", step=0.5)
+        wait_until(lambda: not procs_of(run_id, "node1"), 60, "nothing of the run on node1", step=0.5)
+        time.sleep(10)  # node1's slow restart has had its answer: still nothing runs there
+        assert not procs_of(run_id, "node1") and saved(env, run_id)["state"] == "stopped"
+        assert len(saved(env, run_id)["periods"]) == 2  # period 3 never ran
+        ROWS.append(("the watcher killed during a restart; then `stop` during the next restart", "-",
+                     "`status` took the restart over (period 2, a new watcher); the stop won: stopped, "
+                     "node1's restart refused, nothing left"))
+    finally:
+        cleanup(env, state, run_id)
