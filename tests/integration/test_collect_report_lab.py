@@ -175,7 +175,9 @@ def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> 
     """With and without fp16 in one command: a setting that only changes the wire runs one node once, the
     baseline of both variants' scaling."""
     state, env, _, home = clab
-    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,fp16", *TINY]
+    # one epoch of 3 steps per cell (six cells, three of them TensorFlow's: the slowest test of the suite before)
+    study = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,fp16", *study]
     rc, res = clusterctl_json(*args, env=env, timeout=2400)
     assert rc == 0, json.dumps(res)[-3000:]
     none, fp16 = "grad_compression=none", "grad_compression=fp16"
