@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "nodes": "all",
     "min_nodes": 0,  # start with at least this many of them when some do not answer; 0: all of them
+    "silent_grace_s": 30,  # a node of a running run silent this long fails it (or, with min_nodes, is left out)
     "procs_per_node": "auto",
     "threads": 0,
     "loader_workers": -1,
@@ -61,9 +62,11 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": 0,
     "log_every": 10,
     # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
-    "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only)
+    "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only) | localsgd (PyTorch only: model averaging)
     "powersgd_rank": 2,
     "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
+    "localsgd_period": 8,  # localsgd: steps between two averagings of the model
+    "localsgd_start_step": 0,  # localsgd: steps of gradient all-reduce first; 0: the warm-up's steps (at least 1)
     "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
     "bucket_mb": 0,  # DDP bucket size in MiB; 0: DDP's default
     "tf_implementation": "auto",  # TF CommunicationOptions: auto | ring | nccl
@@ -77,8 +80,9 @@ DEFAULTS: dict[str, Any] = {
     # false: it ends NODE_FAIL. Slurm's own requeue is what min_nodes is on SSH launches; they ignore it.
     "requeue": False,
 }
-COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "accumulate", "bucket_mb",
-             "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
+COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "localsgd_period", "localsgd_start_step",
+             "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
+LOCALSGD_KEYS = ("localsgd_period", "localsgd_start_step")  # passed to the program only with grad_compression: localsgd
 # what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
 # run whatever they say (accumulate is not among them: it changes the optimizer's steps)
 WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
@@ -102,9 +106,12 @@ NUMBERS: dict[str, Range] = {
     "log_every": Range(1, 10**6, integer=True),
     "port": Range(0, 65535, integer=True),
     "min_nodes": Range(0, 4096, integer=True),
+    "silent_grace_s": Range(5, 3600),
     "procs_per_node": Range(1, 64, integer=True),  # or auto
     "powersgd_rank": Range(1, 1024, integer=True),
     "powersgd_start_step": Range(0, 10**9, integer=True),
+    "localsgd_period": Range(2, 10**6, integer=True),  # 1 would average the model every step: more bytes than DDP
+    "localsgd_start_step": Range(0, 10**9, integer=True),
     "accumulate": Range(1, 1024, integer=True),
     "bucket_mb": Range(0, 4096),
     "tf_bytes_per_pack": Range(0, 2**30, integer=True),
@@ -160,6 +167,8 @@ class JobSpec:
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
         for key in ("model", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+            if key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd":
+                continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
                 args += ["--" + key.replace("_", "-"), s[key]]
         if s["shares"]:
@@ -465,17 +474,27 @@ class _Checks:
 
     def communication(self, s: dict[str, Any]) -> None:
         """The communication settings (docs/jobs.md "Communication")."""
-        if s["grad_compression"] not in ("none", "fp16", "powersgd"):
+        if s["grad_compression"] not in ("none", "fp16", "powersgd", "localsgd"):
+            # (the message's list is the gradient compressions; local SGD, model averaging, is in the fix)
             self.fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
-                      "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation")
+                      "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation; "
+                      "localsgd (PyTorch) all-reduces the model every localsgd_period steps instead of the "
+                      "gradients every step")
         if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
             self.fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
                       "use grad_compression: fp16 with tensorflow, or framework: pytorch")
+        if s["grad_compression"] == "localsgd" and s["framework"] == "tensorflow":
+            self.fail("grad_compression", "localsgd is implemented for PyTorch only (torch's post-local SGD hook and "
+                      "model averager); train_tf.py does not average the model periodically",
+                      "use grad_compression: none or fp16 with tensorflow (fp16 halves the bytes), or "
+                      "framework: pytorch for local SGD")
         self.number("powersgd_rank", s["powersgd_rank"])
         self.number("powersgd_start_step", s["powersgd_start_step"])
         if s["powersgd_start_step"] == 1:
             self.fail("powersgd_start_step", "PowerSGD cannot start at step 1 (DDP rebuilds its buckets after it)",
                       "powersgd_start_step: 0 (clusterctl's default, docs/jobs.md) or >= 2")
+        self.number("localsgd_period", s["localsgd_period"])
+        self.number("localsgd_start_step", s["localsgd_start_step"])
         self.number("accumulate", s["accumulate"])
         self.number("bucket_mb", s["bucket_mb"])
         if s["tf_implementation"] not in ("auto", "ring", "nccl"):
@@ -496,6 +515,7 @@ class _Checks:
         if s["amp"] not in ("auto", "on", "off"):
             self.fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
         self.number("min_nodes", s["min_nodes"])
+        self.number("silent_grace_s", s["silent_grace_s"])
         nodes = s["nodes"]
         if not (isinstance(nodes, str) and nodes) and not (
                 isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):

@@ -164,6 +164,8 @@ def refused(a: argparse.Namespace) -> str | None:
     """What this program does not accept (wlcommon.parse_args)."""
     if a.accumulate < 1 or a.powersgd_rank < 1 or a.collective_timeout_s < 0 or a.bucket_mb < 0:
         return "--accumulate and --powersgd-rank must be >= 1, --collective-timeout-s and --bucket-mb >= 0"
+    if a.localsgd_period < 2 or a.localsgd_start_step < 0:
+        return "--localsgd-period must be >= 2 (1 is plain DDP at more bytes), --localsgd-start-step >= 0"
     return None
 
 
@@ -223,15 +225,19 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
         dist.all_gather_object(batches, batch)
     plan = wlcommon.plan_batches(a, batch, batches, len(data.ds.x_train))
     psgd_start = wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs)
+    lsgd_start = torchcomm.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs)
     comp = torchcomm.setup_compression(ddp, a.grad_compression, proc.world, proc.backend, a.powersgd_rank, psgd_start,
-                             step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s)
-    psgd = comp.kind == "powersgd"
+                             step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s,
+                             localsgd_period=a.localsgd_period, localsgd_start=lsgd_start)
+    psgd, lsgd = comp.kind == "powersgd", comp.kind == wlcommon.LOCAL_SGD
     metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
                                          device=str(proc.device), amp=amp, start_step=step),
                   torch=torch.__version__, threads=torch.get_num_threads(),
                   interop_threads=torch.get_num_interop_threads(), loader_workers=workers, backend=proc.backend,
                   collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
                   powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
+                  localsgd_period=a.localsgd_period if lsgd else None,
+                  localsgd_start_step=lsgd_start if lsgd else None,
                   **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, **comp.volume)
     return Training(a, proc, data, model, ddp, opt, torch.amp.GradScaler("cuda") if amp else None, plan,
                     wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step)
@@ -239,7 +245,8 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
 
 def train_epoch(t: Training, epoch: int) -> None:
     """One epoch's steps, its evaluation and its record; then LOCAL_RANK 0 of every node saves the
-    checkpoint (all ranks hold the same model and optimizer state after the step's all-reduce)."""
+    checkpoint (all ranks hold the same model and optimizer state after the step's all-reduce; with
+    local SGD after the sync that ends its last step, torchcomm.LocalSGD)."""
     a, proc, data, plan = t.a, t.proc, t.data, t.plan
     order = wlcommon.epoch_order(len(data.xtr), a.seed, epoch)
     mine = order[wldata.shard(len(order), proc.rank, proc.world)]
@@ -256,10 +263,15 @@ def train_epoch(t: Training, epoch: int) -> None:
         x, y = x.to(proc.device, non_blocking=True), y.to(proc.device, non_blocking=True)
         return (x.contiguous(memory_format=torch.channels_last), y) if proc.cuda else (x, y)
 
+    left = [plan.steps_per_epoch]  # the epoch's steps still to run
+
     def train(batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> wlmetrics.StepOutcome:
         x, y = batch
         sent = t.comp.bytes_sent_ring()
         loss = train_step(t.ddp, t.opt, x, y, lr, t.scaler, t.weight, plan.accumulate)
+        left[0] -= 1
+        if isinstance(t.comp, torchcomm.LocalSGD):  # the model averaged every H steps, all equal at the epoch's end
+            sent += t.comp.after_step(t.opt, epoch_end=left[0] == 0)
         return wlmetrics.StepOutcome(loss.item(), len(y), sent)  # item(): waits for the step and its all-reduce
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
@@ -274,7 +286,7 @@ def train_epoch(t: Training, epoch: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = wlcommon.parse_args(__doc__, argv, refused)
+    a = wlcommon.parse_args(__doc__, argv, refused, local_sgd=True)
     cpu = wlmetrics.CpuMeter()
     proc = setup_process(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), proc.rank, "pytorch")

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
-COMPRESSIONS = ("none", "fp16", "powersgd")
+COMPRESSIONS = ("none", "fp16", "powersgd")  # gradient compressions (what the study's comm model prices)
+# not a gradient compression: the model all-reduced every --localsgd-period steps (PyTorch only, torchcomm.py)
+LOCAL_SGD = "localsgd"
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -46,13 +48,19 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "on GPU nodes, 0 on CPU-only nodes (whose cores do the training)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
-    ap.add_argument("--grad-compression", default="none", choices=list(COMPRESSIONS),
+    ap.add_argument("--grad-compression", default="none", choices=[*COMPRESSIONS, LOCAL_SGD],
                     help="gradients on the wire: none (float32), fp16 (cast for the all-reduce and back), "
-                    "powersgd (PyTorch only: low-rank with error feedback and warm start)")
+                    "powersgd (PyTorch only: low-rank with error feedback and warm start); localsgd (PyTorch "
+                    "only): post-local SGD, the model averaged every --localsgd-period steps instead")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
                     "warm-up and after 1000 steps (torch's default), capped at half the run")
+    ap.add_argument("--localsgd-period", type=int, default=8,
+                    help="localsgd: optimizer steps between two averagings of the model (>= 2)")
+    ap.add_argument("--localsgd-start-step", type=int, default=0,
+                    help="localsgd: optimizer steps of plain gradient all-reduce before local SGD starts; "
+                    "0: the learning-rate warm-up's steps, at least 1")
     ap.add_argument("--accumulate", type=int, default=1,
                     help="micro-batches per optimizer step: one all-reduce per ACCUMULATE batches of --batch")
     ap.add_argument("--bucket-mb", type=float, default=0.0,
@@ -68,13 +76,17 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parse_args(doc: str | None, argv: list[str] | None,
-               refused: Callable[[argparse.Namespace], str | None]) -> argparse.Namespace:
+               refused: Callable[[argparse.Namespace], str | None], local_sgd: bool = False) -> argparse.Namespace:
     """A program's settings (add_args); `refused` says what that program cannot do with them, which
-    ends it as argparse's usage errors do (exit status 2)."""
+    ends it as argparse's usage errors do (exit status 2). --grad-compression localsgd only where the
+    program says it implements it (`local_sgd`: train_torch.py)."""
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     add_args(ap)
     a = ap.parse_args(argv)
     problem = refused(a)
+    if not problem and a.grad_compression == LOCAL_SGD and not local_sgd:
+        problem = (f"--grad-compression {LOCAL_SGD} is implemented for PyTorch only (train_torch.py: torch's "
+                   "post-local SGD); use none or fp16 here")
     if problem:
         ap.error(problem)
     return a

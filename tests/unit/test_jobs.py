@@ -96,3 +96,47 @@ def test_the_bounds_keep_the_values_people_use() -> None:
     spec = jobs.load("resnet50-ddp", ["optimizer.lr=10", "optimizer.momentum=0.99", "batch=65536", "bucket_mb=1000",
                                       "collective_timeout_s=86400", "seed=4294967295", "tf_bytes_per_pack=4194304"])
     assert spec["optimizer"]["lr"] == 10 and spec["batch"] == 65536 and spec["bucket_mb"] == 1000
+
+
+def test_localsgd_settings_reach_the_program_only_with_local_sgd() -> None:
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "workloads"))
+    import wlcommon
+
+    ap = argparse.ArgumentParser()
+    wlcommon.add_args(ap)
+    spec = jobs.load("resnet50-ddp", ["grad_compression=localsgd", "localsgd_period=16", "localsgd_start_step=50"])
+    a = ap.parse_args(spec.program_args("/d/x.npz", "out"))
+    assert (a.grad_compression, a.localsgd_period, a.localsgd_start_step) == ("localsgd", 16, 50)
+    default = jobs.load("resnet50-ddp", ["grad_compression=localsgd"]).program_args("/d/x.npz", "out")
+    assert not any(x.startswith("--localsgd") for x in default)  # the defaults are the program's (8, 0)
+    other = jobs.load("resnet50-ddp", ["grad_compression=fp16", "localsgd_period=16"]).program_args("/d/x.npz", "out")
+    assert not any(x.startswith("--localsgd") for x in other)  # another scheme: not passed
+
+
+@pytest.mark.parametrize("job, override, field, message", [
+    ("resnet50-ddp", "localsgd_period=1", "localsgd_period", "expected a whole number >= 2, got 1"),
+    ("resnet50-ddp", "localsgd_period=2.5", "localsgd_period", "expected a whole number >= 2"),
+    ("resnet50-ddp", "localsgd_period=often", "localsgd_period", "expected a whole number >= 2"),
+    ("resnet50-ddp", "localsgd_start_step=-1", "localsgd_start_step", "expected a whole number >= 0"),
+    ("resnet50-ddp", "localsgd_start_step=.nan", "localsgd_start_step", "expected a whole number >= 0"),
+    ("resnet50-tf", "grad_compression=localsgd", "grad_compression", "localsgd is implemented for PyTorch only"),
+])
+def test_bad_localsgd_settings_name_the_field_and_a_fix(job: str, override: str, field: str, message: str) -> None:
+    with pytest.raises(JobError) as e:
+        jobs.load(job, [override])
+    assert e.value.field == field and e.value.file == "command line (--set)"
+    assert message in e.value.message and e.value.exit_code == 2 and e.value.fix
+    if field == "grad_compression":  # the fix says what TensorFlow can do instead
+        assert "fp16" in e.value.fix and "framework: pytorch" in e.value.fix
+    else:
+        assert f"{field} is {jobs.NUMBERS[field]}" in e.value.fix
+
+
+def test_localsgd_is_named_in_the_fix_of_an_unknown_scheme() -> None:
+    with pytest.raises(JobError) as e:
+        jobs.load("resnet50-ddp", ["grad_compression=local"])
+    assert "localsgd" in (e.value.fix or "")
+    assert jobs.load("resnet50-ddp", ["grad_compression=localsgd"])["grad_compression"] == "localsgd"
