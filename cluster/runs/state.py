@@ -36,6 +36,14 @@ SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed on
 AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
 
 
+def grace(record: records.RunRecord) -> float:
+    """How long a node may be silent before it fails the run (or is dropped from it): the job's
+    `silent_grace_s`, else UNREACHABLE_GRACE_S. Kept in the record, so every judge of the run agrees."""
+    value = (record.settings or {}).get("silent_grace_s")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
+        else UNREACHABLE_GRACE_S
+
+
 def _obj(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
@@ -139,7 +147,7 @@ def poll(record: records.RunRecord, group: Group | None = None, lines: int = 20)
 def judge(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:
     """The run's state from its nodes': any failure fails it, all succeeded succeeds it.
 
-    A node silent (unreachable or unanswered) for UNREACHABLE_GRACE_S since it last answered fails the
+    A node silent (unreachable or unanswered) for the grace (`grace`) since it last answered fails the
     run; the clock is kept in the record, so it runs across `status` calls and processes."""
     now = time.time() if now is None else now
     start = record.started or record.created
@@ -148,7 +156,7 @@ def judge(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float
             record.last_seen[n] = now
     failed = [s for s in statuses.values() if s.state in FAILED_STATES]
     lost = sorted(n for n, s in statuses.items()
-                  if s.state in SILENT_STATES and now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S)
+                  if s.state in SILENT_STATES and now - record.last_seen.get(n, start) >= grace(record))
     if failed or lost:
         if record.failure is None:
             first = min(failed, key=lambda s: s.ended or now) if failed else statuses[lost[0]]
@@ -195,7 +203,7 @@ def _lost(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float
 
     start = record.started or record.created
     silent = [n for n, s in statuses.items() if s.state in SILENT_STATES]
-    gone = [n for n in silent if now - record.last_seen.get(n, start) >= UNREACHABLE_GRACE_S]
+    gone = [n for n in silent if now - record.last_seen.get(n, start) >= grace(record)]
     if gone:
         return gone if elastic.may_continue(record, gone) else None
     if silent and any(s.state in FAILED_STATES for s in statuses.values()) and elastic.may_continue(record, silent):
