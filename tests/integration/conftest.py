@@ -73,6 +73,24 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float =
     return time.monotonic() - t0
 
 
+def procs_of(run_id: str, node: str) -> list[int]:
+    """Live processes whose environment carries the run and the node (as the node agent finds them)."""
+    out = []
+    tags = (f"CLUSTER_RUN_ID={run_id}".encode(), f"CLUSTER_NODE_NAME={node}".encode())
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        if tags[0] in env and tags[1] in env:
+            out.append(int(p.name))
+    return out
+
+
 @pytest.fixture(scope="session")
 def lab3(tmp_path_factory: pytest.TempPathFactory):
     with lab_up(tmp_path_factory, "a", 3, 0) as (state, _):

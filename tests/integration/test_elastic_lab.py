@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark, wait_until  # noqa: F401
+from tests.integration.conftest import (clusterctl, clusterctl_json, procs_of, provisioned_lab,  # noqa: F401
+                                        pytestmark, wait_until)
 
 # tiny, and long enough to cut a link in the middle: 3 epochs of 6 steps, ResNet18 (ResNet50 for TF) on 32-pixel
 # digits; a node silent for 15 s is lost (the default 30 s would cost each test 15 s more for the same paths)
@@ -56,23 +57,6 @@ def records(state, i: int, run_id: str) -> list[dict[str, Any]]:
 def in_epoch(state, run_id: str, epoch: int) -> bool:
     """Node 1 has stepped in `epoch` (and, after epoch 0, written the epoch before and its checkpoint)."""
     return any(r["type"] == "step" and r["epoch"] == epoch for r in records(state, 0, run_id))
-
-
-def procs_of(run_id: str, node: str) -> list[int]:
-    out = []
-    tags = (f"CLUSTER_RUN_ID={run_id}".encode(), f"CLUSTER_NODE_NAME={node}".encode())
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            env = (p / "environ").read_bytes().split(b"\0")
-            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-        except OSError:
-            continue
-        if tags[0] in env and tags[1] in env:
-            out.append(int(p.name))
-    return out
 
 
 def link(state, i: int, up: bool) -> None:

@@ -19,8 +19,8 @@ import pytest
 
 from cluster.runs import launch
 from tests.conftest import ROOT
-from tests.integration.conftest import (clusterctl, clusterctl_json, provisioned_lab, pytestmark,  # noqa: F401
-                                        wait_until)
+from tests.integration.conftest import (clusterctl, clusterctl_json, procs_of, provisioned_lab,  # noqa: F401
+                                        pytestmark, wait_until)
 
 LONG = ["--set", "epochs=200", "--set", "threads=1", "--set", "log_every=1", "--set", "batch=8"]
 ROWS: list[tuple[str, str, str, str]] = []
@@ -32,24 +32,6 @@ def flab(tmp_path_factory: pytest.TempPathFactory):
     print("\n| fault | stage | time to verdict | outcome |\n|---|---|---|---|")
     for row in ROWS:
         print("| " + " | ".join(row) + " |")
-
-
-def procs_of(run_id: str, node: str) -> list[int]:
-    """Live processes whose environment carries the run and the node (as the node agent finds them)."""
-    out = []
-    tags = (f"CLUSTER_RUN_ID={run_id}".encode(), f"CLUSTER_NODE_NAME={node}".encode())
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            env = (p / "environ").read_bytes().split(b"\0")
-            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-        except OSError:
-            continue
-        if tags[0] in env and tags[1] in env:
-            out.append(int(p.name))
-    return out
 
 
 def saved(env: dict[str, str], run_id: str) -> dict:
