@@ -19,7 +19,8 @@ from cluster.lab import lifecycle
 from tests.conftest import ROOT
 from tests.integration.conftest import clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
-TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1"]
+# batch 8: what is tested is the same at any batch, and ResNet50 steps at 32 on one thread cost minutes in CI
+TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1", "--set", "batch=8"]
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,8 @@ def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> 
     baseline of both variants' scaling."""
     state, env, _, home = clab
     # one epoch of 3 steps per cell (six cells, three of them TensorFlow's: the slowest test of the suite before)
-    study = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+    study = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1",
+             "--set", "batch=8"]
     args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,fp16", *study]
     rc, res = clusterctl_json(*args, env=env, timeout=2400)
     assert rc == 0, json.dumps(res)[-3000:]
