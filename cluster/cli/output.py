@@ -28,7 +28,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # messages stay who
 
 # How a run's (or a node's) state is coloured wherever it is shown.
 RUN_STYLE = {"running": "yellow", "starting": "yellow", "restarting": "yellow", "succeeded": "green", "failed": "red",
-             "stopped": "magenta", "stopping": "magenta", "vanished": "red", "unreachable": "red", "missing": "red", "not started": "dim"}
+             "stopped": "magenta", "stopping": "magenta", "vanished": "red", "unreachable": "red", "missing": "red",
+             "not started": "dim"}
 
 
 def emit_json(data: Any) -> None:

@@ -171,7 +171,8 @@ def reform(record: records.RunRecord) -> records.RunRecord:
             try:
                 request, batches = _request(group, record, hosts)
             except ClusterError as e:
-                return _fail(record, f"cannot restart without {', '.join((record.reform or {}).get('lost', []))}: {e}")
+                lost = ", ".join((record.reform or {}).get("lost", []))
+                return _fail(record, f"cannot restart without {lost}: {e}")
             _upload(group, record, request)
             started = _restart(group, record, request)
             bad = {n: why for n, why in started.items() if why}
