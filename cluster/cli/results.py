@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 VERDICT_EXIT = {"ok": errors.EXIT_OK, "failed": errors.EXIT_FAILED, "unreachable": errors.EXIT_UNREACHABLE}
 # the terminal gets the columns a comparison needs; the pages have them all
-REPORT_COLUMNS = ("run", "framework", "nodes", "images/s", "epoch s", "final val acc", "best val acc", "scaling eff.",
-                  "energy kWh")
+REPORT_COLUMNS = ("run", "framework", "nodes", "images/s", "e2e images/s", "epoch s", "final val acc", "best val acc",
+                  "time to target vs 1 node", "scaling eff.", "energy kWh")
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
