@@ -122,6 +122,16 @@ def test_ddp_goes_on_without_node3_from_the_last_checkpoint(elab) -> None:
         wait_until(lambda: not procs_of(run_id, "node3"), 120, "node3's leftovers stopped", step=1)
         wait_until(lambda: saved(env, run_id)["dropped"]["node3"]["came_back"], 120, "node3 noted back", step=1)
         assert saved(env, run_id)["state"] == "succeeded"
+        # collected, the report gives each period its figures and says why node3 is out
+        rc, _ = clusterctl_json("collect", run_id, env=env, timeout=300)
+        assert rc == 0
+        md = Path(env["CLUSTERCTL_HOME"]) / "elastic.md"
+        r = clusterctl("report", run_id, "--markdown", str(md), env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        page = md.read_text()
+        assert "### Membership periods" in page and "node3 dropped at" in page and "kept out of this run" in page
+        rows = [x for x in page.splitlines() if x.startswith(("| 1 |", "| 2 |"))]
+        assert len(rows) == 2 and "node1, node2, node3" in rows[0] and "| node1, node2 |" in rows[1], rows
         ROWS.append(("resnet50-ddp, node3's link cut in epoch 2 of 3 (min_nodes 2)", f"{took:.0f} s",
                      "succeeded on node1+node2 from epoch 2's checkpoint; node3 kept out when it came back"))
     finally:
