@@ -360,17 +360,20 @@ def wait_for_all_workers(world: int, name: str = "clusterctl-exit") -> None:
         context.context().wait_at_barrier(name, 300_000)  # the coordination service's barrier
 
 
-CKPT_PREFIX = "ckpt"  # OUT/checkpoint/ckpt.index, ckpt.data-*; OUT/checkpoint/checkpoint names it
+CKPT_SLOTS = ("ckpt-a", "ckpt-b")  # OUT/checkpoint/ckpt-?.index, .data-*; OUT/checkpoint/checkpoint names the last
 
 
 def save_checkpoint(ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> None:
     """Every worker writes the whole checkpoint into its own OUT/checkpoint/ (MWMS needs all of them to
     take part: reading the sync-on-read BatchNorm statistics is a collective), so every node holds every
-    checkpoint and whichever nodes survive a failure can resume. Then the index file that
-    tf.train.latest_checkpoint reads, replaced atomically."""
-    ckpt.write(str(ckpt_dir / CKPT_PREFIX))
+    checkpoint and whichever nodes survive a failure can resume. TF writes a checkpoint's files in place,
+    so it goes to the slot the index does not name, and only then is the index (what
+    tf.train.latest_checkpoint reads) replaced atomically: a crash mid-write leaves the last one whole."""
+    last = tf.train.latest_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    slot = CKPT_SLOTS[1] if last and Path(last).name == CKPT_SLOTS[0] else CKPT_SLOTS[0]
+    ckpt.write(str(ckpt_dir / slot))
     tmp = ckpt_dir / "checkpoint.tmp"
-    tmp.write_text(f'model_checkpoint_path: "{CKPT_PREFIX}"\nall_model_checkpoint_paths: "{CKPT_PREFIX}"\n')
+    tmp.write_text(f'model_checkpoint_path: "{slot}"\nall_model_checkpoint_paths: "{slot}"\n')
     os.replace(tmp, ckpt_dir / "checkpoint")
 
 

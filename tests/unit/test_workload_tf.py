@@ -140,3 +140,31 @@ def test_tf_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) ->
     assert [r["lr"] for r in a if r["type"] == "step" and r["epoch"] == 1] == \
            [r["lr"] for r in resumed if r["type"] == "step" and r["epoch"] == 1]  # part of epoch 1 already
     assert abs(last_a["train_loss"] - last_b["train_loss"]) < 1e-4 * max(1.0, abs(last_a["train_loss"]))
+
+
+def test_a_checkpoint_goes_to_the_slot_the_index_does_not_name(tmp_path: Path) -> None:
+    """TF writes a checkpoint's files in place: a save cut short must leave the last whole one named by the
+    index. Two saves use both slots; a torn slot that the index does not name is never read."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "cluster" / "workloads")!r})
+from pathlib import Path
+import tensorflow as tf
+import train_tf
+d = Path({str(tmp_path)!r}) / "checkpoint"
+v = tf.Variable(1.0)
+ck = tf.train.Checkpoint(v=v)
+train_tf.save_checkpoint(ck, d)
+first = tf.train.latest_checkpoint(str(d))
+v.assign(2.0)
+train_tf.save_checkpoint(ck, d)
+second = tf.train.latest_checkpoint(str(d))
+for f in d.glob(Path(first).name + ".*"):
+    f.write_bytes(b"torn")  # the next save, cut short, would leave this
+v.assign(0.0)
+ck.read(tf.train.latest_checkpoint(str(d))).expect_partial()
+print(Path(first).name, Path(second).name, float(v.numpy()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-3:] == ["ckpt-a", "ckpt-b", "2.0"]
