@@ -475,8 +475,7 @@ class _Checks:
     def communication(self, s: dict[str, Any]) -> None:
         """The communication settings (docs/jobs.md "Communication")."""
         if s["grad_compression"] not in ("none", "fp16", "powersgd", "localsgd"):
-            # (the message's list is the gradient compressions; local SGD, model averaging, is in the fix)
-            self.fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
+            self.fail("grad_compression", f"expected none, fp16, powersgd or localsgd, got {s['grad_compression']!r}",
                       "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation; "
                       "localsgd (PyTorch) all-reduces the model every localsgd_period steps instead of the "
                       "gradients every step")

@@ -40,7 +40,7 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
 
 
 @pytest.mark.parametrize("job, override, field, message", [
-    ("resnet50-ddp", "grad_compression=int8", "grad_compression", "expected none, fp16 or powersgd, got 'int8'"),
+    ("resnet50-ddp", "grad_compression=int8", "grad_compression", "expected none, fp16, powersgd or localsgd, got 'int8'"),
     ("resnet50-tf", "grad_compression=powersgd", "grad_compression", "powersgd is implemented for PyTorch"),
     ("resnet50-ddp", "powersgd_rank=0", "powersgd_rank", "expected a whole number >= 1"),
     ("resnet50-ddp", "powersgd_start_step=1", "powersgd_start_step", "cannot start at step 1"),
