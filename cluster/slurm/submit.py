@@ -108,6 +108,9 @@ def refuse_unsupported(spec: JobSpec) -> None:
     if spec.settings.get("min_nodes", 0) != DEFAULTS.get("min_nodes", 0):
         raise JobError(file, None, "min_nodes", "a Slurm job gets all of its nodes or waits for them",
                        "requeue: true lets Slurm requeue the job when a node fails (docs/slurm.md)")
+    if spec.settings.get("silent_grace_s") != DEFAULTS["silent_grace_s"]:
+        raise JobError(file, None, "silent_grace_s", "Slurm judges a silent node itself (its SlurmdTimeout)",
+                       "leave silent_grace_s out for a Slurm run")
     if spec["shares"]:
         raise JobError(file, None, "shares", "batch shares name the inventory's PCs, not a cluster's nodes",
                        "leave shares out for a Slurm run (every worker takes `batch`)")

@@ -123,7 +123,8 @@ def test_bad_resources_are_exit_2_naming_the_option(tmp_path: Path, option: str,
     assert e.value.exit_code == 2 and f"--{option.replace('_', '-')}" in str(e.value)
 
 
-@pytest.mark.parametrize("sets, field", [(["min_nodes=2"], "min_nodes"), (["shares={pc1: 8, pc2: 8}"], "shares")])
+@pytest.mark.parametrize("sets, field", [(["min_nodes=2"], "min_nodes"), (["shares={pc1: 8, pc2: 8}"], "shares"),
+                                         (["silent_grace_s=60"], "silent_grace_s")])
 def test_what_a_slurm_job_does_otherwise_is_refused(tmp_path: Path, sets: list[str], field: str) -> None:
     with pytest.raises(JobError) as e:
         prepare(tmp_path, sets=sets)
