@@ -76,5 +76,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shown = escape(nodes.removesuffix(RECOMMENDED)) + (" [green](recommended)[/]" if mark else "")
         t.add_row(shown, *(escape(c) for c in rest))
     out.print(t)
+    said = placement.verdict(choice)
+    if said:
+        out.print(escape(said) + " (predicted: training steps only, docs/planning.md)")
     out.print(f"apply it: clusterctl launch {choice.job} --plan")
     return errors.EXIT_OK

@@ -72,6 +72,10 @@ class Placement:
     accumulate: int = 1
     bytes_per_step: int | None = None
     warnings: list[str] = field(default_factory=list)
+    # end to end over the job's epochs (training steps; PowerSGD's fp16 phase before it starts included):
+    # what the recommendation ranks by where the job's length is known (Workload.epochs)
+    run_s: float | None = None
+    e2e_images_per_s: float | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -83,7 +87,7 @@ class Placement:
                 "step_s": self.step_s, "comm_s": self.comm_s, "epoch_s": self.epoch_s,
                 "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -93,7 +97,9 @@ class Placement:
                    None if d.get("epoch_s") is None else float(d["epoch_s"]),
                    str(d.get("grad_compression", "none")), int(d.get("powersgd_rank", 2)),
                    int(d.get("accumulate", 1)), None if d.get("bytes_per_step") is None else int(d["bytes_per_step"]),
-                   [str(w) for w in d.get("warnings") or []])
+                   [str(w) for w in d.get("warnings") or []],
+                   None if d.get("run_s") is None else float(d["run_s"]),
+                   None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]))
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,10 @@ class Workload:
     bucket_mb: float = 0.0
     schemes: tuple[Scheme, ...] = (Scheme(),)
     train_samples: int | None = None
+    # the job's length, for the end-to-end figures (None: steady figures only, as plans before them)
+    epochs: int | None = None
+    warmup_epochs: float = 1.0
+    powersgd_start_step: int = 0
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -211,9 +221,32 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     t_plan, wait = step_time(shares, speeds, network, work, scheme)
     epoch = (work.train_samples // total) * t_plan if work.train_samples else None
     sent = commmodel.wire_bytes(work.shapes, scheme, len(nodes)) if len(nodes) > 1 else 0
+    run = _run_s(shares, speeds, network, work, scheme, t_plan)
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
                      scheme.grad_compression, scheme.powersgd_rank, scheme.accumulate, sent,
-                     commmodel.warnings(scheme, total, work.train_samples, base))
+                     commmodel.warnings(scheme, total, work.train_samples, base),
+                     run[0] if run else None, run[1] if run else None)
+
+
+def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
+           scheme: Scheme, t_plan: float) -> tuple[float, float] | None:
+    """(seconds, images/s) of the job's training steps end to end: every epoch at the step time, except
+    PowerSGD's first steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up
+    and 1000 steps, at most half the run): on a slow link that phase is where the time goes."""
+    if not work.train_samples or not work.epochs:
+        return None
+    total = scheme.accumulate * sum(shares.values())
+    per_epoch = work.train_samples // total
+    steps = per_epoch * work.epochs
+    if not steps:
+        return None
+    seconds = steps * t_plan
+    if scheme.grad_compression == "powersgd" and len(shares) > 1:
+        first = min(steps, wlcommon.powersgd_start(work.powersgd_start_step, per_epoch, work.warmup_epochs,
+                                                   work.epochs))
+        t_fp16, _ = step_time(shares, speeds, network, work, Scheme("fp16", scheme.powersgd_rank, scheme.accumulate))
+        seconds = first * t_fp16 + (steps - first) * t_plan
+    return seconds, steps * total / seconds
 
 
 def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench | None,
@@ -235,28 +268,51 @@ def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench |
 NEAR_BEST = 0.8  # within this fraction of the fastest, the plan takes the scheme that changes training least
 
 
+def speed(c: Placement) -> float:
+    """What the recommendation ranks by: end to end over the job's epochs where known, else the steady
+    step rate."""
+    return c.e2e_images_per_s if c.e2e_images_per_s is not None else c.planned_images_per_s
+
+
 def recommend(cands: list[Placement]) -> Placement:
     """Among the candidates without an accuracy warning (all, if every one has one), those within 20% of
-    the fastest (a scheme that changes training must buy 25% more throughput); of these the one that
-    changes training least (fewer micro-batches per step, then no compression, fp16, PowerSGD), the
-    fastest of equals."""
+    the fastest end to end (a scheme that changes training must buy 25% more throughput); of these the one
+    that changes training least (fewer micro-batches per step, then no compression, fp16, PowerSGD), the
+    fastest of equals. One node is a candidate like any other: where it is fastest, it is the answer."""
     safe = [c for c in cands if not c.warnings] or cands
-    top = max(c.planned_images_per_s for c in safe)
-    near = [c for c in safe if c.planned_images_per_s >= NEAR_BEST * top]
+    top = max(speed(c) for c in safe)
+    near = [c for c in safe if speed(c) >= NEAR_BEST * top]
     order = {k: i for i, k in enumerate(wlcommon.COMPRESSIONS)}
-    return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), -c.planned_images_per_s))
+    return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), -speed(c)))
+
+
+def verdict(choice: PlacementChoice) -> str | None:
+    """The plan's answer in a sentence, end to end: the recommended node set against one node alone (or, where
+    one node is recommended, against the fastest set of several). None without the job's length."""
+    rec = choice.recommended
+    one = [c for c in choice.candidates if len(c.nodes) == 1 and c.run_s]
+    many = [c for c in choice.candidates if len(c.nodes) > 1 and c.run_s]
+    if not rec.run_s or not one or not many:
+        return None
+    alone = min(one, key=lambda c: c.run_s or 0.0)
+    best = min(many, key=lambda c: c.run_s or 0.0)
+    if len(rec.nodes) == 1:
+        return (f"one node is fastest end to end: {rec.nodes[0]} alone {rec.run_s:.0f} s for the job's epochs, "
+                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {best.run_s:.0f} s")
+    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}): {rec.run_s:.0f} s for the job's epochs, "
+            f"{(alone.run_s or 0.0) / rec.run_s:.1f}x faster than {alone.nodes[0]} alone ({alone.run_s:.0f} s)")
 
 
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
     with " (recommended)", a scheme with an accuracy warning is marked "!"."""
-    header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "step s",
-              "all-reduce wait s", "MB/step", "epoch s", "shares"]
+    header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "e2e img/s", "run s",
+              "step s", "all-reduce wait s", "MB/step", "epoch s", "shares"]
     rec = choice.recommended
     best: dict[int, Placement] = {}
     for c in choice.candidates:
-        if len(c.nodes) not in best or c.planned_images_per_s > best[len(c.nodes)].planned_images_per_s:
+        if len(c.nodes) not in best or speed(c) > speed(best[len(c.nodes)]):
             best[len(c.nodes)] = c
     shown = [c for c in choice.candidates if c.nodes == rec.nodes or best[len(c.nodes)] is c
              or (c.grad_compression == "none" and c.accumulate == 1)]
@@ -265,7 +321,8 @@ def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
         mark = " (recommended)" if c.nodes == rec.nodes and c.scheme == rec.scheme else ""
         rows.append([",".join(c.nodes) + mark, c.scheme.label() + (" !" if c.warnings else ""),
                      str(c.global_batch), f"{c.even_images_per_s:.1f}", f"{c.planned_images_per_s:.1f}",
-                     f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+                     "-" if c.e2e_images_per_s is None else f"{c.e2e_images_per_s:.1f}",
+                     "-" if c.run_s is None else f"{c.run_s:.0f}", f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
                      "-" if c.bytes_per_step is None else f"{c.bytes_per_step / 1e6:.2f}",
                      f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
     return header, rows
@@ -313,7 +370,8 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
-                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates)), samples)
+                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates)), samples,
+                    int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]))
 
 
 def choice_path(inv: Inventory, job: str) -> Path:

@@ -110,7 +110,8 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
     assert placement.PlacementChoice.from_dict(doc) == choice
     assert list(doc["recommended"]) == ["nodes", "global_batch", "shares", "even_images_per_s",
                                         "planned_images_per_s", "step_s", "comm_s", "epoch_s", "grad_compression",
-                                        "powersgd_rank", "accumulate", "bytes_per_step", "warnings"]
+                                        "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
+                                        "e2e_images_per_s"]
     p = placement.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
@@ -143,4 +144,4 @@ def test_summary_rows_are_the_tables_bench_and_plan_print() -> None:
     assert header[:3] == ["nodes", "scheme", "global batch"] and len(rows) == 2
     assert all(len(r) == len(header) for r in rows)
     assert rows[0][0] == "a (recommended)" and rows[1][0] == "a,b" and rows[0][1] == "none" and rows[0][2] == "16"
-    assert rows[0][3] == f"{16 / 1.0:.1f}" and rows[0][-1] == "a=16" and rows[0][7] == "0.00"
+    assert rows[0][3] == f"{16 / 1.0:.1f}" and rows[0][-1] == "a=16" and rows[0][header.index("MB/step")] == "0.00"
