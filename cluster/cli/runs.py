@@ -141,6 +141,17 @@ def _print_failure(record: RunRecord) -> None:
         out.print(f"logs and metrics stay on the nodes (`clusterctl logs {record.run_id}`)")
 
 
+def _watched(record: RunRecord) -> None:
+    """A run still going whose watcher died (killed, the head rebooted) gets a new one: nobody else would
+    judge it, or go on without a node it loses, while no command runs."""
+    from cluster.runs import elastic
+
+    if record.active and record.watcher and not elastic.alive(record.watcher.get("pid")):
+        from cluster.runs import watch
+
+        watch.spawn(record.run_id)
+
+
 def _run_exit(record: RunRecord) -> int:
     if set(record.stop_pending) & set(record.members()):  # a node it dropped is retried, and said (_print_failure)
         return errors.EXIT_UNREACHABLE
@@ -345,6 +356,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         return slurm_cli.status(args, record)
     record = launch.refresh(record)
+    _watched(record)
     if args.json:
         emit_json(record.to_dict())
     else:

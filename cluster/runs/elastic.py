@@ -22,18 +22,23 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cluster.errors import ClusterError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group
 from cluster.nodes.replies import agent_reply, error_tail
-from cluster.runs import firewall, records, render, state
+from cluster.runs import firewall, records, render
 from cluster.runs.jobs import JobSpec
 from cluster.transport import Transport
 
 STOP_GRACE_S = 10.0
 AGENT_TIMEOUT_S = 30.0
+
+
+# state.stop_and_record, handed in by state.settle (this module is below the run's state machine: it imports
+# nothing of it, so the two never import each other)
+Stop = Callable[[records.RunRecord, list[str]], records.RunRecord]
 
 
 def first_period(record: records.RunRecord, request: render.LaunchRequest) -> dict[str, Any]:
@@ -89,7 +94,7 @@ def may_continue(record: records.RunRecord, lost: list[str]) -> bool:
     return record.target is None and need > 0 and bool(left) and len(left) >= need
 
 
-def _alive(pid: Any) -> bool:
+def alive(pid: Any) -> bool:
     """A process of this head that still runs: a killed watcher nobody has reaped yet (a zombie) is gone."""
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -112,7 +117,7 @@ def begin(record: records.RunRecord, lost: list[str], reason: str, now: float) -
     if record.periods:
         record.periods[-1]["ended"] = now
     watcher = (record.watcher or {}).get("pid")
-    record.reform = {"pid": watcher if _alive(watcher) else os.getpid(), "since": now, "lost": lost,
+    record.reform = {"pid": watcher if alive(watcher) else os.getpid(), "since": now, "lost": lost,
                      "reason": reason}
     record.stop_pending = sorted(set(record.stop_pending) | set(lost))
 
@@ -124,34 +129,17 @@ def claimed(record: records.RunRecord) -> bool:
     pid = record.reform.get("pid")
     if pid == os.getpid():
         return True
-    if _alive(pid):
+    if alive(pid):
         return False
 
     def take(r: records.RunRecord) -> None:
-        if r.state == "restarting" and r.reform is not None and not _alive(r.reform.get("pid")):
+        if r.state == "restarting" and r.reform is not None and not alive(r.reform.get("pid")):
             r.reform["pid"] = os.getpid()
 
     return (records.update(record.run_id, take).reform or {}).get("pid") == os.getpid()
 
 
-def note(record: records.RunRecord, statuses: dict[str, state.NodeStatus], now: float) -> None:
-    """Inside records.update, every poll: a dropped node that answers again came back (and stays out); the
-    current period learns where its programs resumed (their start record)."""
-    for n, d in record.dropped.items():
-        s = statuses.get(n)
-        if s is not None and s.state not in state.SILENT_STATES and d.get("came_back") is None:
-            d["came_back"] = now
-    if not record.periods:
-        return
-    p = record.periods[-1]
-    if p.get("from_epoch") is None:
-        for s in statuses.values():
-            if s.node in p["nodes"] and s.period == p["period"] and s.start_epoch is not None:
-                p["from_epoch"], p["from_step"] = s.start_epoch, s.start_step
-                break
-
-
-def reform(record: records.RunRecord) -> records.RunRecord:
+def reform(record: records.RunRecord, stop: Stop) -> records.RunRecord:
     """Stop the survivors, render and upload their files for the new period, start them again. A survivor
     that cannot be stopped or started is lost too (while min_nodes is met); otherwise the run fails, every
     node stopped. Bounded: one round per node at most."""
@@ -164,7 +152,7 @@ def reform(record: records.RunRecord) -> records.RunRecord:
             stopped = _stop(group, record, hosts)
             bad = {n: why for n, why in stopped.items() if why}
             if bad:
-                record = _drop(record, bad)
+                record = _drop(record, bad, stop)
                 continue
             if records.load(record.run_id).stopped_by_user:
                 return records.load(record.run_id)
@@ -172,17 +160,17 @@ def reform(record: records.RunRecord) -> records.RunRecord:
                 request, batches = _request(group, record, hosts)
             except ClusterError as e:
                 lost = ", ".join((record.reform or {}).get("lost", []))
-                return _fail(record, f"cannot restart without {lost}: {e}")
+                return _fail(record, f"cannot restart without {lost}: {e}", stop)
             _upload(group, record, request)
             started = _restart(group, record, request)
             bad = {n: why for n, why in started.items() if why}
             if records.load(record.run_id).stopped_by_user:  # its stop refused the restart, or comes after it
-                return state.stop_and_record(records.load(record.run_id), list(record.node_dirs()))
+                return stop(records.load(record.run_id), list(record.node_dirs()))
             if bad:
-                record = _drop(record, bad)
+                record = _drop(record, bad, stop)
                 continue
-        return _running(record, request, batches)
-    return _fail(record, "the survivors could not be restarted")
+        return _running(record, request, batches, stop)
+    return _fail(record, "the survivors could not be restarted", stop)
 
 
 def _stop(group: Group, record: records.RunRecord, hosts: list[Host]) -> dict[str, str | None]:
@@ -270,12 +258,12 @@ def _restart(group: Group, record: records.RunRecord, request: render.LaunchRequ
     return out
 
 
-def _drop(record: records.RunRecord, bad: dict[str, str]) -> records.RunRecord:
+def _drop(record: records.RunRecord, bad: dict[str, str], stop: Stop) -> records.RunRecord:
     """More nodes lost during the restart: dropped as well, or the run fails when min_nodes is no longer met."""
     if not may_continue(record, list(bad)):
         n = next(iter(bad))
         return _fail(record, f"{n} {bad[n]}; without it fewer than min_nodes "
-                             f"({record.settings.get('min_nodes')}) nodes are left", n)
+                             f"({record.settings.get('min_nodes')}) nodes are left", stop, n)
     now = time.time()
 
     def change(r: records.RunRecord) -> None:
@@ -288,7 +276,7 @@ def _drop(record: records.RunRecord, bad: dict[str, str]) -> records.RunRecord:
     return records.update(record.run_id, change)
 
 
-def _fail(record: records.RunRecord, reason: str, node: str | None = None) -> records.RunRecord:
+def _fail(record: records.RunRecord, reason: str, stop: Stop, node: str | None = None) -> records.RunRecord:
     def change(r: records.RunRecord) -> None:
         if r.move("failed"):
             lost = (r.reform or {}).get("lost") or [n for n in r.dropped]
@@ -297,11 +285,11 @@ def _fail(record: records.RunRecord, reason: str, node: str | None = None) -> re
         r.reform = None
 
     record = records.update(record.run_id, change)
-    return state.stop_and_record(record, list(record.stop_pending)) if record.stop_pending else record
+    return stop(record, list(record.stop_pending)) if record.stop_pending else record
 
 
-def _running(record: records.RunRecord, request: render.LaunchRequest,
-             batches: dict[str, int] | None) -> records.RunRecord:
+def _running(record: records.RunRecord, request: render.LaunchRequest, batches: dict[str, int] | None,
+             stop: Stop) -> records.RunRecord:
     now = time.time()
     reason = str((record.reform or {}).get("reason"))
     period = _period(len(record.periods) + 1, [n.node for n in request.nodes], request.world_size, reason,
@@ -319,12 +307,7 @@ def _running(record: records.RunRecord, request: render.LaunchRequest,
 
     record = records.update(record.run_id, change)
     if record.stopped_by_user:  # the user's stop came during the restart: it wins
-        return state.stop_and_record(record, list(record.node_dirs()))
-    watcher = (record.watcher or {}).get("pid")
-    if watcher is not None and watcher != os.getpid() and not _alive(watcher):  # this process took the restart
-        from cluster.runs import watch  # over from a watcher that died: the run is watched again
-
-        watch.spawn(record.run_id)
+        return stop(record, list(record.node_dirs()))
     return record
 
 

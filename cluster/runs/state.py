@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.runs import records, render
+from cluster.runs import elastic, records, render
 from cluster.errors import UsageError
 from cluster.nodes.fanout import Group
 from cluster.inventory.model import Host
@@ -195,12 +195,27 @@ def _remember(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> Non
     record.last_status = {**before, **now}  # a dropped node no longer polled keeps its last status
 
 
+def _note_membership(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float) -> None:
+    """Every poll (inside records.update): a dropped node that answers again came back (it stays out); the
+    current membership period learns where its programs resumed (their start record)."""
+    for n, d in record.dropped.items():
+        s = statuses.get(n)
+        if s is not None and s.state not in SILENT_STATES and d.get("came_back") is None:
+            d["came_back"] = now
+    if not record.periods:
+        return
+    p = record.periods[-1]
+    if p.get("from_epoch") is None:
+        for s in statuses.values():
+            if s.node in p["nodes"] and s.period == p["period"] and s.start_epoch is not None:
+                p["from_epoch"], p["from_step"] = s.start_epoch, s.start_step
+                break
+
+
 def _lost(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float) -> list[str] | None:
     """Where the job's min_nodes lets the run go on without a node (cluster/runs/elastic.py): the nodes silent
     past the grace, to continue without; [] to wait, when a node failed while another is silent within the
     grace (the failure may be its peers' answer to a PC going away); None: judge as usual."""
-    from cluster.runs import elastic
-
     start = record.started or record.created
     silent = [n for n, s in statuses.items() if s.state in SILENT_STATES]
     gone = [n for n in silent if now - record.last_seen.get(n, start) >= grace(record)]
@@ -214,10 +229,8 @@ def _lost(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float
 def _apply(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
     """The verdict, written into the newest copy of the record (inside records.update). A run that may go on
     without a lost node is moved to `restarting` instead of failing (cluster/runs/elastic.py)."""
-    from cluster.runs import elastic
-
     now = time.time()
-    elastic.note(record, statuses, now)
+    _note_membership(record, statuses, now)
     if not record.active or record.stopped_by_user or record.state == "restarting":
         _remember(record, statuses)
         return
@@ -250,11 +263,8 @@ def settle(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> record
     A stop not yet confirmed everywhere (a failed run's or the user's) is sent again, every
     STOP_RETRY_S, to the pending nodes that answered this poll: whoever follows the run finishes it."""
     record = records.update(record.run_id, lambda r: _apply(r, statuses))
-    if record.state == "restarting":
-        from cluster.runs import elastic
-
-        if elastic.claimed(record):
-            record = elastic.reform(record)
+    if record.state == "restarting" and elastic.claimed(record):
+        record = elastic.reform(record, stop_and_record)
     if not record.stop_pending:
         return record
     if record.state == "failed" and record.stop_tried is None:  # the verdict just came: stop them all now
@@ -302,11 +312,8 @@ def refresh(record: records.RunRecord) -> records.RunRecord:
     be confirmed on some node."""
     if record.state == "starting" and _launcher_alive(record):
         return record  # its launcher is still uploading; judging now would see no processes yet
-    if record.state == "restarting":
-        from cluster.runs import elastic
-
-        if not elastic.claimed(record):
-            return record  # its watcher is restarting the survivors
+    if record.state == "restarting" and not elastic.claimed(record):
+        return record  # its watcher is restarting the survivors
     if record.active and not record.stopped_by_user:
         return settle(record, poll(record))  # a failure found now is stopped there
     if record.stop_pending:
