@@ -103,7 +103,8 @@ def test_ddp_goes_on_without_node3_from_the_last_checkpoint(elab) -> None:
         p1, p2 = rec["periods"]
         assert p1["nodes"] == ["node1", "node2", "node3"] and p2["nodes"] == ["node1", "node2"]
         assert p2["world_size"] == 2 and p2["from_epoch"] == 1 and p2["from_step"] == 6, p2
-        assert "node3" in p2["reason"] and "unreachable" in p2["reason"]
+        # silent: unreachable (no new connection) or unanswered (a poll under way when the link went down)
+        assert p2["reason"].startswith(("node3 unreachable", "node3 unanswered")), p2["reason"]
         assert rec["dropped"]["node3"]["period"] == 1
         assert sum(p2["node_batch"].values()) == sum(p1["node_batch"].values()) == 24  # the global batch kept
         starts = [r for r in records(state, 0, run_id) if r["type"] == "start"]
