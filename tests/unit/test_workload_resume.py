@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,20 +19,12 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tests.unit.test_workload_tf import _free_ports  # noqa: E402 - its TF workers' ports, as test_workload_tf_comm
+
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
 import wlmetrics  # noqa: E402
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _records(path: Path) -> list[dict]:
