@@ -1,9 +1,11 @@
 """What a training step costs on the wire, per communication scheme (docs/planning.md "Communication").
 
-A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate`. Bytes come from the model's
-real parameter shapes (wlcommon.comm_volume, the figure the training programs record); time from the
-link bench measured (latency per all-reduce + seconds per byte each rank sends); overlap from DDP's
-buckets: gradients all-reduce while backward still computes, all but the last bucket.
+A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (local SGD: x `localsgd_period`).
+Bytes come from the model's real parameter shapes (wlcommon.comm_volume, the figure the training programs
+record); time from the link bench measured (latency per all-reduce + seconds per byte each rank sends);
+overlap from DDP's buckets: gradients all-reduce while backward still computes, all but the last bucket.
+Local SGD sends no gradients: every H-th step all-reduces the whole model once, after the optimizer step
+(nothing hides it), priced here per step as that all-reduce over H.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 BACKWARD_SHARE = 2 / 3  # of the per-sample compute: backward does about twice the forward's FLOPs
 LARGE_BATCH = 1024  # effective global batches above this may need more epochs for the same accuracy
 FEW_STEPS = 20  # optimizer steps per epoch below this: the same epochs make fewer updates
+LONG_PERIOD = 16  # local SGD's periods up to this kept accuracy in Lin et al. (ICLR 2020) and here (H = 8)
 
 RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
            "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
@@ -33,9 +36,15 @@ class Scheme:
     grad_compression: str = "none"
     powersgd_rank: int = 2
     accumulate: int = 1
+    localsgd_period: int = 8  # with localsgd: optimizer steps between two averagings of the model
+
+    @property
+    def local(self) -> bool:
+        return self.grad_compression == wlcommon.LOCAL_SGD
 
     def label(self) -> str:
-        c = f"powersgd r{self.powersgd_rank}" if self.grad_compression == "powersgd" else self.grad_compression
+        c = {"powersgd": f"powersgd r{self.powersgd_rank}",
+             wlcommon.LOCAL_SGD: f"localsgd H{self.localsgd_period}"}.get(self.grad_compression, self.grad_compression)
         return c + (f" x{self.accumulate}" if self.accumulate > 1 else "")
 
 
@@ -118,8 +127,11 @@ def _payload(shapes: list[Shape], scheme: Scheme) -> float:
 
 
 def wire_bytes(shapes: list[Shape], scheme: Scheme, world: int) -> int:
-    """Bytes each rank sends per optimizer step (ring all-reduce, 2(W-1)/W of the payload)."""
+    """Bytes each rank sends per optimizer step (ring all-reduce, 2(W-1)/W of the payload; local SGD: one
+    float32 model's every H steps, per step, as torchcomm.LocalSGD records it)."""
     vol = wlcommon.comm_volume(shapes, world, scheme.grad_compression, scheme.powersgd_rank)
+    if scheme.local:
+        return round(vol["bytes_sent_per_step_ring_uncompressed"] / scheme.localsgd_period)
     return int(vol["bytes_sent_per_step_ring"])
 
 
@@ -134,10 +146,15 @@ class Comm:
 
 def comm(shapes: list[Shape], scheme: Scheme, world: int, link: Link, bucket_mb: float = 0.0) -> Comm:
     """All-reduces per bucket (PowerSGD: 3, its uncompressed tensors, P, Q; else 1), each paying the
-    latency, plus the bytes sent at the link's cost per byte. The tail is the last bucket's share."""
+    latency, plus the bytes sent at the link's cost per byte. The tail is the last bucket's share. Local
+    SGD: one all-reduce of the whole model (torch's averager flattens the parameters into one buffer) every
+    H steps, per step; all of it tail."""
     if world < 2:
         return Comm(0.0, 0.0, 0)
     ring = 2 * (world - 1) / world
+    if scheme.local:
+        t = (link.latency_s + _payload(shapes, scheme) * ring * link.per_byte_s) / scheme.localsgd_period
+        return Comm(t, t, wire_bytes(shapes, scheme, world))
     calls = 3 if scheme.grad_compression == "powersgd" else 1
     times = [calls * link.latency_s + _payload(b, scheme) * ring * link.per_byte_s
              for b in buckets(shapes, bucket_mb)]
@@ -156,8 +173,8 @@ def overlaps(framework: str, scheme: Scheme) -> bool:
     """Whether the all-reduce hides under backward: DDP's plain and fp16 buckets do; PowerSGD's do not
     (a bucket's P and Q all-reduces wait on each other and on its matrix products, which run on the
     cores backward uses: measured on the slow lab, 0.69 s per step against 0.41 s of compute and 0.16 s
-    of all-reduce); TensorFlow's loop all-reduces after backward."""
-    return framework == "pytorch" and scheme.grad_compression != "powersgd"
+    of all-reduce); local SGD averages after the optimizer step; TensorFlow's loop all-reduces after backward."""
+    return framework == "pytorch" and scheme.grad_compression not in ("powersgd", wlcommon.LOCAL_SGD)
 
 
 def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_batch: int) -> list[str]:
@@ -165,6 +182,9 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
     out = []
     if scheme.grad_compression == "powersgd" and scheme.powersgd_rank < 2:
         out.append("PowerSGD rank 1 may cost accuracy; compare the validation accuracy with an uncompressed run")
+    if scheme.local and scheme.localsgd_period > LONG_PERIOD:
+        out.append(f"the model averaged every {scheme.localsgd_period} steps: periods above {LONG_PERIOD} may cost "
+                   "accuracy; compare the validation accuracy with an uncompressed run")
     if scheme.accumulate > 1:
         steps = train_samples // global_batch if train_samples else None
         if global_batch > max(LARGE_BATCH, base_batch):
@@ -176,7 +196,11 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
     return out
 
 
-def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4)) -> list[Scheme]:
-    """Every scheme the plan weighs: TensorFlow has no PowerSGD (jobs.py refuses it)."""
-    kinds = ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS
-    return [Scheme(c, powersgd_rank, k) for c in kinds for k in accumulates]
+def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
+            localsgd_period: int = 8) -> list[Scheme]:
+    """Every scheme the plan weighs: TensorFlow has no PowerSGD nor local SGD (jobs.py refuses them); local
+    SGD at the job's period, without accumulation (its period already is a number of steps between syncs)."""
+    if framework == "tensorflow":
+        return [Scheme(c, powersgd_rank, k) for c in ("none", "fp16") for k in accumulates]
+    return ([Scheme(c, powersgd_rank, k) for c in wlcommon.COMPRESSIONS for k in accumulates]
+            + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)])

@@ -76,10 +76,11 @@ class Placement:
     # what the recommendation ranks by where the job's length is known (Workload.epochs)
     run_s: float | None = None
     e2e_images_per_s: float | None = None
+    localsgd_period: int = 8
 
     @property
     def scheme(self) -> Scheme:
-        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate)
+        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate, self.localsgd_period)
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "global_batch": self.global_batch, "shares": dict(self.shares),
@@ -87,7 +88,8 @@ class Placement:
                 "step_s": self.step_s, "comm_s": self.comm_s, "epoch_s": self.epoch_s,
                 "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
-                "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s}
+                "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
+                "localsgd_period": self.localsgd_period}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -99,7 +101,8 @@ class Placement:
                    int(d.get("accumulate", 1)), None if d.get("bytes_per_step") is None else int(d["bytes_per_step"]),
                    [str(w) for w in d.get("warnings") or []],
                    None if d.get("run_s") is None else float(d["run_s"]),
-                   None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]))
+                   None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]),
+                   int(d.get("localsgd_period", 8)))
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class Workload:
     epochs: int | None = None
     warmup_epochs: float = 1.0
     powersgd_start_step: int = 0
+    localsgd_start_step: int = 0
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -225,14 +229,15 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
                      scheme.grad_compression, scheme.powersgd_rank, scheme.accumulate, sent,
                      commmodel.warnings(scheme, total, work.train_samples, base),
-                     run[0] if run else None, run[1] if run else None)
+                     run[0] if run else None, run[1] if run else None, scheme.localsgd_period)
 
 
 def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
            scheme: Scheme, t_plan: float) -> tuple[float, float] | None:
     """(seconds, images/s) of the job's training steps end to end: every epoch at the step time, except
     PowerSGD's first steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up
-    and 1000 steps, at most half the run): on a slow link that phase is where the time goes."""
+    and 1000 steps, at most half the run): on a slow link that phase is where the time goes; and local
+    SGD's, which all-reduce plain gradients until it starts (wlcommon.localsgd_start: after the warm-up)."""
     if not work.train_samples or not work.epochs:
         return None
     total = scheme.accumulate * sum(shares.values())
@@ -241,11 +246,16 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     if not steps:
         return None
     seconds = steps * t_plan
-    if scheme.grad_compression == "powersgd" and len(shares) > 1:
-        first = min(steps, wlcommon.powersgd_start(work.powersgd_start_step, per_epoch, work.warmup_epochs,
-                                                   work.epochs))
-        t_fp16, _ = step_time(shares, speeds, network, work, Scheme("fp16", scheme.powersgd_rank, scheme.accumulate))
-        seconds = first * t_fp16 + (steps - first) * t_plan
+    if len(shares) > 1 and scheme.grad_compression == "powersgd":
+        first = wlcommon.powersgd_start(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs)
+        before = Scheme("fp16", scheme.powersgd_rank, scheme.accumulate)
+    elif len(shares) > 1 and scheme.local:
+        first, before = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs), Scheme()
+    else:
+        return seconds, steps * total / seconds
+    t_before, _ = step_time(shares, speeds, network, work, before)
+    first = min(steps, first)
+    seconds = first * t_before + (steps - first) * t_plan
     return seconds, steps * total / seconds
 
 
@@ -282,7 +292,7 @@ def recommend(cands: list[Placement]) -> Placement:
     safe = [c for c in cands if not c.warnings] or cands
     top = max(speed(c) for c in safe)
     near = [c for c in safe if speed(c) >= NEAR_BEST * top]
-    order = {k: i for i, k in enumerate(wlcommon.COMPRESSIONS)}
+    order = {k: i for i, k in enumerate((*wlcommon.COMPRESSIONS, wlcommon.LOCAL_SGD))}
     return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), -speed(c)))
 
 
@@ -364,14 +374,16 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
 def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
     no compression, fp16 and (PyTorch) PowerSGD at the job's rank, each with accumulate 1, 2, 4 and the
-    job's own."""
+    job's own, and (PyTorch) local SGD at the job's period."""
     shapes, samples = commmodel.job_model(spec)
     if shapes is None:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
-                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates)), samples,
-                    int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]))
+                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
+                                            int(spec["localsgd_period"]))), samples,
+                    int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
+                    int(spec["localsgd_start_step"]))
 
 
 def choice_path(inv: Inventory, job: str) -> Path:
@@ -396,4 +408,5 @@ def overrides_for(inv: Inventory, job: str) -> list[str]:
     rec = load_recommended(inv, job)
     return ([f"nodes=[{', '.join(rec.nodes)}]"] + [f"shares.{n}={b}" for n, b in rec.shares.items()]
             + [f"grad_compression={rec.grad_compression}", f"powersgd_rank={rec.powersgd_rank}",
-               f"accumulate={rec.accumulate}"])
+               f"accumulate={rec.accumulate}"]
+            + ([f"localsgd_period={rec.localsgd_period}"] if rec.scheme.local else []))

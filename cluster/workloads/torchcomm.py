@@ -110,15 +110,6 @@ def _powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, 
     return powersgd_fp16_first_hook
 
 
-def localsgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -> int:
-    """The optimizer step local SGD starts at: as asked; else after the learning-rate warm-up (the
-    steps where the rate still grows, and the model moves fastest, all-reduce their gradients); at
-    least 1, so that every rank's first step is the same synchronous one."""
-    if requested:
-        return max(1, requested)
-    return max(1, int(round(warmup_epochs * steps_per_epoch)))
-
-
 class LocalSGD(wlcommon.Compression):
     """Post-local SGD (Lin et al., "Don't use large mini-batches, use local SGD", ICLR 2020) with torch's
     own pieces: DDP's post_localSGD_hook all-reduces the gradients (float32, as DDP would) for the first

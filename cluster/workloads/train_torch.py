@@ -225,7 +225,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
         dist.all_gather_object(batches, batch)
     plan = wlcommon.plan_batches(a, batch, batches, len(data.ds.x_train))
     psgd_start = wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs)
-    lsgd_start = torchcomm.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs)
+    lsgd_start = wlcommon.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs)
     comp = torchcomm.setup_compression(ddp, a.grad_compression, proc.world, proc.backend, a.powersgd_rank, psgd_start,
                              step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s,
                              localsgd_period=a.localsgd_period, localsgd_start=lsgd_start)

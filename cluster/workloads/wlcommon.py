@@ -269,6 +269,15 @@ def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float, e
     return max(2, warm, min(TORCH_POWERSGD_START, steps_per_epoch * epochs // 2))
 
 
+def localsgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -> int:
+    """The optimizer step local SGD starts at: as asked; else after the learning-rate warm-up (the
+    steps where the rate still grows, and the model moves fastest, all-reduce their gradients); at
+    least 1, so that every rank's first step is the same synchronous one."""
+    if requested:
+        return max(1, requested)
+    return max(1, int(round(warmup_epochs * steps_per_epoch)))
+
+
 def powersgd_elements(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> int:
     """Elements PowerSGD all-reduces per step for gradients of these shapes, as torch's powerSGD_hook
     decides per tensor: a tensor viewed as n x m (n = first dimension) is sent as P (n x r) and Q (m x r)

@@ -69,7 +69,8 @@ def test_the_recorded_slow_lab_recommends_powersgd_on_four_nodes() -> None:
     assert SLOW.per_byte_s == pytest.approx((20.3996 - 0.0007) / (R18_ELEMENTS * 4 * 1.5))
     work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 2)), train_samples=1438)
     cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
-    assert len(cands) == 1 + 3 * 9  # one node: no network; 2..4 nodes x 3 compressions x accumulate 1, 2, 4
+    # one node: no network; 2..4 nodes x (3 compressions x accumulate 1, 2, 4, and local SGD)
+    assert len(cands) == 1 + 3 * 10
     by = {(len(c.nodes), c.grad_compression, c.accumulate): c for c in cands}
     plain, fp16 = by[4, "none", 1], by[4, "fp16", 1]
     compute = 0.05 + 32 * 0.009
@@ -82,6 +83,29 @@ def test_the_recorded_slow_lab_recommends_powersgd_on_four_nodes() -> None:
     assert (len(rec.nodes), rec.grad_compression, rec.accumulate) == (4, "powersgd", 1) and not rec.warnings
     assert rec.planned_images_per_s > 20 * plain.planned_images_per_s
     assert by[1, "none", 1].planned_images_per_s == pytest.approx(32 / compute)
+
+
+def test_local_sgd_pays_one_model_all_reduce_every_period_after_its_plain_start() -> None:
+    """Local SGD's step: compute plus one float32 all-reduce of the model (one call: the averager flattens it)
+    over H, nothing hidden; the bytes are the model's ring bytes over H (torchcomm.LocalSGD records the same);
+    its first steps (the warm-up's) are plain DDP steps, end to end."""
+    lsgd = Scheme("localsgd", 2, 1, 16)
+    ring = 2 * 3 / 4
+    assert commmodel.wire_bytes(R18, lsgd, 4) == round(R18_ELEMENTS * 4 * ring / 16)
+    c = commmodel.comm(R18, lsgd, 4, Link(0.01, 1e-8))
+    assert c.total_s == pytest.approx((0.01 + R18_ELEMENTS * 4 * ring * 1e-8) / 16) and c.tail_s == c.total_s
+    assert not commmodel.overlaps("pytorch", lsgd) and lsgd.label() == "localsgd H16"
+    work = Workload(R18, "pytorch", 0.0, (lsgd,), train_samples=1408, epochs=4, warmup_epochs=1.0)
+    four = {n: SPEEDS[n] for n in list(SPEEDS)[:4]}
+    shares = {n: 32 for n in four}
+    step, wait = placement.step_time(shares, four, SLOW, work, lsgd)
+    compute = max(s.step(32) for s in four.values())
+    assert wait == pytest.approx((2 * 0.0007 / 2 + 20.3996) / 16, rel=1e-3) and step == pytest.approx(compute + wait)
+    plain, _ = placement.step_time(shares, four, SLOW, work, Scheme())
+    (cand,) = [c for c in placement.candidates(four, 32, SLOW, work=work) if len(c.nodes) == 4]
+    assert cand.run_s == pytest.approx(11 * plain + 33 * step)  # 11 steps an epoch: the first epoch plain
+    assert commmodel.warnings(Scheme("localsgd", 2, 1, 32), 128, 50_000, 128) and not commmodel.warnings(lsgd, 128, 50_000, 128)
+    assert placement.Placement.from_dict(cand.to_dict()).scheme == lsgd
 
 
 def test_a_fast_network_keeps_plain_all_reduce_and_tensorflow_never_gets_powersgd() -> None:

@@ -141,8 +141,8 @@ def test_local_sgd_steps_apart_between_averagings_averages_every_period_and_resu
 
 
 def test_localsgd_start_defaults_to_the_warm_up_and_the_programs_refuse_what_they_lack() -> None:
-    assert torchcomm.localsgd_start(0, 22, 1.0) == 22 and torchcomm.localsgd_start(0, 22, 0.0) == 1
-    assert torchcomm.localsgd_start(5, 22, 1.0) == 5
+    assert wlcommon.localsgd_start(0, 22, 1.0) == 22 and wlcommon.localsgd_start(0, 22, 0.0) == 1
+    assert wlcommon.localsgd_start(5, 22, 1.0) == 5
     with pytest.raises(SystemExit) as e:  # train_tf.py's parse (no local SGD there)
         wlcommon.parse_args("x", ["--grad-compression", "localsgd"], lambda a: None)
     assert e.value.code == 2
