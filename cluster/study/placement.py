@@ -247,7 +247,7 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
         return None
     seconds = steps * t_plan
     if len(shares) > 1 and scheme.grad_compression == "powersgd":
-        first = wlcommon.powersgd_start(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs)
+        first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs)
         before = Scheme("fp16", scheme.powersgd_rank, scheme.accumulate)
     elif len(shares) > 1 and scheme.local:
         first, before = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs), Scheme()

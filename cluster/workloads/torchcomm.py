@@ -32,7 +32,7 @@ else:
 def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str, powersgd_rank: int = 2,
                       powersgd_start: int = 2, done_steps: int = 0, bucket_mb: float = 0.0,
                       max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0, localsgd_period: int = 8,
-                      localsgd_start: int = 1) -> wlcommon.Compression:
+                      localsgd_start: int = 1, powersgd_from_first: bool = False) -> wlcommon.Compression:
     """Register the DDP communication hook for `kind` (none: DDP's own float32 all-reduce; localsgd:
     LocalSGD, whose averaging the training loop runs after each optimizer step). `done_steps`: the
     optimizer steps a resumed run has done.
@@ -46,7 +46,8 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     on every rank; a group is reused only after the previous bucket on it has finished (the hook waits
     for it). Buckets still all-reduce while backward computes the next ones, which a single huge bucket
     (the other known workaround) would lose. NCCL orders collectives on its stream: one group. Before
-    PowerSGD starts, every backend sends fp16 (_powersgd_hook)."""
+    PowerSGD starts, every backend sends fp16 (_powersgd_hook); `powersgd_from_first`: PowerSGD instead,
+    without memory (below)."""
     shapes = [tuple(p.shape) for p in ddp.parameters() if p.requires_grad]
     if kind == "none" or (world == 1 and not isinstance(ddp, DistributedDataParallel)):
         return wlcommon.Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
@@ -67,19 +68,31 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
                                random_seed=seed)
     # resumed: the first step runs uncompressed by PowerSGD (DDP rebuilds its buckets after it), then it continues
     state.iter = min(done_steps, powersgd_start - 1)
+    # From the first step: the steps before the start (DDP rebuilds its buckets after the first, and the
+    # error feedback and warm start memories are per bucket) go through PowerSGD with a state that keeps
+    # nothing (torch allows start 0 without either): rank-r updates, the same on every rank, at PowerSGD's
+    # bytes, where fp16 would cost a full all-reduce each (10 s a step on the emulated 1 GbE room).
+    def first() -> PowerSGDState:
+        return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=0,
+                                  use_error_feedback=False, warm_start=False, random_seed=seed)
+
     n_groups = 0  # NCCL orders collectives on its stream: the default group
     if backend == "gloo":
         elem = next(ddp.parameters()).element_size()
         cap = int((bucket_mb or 25.0) * 2**20)
         n_groups = max(1, min(max_groups, sum(math.prod(s) for s in shapes) * elem // cap + 2))
-    ddp.register_comm_hook(state, _powersgd_hook(n_groups, timeout_s))
-    return wlcommon.Compression(kind, shapes, world, powersgd_rank, state)
+    ddp.register_comm_hook(state, _powersgd_hook(n_groups, timeout_s, first if powersgd_from_first else None))
+    return wlcommon.Compression(kind, shapes, world, powersgd_rank, state, from_first=powersgd_from_first)
 
 
-def _powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, GradBucket], Future]:
+def _powersgd_hook(n_groups: int, timeout_s: float,
+                   first: Callable[[], PowerSGDState] | None = None) -> Callable[[PowerSGDState, GradBucket], Future]:
     """powerSGD_hook from its start step, fp16 before it (torch's hook would send float32: the same
-    accuracy at twice the bytes, on the steps that are slow because nothing is compressed yet). With
-    n_groups > 0 (gloo), bucket i's collectives on group i mod n_groups (setup_compression)."""
+    accuracy at twice the bytes, on the steps that are slow because nothing is compressed yet), or with
+    `first` (it makes a state without memory) PowerSGD before it too: a state per group, since a state
+    without warm start clears its P and Q memories when a bucket ends, under the buckets still in flight
+    on other groups. With n_groups > 0 (gloo), bucket i's collectives on group i mod n_groups
+    (setup_compression)."""
     from torch._C._distributed_c10d import GradBucket
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -87,6 +100,7 @@ def _powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, 
     timeout = datetime.timedelta(seconds=timeout_s) if timeout_s > 0 else None  # new groups don't inherit it
     groups = [dist.new_group(backend="gloo", timeout=timeout) for _ in range(n_groups)]
     inflight: dict[int, Future] = {}
+    memoryless: dict[int, PowerSGDState] = {}
 
     def powersgd_fp16_first_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
         g = bucket.index() % n_groups if groups else -1
@@ -97,7 +111,14 @@ def _powersgd_hook(n_groups: int, timeout_s: float) -> Callable[[PowerSGDState, 
         if state.iter < state.start_powerSGD_iter:
             if bucket.is_last():  # powerSGD_hook's maybe_increase_iter (untyped): one step per last bucket
                 state.iter += 1
-            fut = default_hooks.fp16_compress_hook(state.process_group, bucket)
+            if first is not None:
+                if g not in memoryless:  # the same order of groups, so of seeds, on every rank
+                    memoryless[g] = first()
+                once = memoryless[g]
+                once.process_group = state.process_group
+                fut = psgd.powerSGD_hook(once, bucket)
+            else:
+                fut = default_hooks.fp16_compress_hook(state.process_group, bucket)
         else:
             fut = psgd.powerSGD_hook(state, bucket)  # by module attribute: tests wrap it
         if groups:

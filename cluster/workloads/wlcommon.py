@@ -55,7 +55,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
-                    "warm-up and after 1000 steps (torch's default), capped at half the run")
+                    "warm-up and after 1000 steps (torch's default), capped at half the run; 1: PowerSGD from "
+                    "the first step (its first two without error feedback or warm start)")
     ap.add_argument("--localsgd-period", type=int, default=8,
                     help="localsgd: optimizer steps between two averagings of the model (>= 2)")
     ap.add_argument("--localsgd-start-step", type=int, default=0,
@@ -278,6 +279,14 @@ def localsgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -
     return max(1, int(round(warmup_epochs * steps_per_epoch)))
 
 
+FROM_FIRST = 1  # powersgd_start_step 1: PowerSGD from the first step (torchcomm: its first two without memory)
+
+
+def fp16_steps(requested: int, steps_per_epoch: int, warmup_epochs: float, epochs: int) -> int:
+    """Optimizer steps PowerSGD sends as fp16 before it starts: none when asked to start from the first."""
+    return 0 if requested == FROM_FIRST else powersgd_start(requested, steps_per_epoch, warmup_epochs, epochs)
+
+
 def powersgd_elements(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> int:
     """Elements PowerSGD all-reduces per step for gradients of these shapes, as torch's powerSGD_hook
     decides per tensor: a tensor viewed as n x m (n = first dimension) is sent as P (n x r) and Q (m x r)
@@ -324,15 +333,15 @@ class Compression:
     """The gradient compression in effect and what it puts on the wire, per optimizer step."""
 
     def __init__(self, kind: str, shapes: list[tuple[int, ...]], world: int, powersgd_rank: int = 2,
-                 state: StartsLate | None = None) -> None:
-        self.kind, self.state = kind, state
+                 state: StartsLate | None = None, from_first: bool = False) -> None:
+        self.kind, self.state, self.from_first = kind, state, from_first
         self.volume = comm_volume(shapes, world, kind, powersgd_rank)
         # PowerSGD before its start step: fp16 (train_torch's hook; wlcommon.powersgd_start)
         self.before_start = comm_volume(shapes, world, "fp16" if kind == "powersgd" else "none")
 
     def compressing(self) -> bool:
         """Whether the next step's all-reduce is this compression (PowerSGD sends fp16 until its start)."""
-        if self.kind == "powersgd" and self.state is not None:
+        if self.kind == "powersgd" and self.state is not None and not self.from_first:
             return self.state.iter >= self.state.start_powerSGD_iter
         return self.kind != "none"
 

@@ -374,3 +374,40 @@ def test_powersgd_trains_digits_about_as_well_as_uncompressed(tmp_path: Path) ->
     assert last["powersgd"] <= 3 * last["none"] + 0.1
     assert res["powersgd"]["val_acc"] >= res["none"]["val_acc"] - 0.05
     assert res["powersgd"]["val_acc"] > 0.9
+
+
+def _first_rank(rank: int, world: int, init: str, tmp: str, steps: int, backend: str) -> None:
+    """powersgd_start_step 1: PowerSGD from the first step (its first two through a state without memory);
+    which state each hook call got, and whether fp16 was ever sent, are recorded."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    _init(rank, world, init)
+    torch.manual_seed(0)
+    ddp = _ddp(tiny(), 1000 if backend == "nccl" else 1 / 1024)  # "nccl": one group; gloo: several buckets
+    calls: list[tuple[bool, bool]] = []  # (error feedback, last bucket) per PowerSGD call
+    stock, fp16_stock = psgd.powerSGD_hook, default_hooks.fp16_compress_hook
+    fp16: list[bool] = []
+    psgd.powerSGD_hook = lambda state, bucket: calls.append((state.use_error_feedback, bucket.is_last())) or stock(
+        state, bucket)
+    default_hooks.fp16_compress_hook = lambda group, bucket: fp16.append(True) or fp16_stock(group, bucket)
+    comp = torchcomm.setup_compression(ddp, "powersgd", world, backend, powersgd_rank=1, powersgd_start=2,
+                                       powersgd_from_first=True)
+    sent = _train_counting_bytes(ddp, comp, rank, steps)
+    steps_by = [feedback for feedback, last in calls if last]  # one entry per step
+    torch.save({"sent": sent, "psgd": comp.volume, "iter": comp.state.iter, "memories": len(comp.state.error_dict),
+                "steps": steps_by, "fp16": len(fp16),
+                "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/first{rank}.pt")
+    del ddp, comp
+    _leave()
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_powersgd_from_the_first_step_sends_no_fp16_and_keeps_the_ranks_equal(tmp_path: Path, backend: str) -> None:
+    mp.spawn(_first_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path), 4, backend), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"first{r}.pt", weights_only=False) for r in range(2))
+    assert a["sent"] == [a["psgd"]["bytes_sent_per_step_ring"]] * 4  # PowerSGD's bytes from step 0
+    assert a["fp16"] == 0 and a["steps"] == [False, False, True, True]  # memoryless twice, then the real state
+    assert a["iter"] == 4 and a["memories"] > 0  # the real state counted every step, its error feedback runs
+    for pa, pb in zip(a["params"], b["params"]):  # the memoryless steps too applied the same update on both
+        assert torch.allclose(pa, pb, atol=1e-6)
