@@ -23,7 +23,7 @@ JOBS_DIR = paths.PLAYBOOKS_DIR
 WORKLOADS_DIR = paths.PACKAGE_DIR / "workloads"
 FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
 LAUNCHERS = {"torchrun": "pytorch", "tensorflow": "tensorflow", "plain": "plain"}  # launcher -> its family
-DATASETS = ("digits", "cifar10", "imagefolder", "synthetic")
+DATASETS = ("digits", "digits-aug", "cifar10", "imagefolder", "synthetic")
 # A job's name starts its run ids (runs.RUN_ID_RE), which are folder names on the head and the nodes: ASCII only
 # (str.isalnum accepts 'é', whose run id is then refused), \Z not $ (which accepts a trailing newline).
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")

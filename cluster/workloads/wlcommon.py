@@ -21,7 +21,7 @@ LOCAL_SGD = "localsgd"
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--data", help="prepared dataset (.npz from the head); else --dataset is loaded here")
-    ap.add_argument("--dataset", default="digits", help="digits | cifar10 | imagefolder | synthetic")
+    ap.add_argument("--dataset", default="digits", help="digits | digits-aug | cifar10 | imagefolder | synthetic")
     ap.add_argument("--data-path", help="archive or folder for cifar10 / imagefolder")
     ap.add_argument("--size", type=int, default=32, help="image side in pixels")
     ap.add_argument("--model", default="resnet50", help="torchvision.models name (train_torch.py)")

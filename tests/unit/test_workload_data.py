@@ -77,6 +77,21 @@ def test_digits_split_is_fixed_and_shards_are_equal() -> None:
     assert len({len(s) for s in shards}) == 1 and not set(shards[0]) & set(shards[1])
 
 
+def test_digits_aug_is_eight_variants_of_the_training_digits_and_validates_on_the_real_ones() -> None:
+    base, aug = wldata.load("digits", size=32), wldata.load("digits-aug", size=32)
+    assert len(aug.x_train) == 8 * len(base.x_train) >= 10_000 and aug.x_train.dtype == np.uint8
+    assert np.array_equal(aug.x_train[:len(base.x_train)], base.x_train)  # the originals first
+    assert np.array_equal(np.tile(base.y_train, 8), aug.y_train)
+    assert np.array_equal(aug.x_val, base.x_val) and np.array_equal(aug.y_val, base.y_val)
+    variant = aug.x_train[len(base.x_train):2 * len(base.x_train)].astype(int)
+    changed = np.abs(variant - base.x_train.astype(int)).mean(axis=(1, 2, 3))
+    assert (changed > 0).mean() > 0.95  # rotated and shifted, not copies
+    # mean brightness kept within a few levels: the digit moved, it was not cut off the image
+    assert abs(variant.mean() - base.x_train.mean()) < 0.15 * base.x_train.mean()
+    again = wldata.load("digits-aug", size=32)
+    assert np.array_equal(again.x_train, aug.x_train)  # the same seed, the same images on every node
+
+
 def test_metrics_schema_validates_real_records(tmp_path: Path) -> None:
     w = wlmetrics.MetricsWriter(tmp_path, 0, "pytorch")
     w.start(world=2, batch=32, global_batch=64, steps_per_epoch=22, epochs=1, peak_lr=0.01, dataset="digits",
