@@ -74,7 +74,7 @@ def digits(size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Dataset:
 
 def digits_augmented(size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """digits with every training image in AUG_VARIANTS variants: itself and 7 copies each rotated by up to
-    +-12 degrees and shifted by up to +-10% of the side (uniform, bilinear, drawn from `seed`), so an epoch
+    +-12 degrees and shifted by up to +-10% of the side (uniform, whole pixels, bilinear, drawn from `seed`), so an epoch
     has 8 x 1437 = 11,496 images. The split is digits' own (same seed): no variant of a validation digit is
     trained on, and validation is the 360 real digits unchanged."""
     from PIL import Image
@@ -86,7 +86,7 @@ def digits_augmented(size: int = 32, val_fraction: float = 0.2, seed: int = 0) -
         angles = rng.uniform(-AUG_MAX_DEGREES, AUG_MAX_DEGREES, len(base.x_train))
         shifts = rng.uniform(-AUG_MAX_SHIFT, AUG_MAX_SHIFT, (len(base.x_train), 2)) * size
         out.append(np.stack([np.asarray(Image.fromarray(im).rotate(a, Image.Resampling.BILINEAR,
-                                                                    translate=(float(dx), float(dy))))
+                                                                    translate=(int(round(dx)), int(round(dy)))))
                              for im, a, (dx, dy) in zip(base.x_train, angles, shifts)]))
     x = np.concatenate(out)
     y = np.tile(base.y_train, AUG_VARIANTS)
