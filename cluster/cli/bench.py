@@ -6,7 +6,7 @@ import argparse
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
+from cluster.cli.args import FRACTION, POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
 from cluster.cli.output import emit_json, load_inventory, notes, out, table
 
 RECOMMENDED = " (recommended)"  # how placement.summary_rows marks the recommended node set
@@ -31,6 +31,10 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         add_inventory_option(p)
         add_limit(p, "plan with only these of the job's benchmarked nodes (an Ansible host pattern, docs/cli.md)")
         add_job_settings(p)
+        p.add_argument("--target-acc", type=FRACTION, default=None, metavar="ACC",
+                       help="rank by the predicted time to this validation accuracy (as report --target-acc): "
+                       "calibrated by the collected runs of the job that reached it and bench's gradient noise "
+                       "probe (docs/planning.md)")
         p.set_defaults(fn=cmd_plan)
 
 
@@ -65,7 +69,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cluster.study import placement
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    choice = placement.choose(inv, args.job, args.set or [], limit=args.limit)
+    choice = placement.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
     if args.json:
         emit_json(choice.to_dict())
         return errors.EXIT_OK

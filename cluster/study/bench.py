@@ -92,15 +92,20 @@ class FrameworkBench:
     size: int
     batch: int
     nodes: dict[str, NodeBench] = field(default_factory=dict)
+    # PyTorch: the gradient noise scale B_simple at the run's start (the probe on the fastest node; None:
+    # not measured, or no signal above the noise), what `plan --target-acc` scales samples by
+    noise_scale: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "size": self.size, "batch": self.batch,
-                "nodes": {n: r.to_dict() for n, r in self.nodes.items()}}
+        d = {"job": self.job, "size": self.size, "batch": self.batch,
+             "nodes": {n: r.to_dict() for n, r in self.nodes.items()}}
+        return {**d, "noise_scale": self.noise_scale} if self.noise_scale is not None else d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FrameworkBench:
         return cls(str(d["job"]), int(d["size"]), int(d["batch"]),
-                   {str(n): NodeBench.from_dict(r) for n, r in d["nodes"].items()})
+                   {str(n): NodeBench.from_dict(r) for n, r in d["nodes"].items()},
+                   None if d.get("noise_scale") is None else float(d["noise_scale"]))
 
 
 @dataclass
@@ -205,14 +210,16 @@ def load(inv: Inventory) -> BenchResult:
 # bench's PowerSGD run: DDP with the hook on one process; compression from the third step (the first two
 # are warm-up, not counted), so every counted step compresses
 POWERSGD_ARGS = ["--grad-compression", "powersgd", "--powersgd-start-step", str(WARMUP_STEPS)]
+# the gradient noise probe: steps of NOISE_K micro-batches of the job's batch at the same weights each
+NOISE_K, NOISE_STEPS = 4, 8
 
 
 def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str,
-                 powersgd: bool = False) -> str:
+                 powersgd: bool = False, extra: tuple[str, ...] = ()) -> str:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
     args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
-    args += POWERSGD_ARGS if powersgd else []  # (argparse: the last of a repeated option wins)
+    args += (POWERSGD_ARGS if powersgd else []) + list(extra)  # (argparse: the last of a repeated option wins)
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
     alone = "CLUSTER_DDP_ALONE=1 " if powersgd else ""
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "
@@ -221,9 +228,36 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
             f"[ $rc -eq 0 ] || tail -5 -- {q(out)}.err >&2; exit $rc")
 
 
-def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, powersgd: bool = False) -> str:
+def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, powersgd: bool = False,
+              extra: tuple[str, ...] = ()) -> str:
     return _compute_cmd(h, spec, data_file, steps, batch, f"{h.workdir}/clusterctl/bench/out-{spec.framework}",
-                        powersgd)
+                        powersgd, extra)
+
+
+def noise_scale(metrics_text: str) -> float | None:
+    """B_simple from the probe's records (wlcommon.noise_scale)."""
+    from cluster.workloads import wlcommon
+
+    recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
+    return wlcommon.noise_scale([r for r in recs if r.get("type") == "noise"])
+
+
+def _noise(group: Group, fb: FrameworkBench, spec: jobs.JobSpec, data_file: str, result: BenchResult,
+           log: Callable[[str], None]) -> None:
+    """PyTorch jobs: the gradient noise probe on the fastest node (a property of the model and the data, not
+    of the node); a failure is noted and leaves the scale unmeasured, the speeds stand."""
+    if spec.framework != "pytorch" or not fb.nodes:
+        return
+    fastest = min(fb.nodes, key=lambda n: fb.nodes[n].step_s)
+    log(f"{spec.name}: gradient noise probe on {fastest}, {NOISE_STEPS} steps of {NOISE_K} x {spec['batch']}")
+    res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=NOISE_STEPS,
+                                      batch=spec["batch"], extra=("--noise-probe", str(NOISE_K))),
+                    timeout=1800, hosts=[h for h in group.hosts if h.name == fastest])
+    r = res[fastest]
+    if r.ok:
+        fb.noise_scale = noise_scale(r.stdout)
+    else:
+        result.errors[f"{spec.name}/{fastest}/noise"] = r.error or error_tail(r.stderr, 500)
 
 
 def step_rate(metrics_text: str, batch: int) -> StepRate:
@@ -290,6 +324,7 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
                 if r.status == "unreachable" and name not in result.unreachable:
                     result.unreachable.append(name)  # the CLI exits 3, not 1
         fb.nodes.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == len(runs)})
+    _noise(group, fb, spec, data_file, result, log)
     return fb
 
 

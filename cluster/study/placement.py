@@ -13,13 +13,14 @@ The even split gives every node `batch`; the balanced split solves f_i + b_i c_i
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cluster import paths
-from cluster.study import bench, commmodel
+from cluster.study import bench, commmodel, convergence
 from cluster.runs import jobs, launch
 from cluster.study.bench import NetworkBench, NodeBench
 from cluster.study.commmodel import Scheme
@@ -77,6 +78,9 @@ class Placement:
     run_s: float | None = None
     e2e_images_per_s: float | None = None
     localsgd_period: int = 8
+    # with a target accuracy (plan --target-acc, convergence.py): samples and seconds of training steps to it
+    samples_to_target: float | None = None
+    to_target_s: float | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -89,7 +93,8 @@ class Placement:
                 "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
                 "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
-                "localsgd_period": self.localsgd_period}
+                "localsgd_period": self.localsgd_period, "samples_to_target": self.samples_to_target,
+                "to_target_s": self.to_target_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -102,7 +107,9 @@ class Placement:
                    [str(w) for w in d.get("warnings") or []],
                    None if d.get("run_s") is None else float(d["run_s"]),
                    None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]),
-                   int(d.get("localsgd_period", 8)))
+                   int(d.get("localsgd_period", 8)),
+                   None if d.get("samples_to_target") is None else float(d["samples_to_target"]),
+                   None if d.get("to_target_s") is None else float(d["to_target_s"]))
 
 
 @dataclass(frozen=True)
@@ -143,12 +150,14 @@ class PlacementChoice:
     batch: int
     candidates: list[Placement]
     recommended: Placement
+    convergence: dict[str, Any] | None = None  # plan --target-acc: the model's calibration (convergence.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "framework": self.framework, "inventory": self.inventory, "time": self.time,
                 "bench_time": self.bench_time, "speeds": {n: s.to_dict() for n, s in self.speeds.items()},
                 "network": self.network.to_dict() if self.network else None, "batch": self.batch,
-                "candidates": [c.to_dict() for c in self.candidates], "recommended": self.recommended.to_dict()}
+                "candidates": [c.to_dict() for c in self.candidates], "recommended": self.recommended.to_dict(),
+                "convergence": self.convergence}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlacementChoice:
@@ -157,7 +166,8 @@ class PlacementChoice:
                    {str(n): NodeSpeed(float(s["fixed_s"]), float(s["per_sample_s"]),
                                       float(s.get("powersgd_s") or 0.0)) for n, s in d["speeds"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None, int(d["batch"]),
-                   [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]))
+                   [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]),
+                   d.get("convergence"))
 
 
 # --------------------------------------------------------------------------- the model
@@ -241,22 +251,43 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     if not work.train_samples or not work.epochs:
         return None
     total = scheme.accumulate * sum(shares.values())
-    per_epoch = work.train_samples // total
-    steps = per_epoch * work.epochs
+    steps = (work.train_samples // total) * work.epochs
     if not steps:
         return None
-    seconds = steps * t_plan
+    seconds = _steps_s(steps, shares, speeds, network, work, scheme, t_plan)
+    return seconds, steps * total / seconds
+
+
+def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None,
+             work: Workload, scheme: Scheme, t_plan: float) -> float:
+    """Seconds of the run's first `steps` optimizer steps: those before the scheme starts at their own step
+    time (PowerSGD's fp16, local SGD's plain all-reduce), the rest at t_plan."""
+    per_epoch = max(1, (work.train_samples or 0) // (scheme.accumulate * sum(shares.values())))
     if len(shares) > 1 and scheme.grad_compression == "powersgd":
-        first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs)
+        first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs or 1)
         before = Scheme("fp16", scheme.powersgd_rank, scheme.accumulate)
     elif len(shares) > 1 and scheme.local:
         first, before = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs), Scheme()
     else:
-        return seconds, steps * total / seconds
+        return steps * t_plan
     t_before, _ = step_time(shares, speeds, network, work, before)
     first = min(steps, first)
-    seconds = first * t_before + (steps - first) * t_plan
-    return seconds, steps * total / seconds
+    return first * t_before + (steps - first) * t_plan
+
+
+def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
+              conv: convergence.Convergence) -> None:
+    """Each candidate's samples and seconds to the target accuracy (convergence.py), its steps at the
+    candidate's own step times (a scheme's start phase included); the model's caveat as a warning."""
+    for c in cands:
+        samples, note = conv.samples(c.global_batch, c.scheme)
+        if samples is None:
+            continue
+        steps = math.ceil(samples / c.global_batch - 1e-9)  # E_min x growth back at a reference: its own steps
+        c.samples_to_target = samples
+        c.to_target_s = _steps_s(steps, c.shares, {n: speeds[n] for n in c.nodes}, network, work, c.scheme, c.step_s)
+        if note:
+            c.warnings.append(note)
 
 
 def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench | None,
@@ -279,8 +310,10 @@ NEAR_BEST = 0.8  # within this fraction of the fastest, the plan takes the schem
 
 
 def speed(c: Placement) -> float:
-    """What the recommendation ranks by: end to end over the job's epochs where known, else the steady
-    step rate."""
+    """What the recommendation ranks by, higher is better: with a target accuracy, 1 / the seconds to it;
+    else end to end over the job's epochs where known, else the steady step rate."""
+    if c.to_target_s:
+        return 1.0 / c.to_target_s
     return c.e2e_images_per_s if c.e2e_images_per_s is not None else c.planned_images_per_s
 
 
@@ -289,6 +322,8 @@ def recommend(cands: list[Placement]) -> Placement:
     the fastest end to end (a scheme that changes training must buy 25% more throughput); of these the one
     that changes training least (fewer micro-batches per step, then no compression, fp16, PowerSGD), the
     fastest of equals. One node is a candidate like any other: where it is fastest, it is the answer."""
+    if any(c.to_target_s for c in cands):  # with a target, only the candidates the model could price
+        cands = [c for c in cands if c.to_target_s]
     safe = [c for c in cands if not c.warnings] or cands
     top = max(speed(c) for c in safe)
     near = [c for c in safe if speed(c) >= NEAR_BEST * top]
@@ -300,6 +335,8 @@ def verdict(choice: PlacementChoice) -> str | None:
     """The plan's answer in a sentence, end to end: the recommended node set against one node alone (or, where
     one node is recommended, against the fastest set of several). None without the job's length."""
     rec = choice.recommended
+    if rec.to_target_s and choice.convergence:
+        return _target_verdict(choice, float(choice.convergence["target"]))
     one = [c for c in choice.candidates if len(c.nodes) == 1 and c.run_s]
     many = [c for c in choice.candidates if len(c.nodes) > 1 and c.run_s]
     if not rec.run_s or not one or not many:
@@ -313,11 +350,30 @@ def verdict(choice: PlacementChoice) -> str | None:
             f"{(alone.run_s or 0.0) / rec.run_s:.1f}x faster than {alone.nodes[0]} alone ({alone.run_s:.0f} s)")
 
 
+def _target_verdict(choice: PlacementChoice, target: float) -> str | None:
+    """The verdict to a target accuracy: the recommended set against one node alone, both to the target."""
+    rec = choice.recommended
+    one = [c for c in choice.candidates if len(c.nodes) == 1 and c.to_target_s]
+    many = [c for c in choice.candidates if len(c.nodes) > 1 and c.to_target_s]
+    if not one or not many or not rec.to_target_s:
+        return None
+    alone = min(one, key=lambda c: c.to_target_s or 0.0)
+    best = min(many, key=lambda c: c.to_target_s or 0.0)
+    if len(rec.nodes) == 1:
+        return (f"one node is fastest to validation accuracy {target:g}: {rec.nodes[0]} alone {rec.to_target_s:.0f} s, "
+                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {best.to_target_s:.0f} s")
+    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}) reach validation accuracy {target:g} in "
+            f"{rec.to_target_s:.0f} s, {(alone.to_target_s or 0.0) / rec.to_target_s:.1f}x faster than "
+            f"{alone.nodes[0]} alone ({alone.to_target_s:.0f} s)")
+
+
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
     with " (recommended)", a scheme with an accuracy warning is marked "!"."""
+    target = choice.convergence["target"] if choice.convergence else None
     header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "e2e img/s", "run s",
+              *([f"s to {target:g}", "epochs to it"] if target else []),
               "step s", "all-reduce wait s", "MB/step", "epoch s", "shares"]
     rec = choice.recommended
     best: dict[int, Placement] = {}
@@ -332,10 +388,22 @@ def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
         rows.append([",".join(c.nodes) + mark, c.scheme.label() + (" !" if c.warnings else ""),
                      str(c.global_batch), f"{c.even_images_per_s:.1f}", f"{c.planned_images_per_s:.1f}",
                      "-" if c.e2e_images_per_s is None else f"{c.e2e_images_per_s:.1f}",
-                     "-" if c.run_s is None else f"{c.run_s:.0f}", f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+                     "-" if c.run_s is None else f"{c.run_s:.0f}",
+                     *([_cell(c.to_target_s, "{:.0f}"), _cell(_epochs(c, choice), "{:.1f}")] if target else []),
+                     f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
                      "-" if c.bytes_per_step is None else f"{c.bytes_per_step / 1e6:.2f}",
                      f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
     return header, rows
+
+
+def _cell(x: float | None, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _epochs(c: Placement, choice: PlacementChoice) -> float | None:
+    """Epochs of the training set the candidate's samples to the target make."""
+    n = (choice.convergence or {}).get("train_samples")
+    return c.samples_to_target / n if c.samples_to_target and n else None
 
 
 # --------------------------------------------------------------------------- for a job on an inventory
@@ -355,16 +423,24 @@ def _job_bench(inv: Inventory, spec: jobs.JobSpec, job: str) -> tuple[bench.Benc
     return b, comp
 
 
-def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: str | None = None) -> PlacementChoice:
+def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: str | None = None,
+           target_acc: float | None = None) -> PlacementChoice:
     """Every candidate node set x communication scheme for the job, the best one recommended; saved for
-    `launch --plan`. `limit` (a host pattern) narrows the job's nodes the candidates are made of."""
+    `launch --plan`. `limit` (a host pattern) narrows the job's nodes the candidates are made of.
+    `target_acc`: rank by the predicted time to that validation accuracy (convergence.py)."""
     spec = jobs.load(job, overrides or [])
     b, comp = _job_bench(inv, spec, job)
     allowed = {h.name for h in launch.select_hosts(inv, spec, limit)}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in comp.nodes.items() if n in allowed}
-    cands = candidates(speeds, spec["batch"], b.network, work=workload(spec, b.network))
+    work = workload(spec, b.network)
+    cands = candidates(speeds, spec["batch"], b.network, work=work)
+    conv = None
+    if target_acc is not None:
+        model = convergence.calibrate(spec, target_acc, comp.noise_scale)
+        to_target(cands, speeds, b.network, work, model)
+        conv = {**model.to_dict(), "train_samples": work.train_samples}
     choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
-                             spec["batch"], cands, recommend(cands))
+                             spec["batch"], cands, recommend(cands), conv)
     p = choice_path(inv, spec.name)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(choice.to_dict(), indent=1))

@@ -1,0 +1,160 @@
+"""How many samples a job needs to reach a validation accuracy, per global batch and communication scheme:
+the model behind `clusterctl plan --target-acc` (docs/planning.md "Time to a target accuracy").
+
+McCandlish et al. ("An Empirical Model of Large-Batch Training", 2018): to reach a given loss, the samples a
+run needs grow with its global batch B as
+
+    E(B) = E_min x (1 + B / B_noise)
+
+with B_noise the gradient noise scale. The plan measures no accuracy itself; it is calibrated by
+- the lab's own collected runs of the job that reached the target (`references`): each gives the samples
+  it took, at its global batch and scheme, so E_min per scheme (plain all-reduce and fp16 are one: fp16
+  costs no accuracy, docs/performance.md);
+- B_noise: fitted from two plain references at different global batches where the lab has them, else the
+  probe bench ran (its gradient noise at the run's start, bench.noise_scale), else none: then only the
+  references' own global batches can be predicted.
+A scheme without a run of its own is assumed to need the plain samples, and the candidate says so: PowerSGD
+and local SGD usually need more (measured on digits: docs/planning.md), so that assumption flatters them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.errors import ClusterError
+from cluster.runs import jobs, records as runs
+from cluster.study import figures
+from cluster.study.commmodel import Scheme
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One collected run of the job that reached the target: its samples to it, at its batch and scheme."""
+
+    run_id: str
+    global_batch: int
+    scheme: str  # Convergence.family of its scheme
+    samples: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "global_batch": self.global_batch, "scheme": self.scheme,
+                "samples": self.samples}
+
+
+def family(scheme: Scheme) -> str:
+    """Schemes that train alike: plain and fp16 are one; PowerSGD per rank, local SGD per period."""
+    return "plain" if scheme.grad_compression in ("none", "fp16") else scheme.label().split(" x")[0]
+
+
+def samples_to_target(lead: dict[int, list[figures.Record]], target: float) -> float | None:
+    """The samples rank 0's records trained up to the end of the first epoch whose val_acc reached the
+    target (each epoch once: a redone one counts as its later record), or None."""
+    done: dict[Any, float] = {}
+    for k in sorted(lead):
+        start = next((x for x in lead[k] if x.get("type") == "start"), {})
+        for x in lead[k]:
+            if x.get("type") != "epoch":
+                continue
+            n = figures.epoch_samples(x, start)
+            if n is None:
+                return None
+            done[x.get("epoch")] = n
+            if float(x.get("val_acc") or 0.0) >= target:
+                return sum(done.values())
+    return None
+
+
+def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
+    if nodes < 2:
+        return Scheme()
+    return Scheme(str(settings.get("grad_compression", "none")), int(settings.get("powersgd_rank", 2)),
+                  1, int(settings.get("localsgd_period", 8)))
+
+
+def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
+    """Every collected, succeeded run of this job whose settings match the plan's (all but nodes, shares,
+    the wire and accumulation, which the plan varies) and which reached the target."""
+    skip = {"nodes", "shares", "accumulate", *jobs.WIRE_KEYS}
+    want = {k: v for k, v in spec.settings.items() if k not in skip}
+    out = []
+    for r in runs.scan()[0]:
+        if r.job != spec.name or r.state != "succeeded" or not r.collected:
+            continue
+        if {k: v for k, v in (r.settings or {}).items() if k not in skip} != want:
+            continue
+        lead = figures.lead_records(r)
+        start = next((x for k in sorted(lead) for x in lead[k] if x.get("type") == "start"), None)
+        samples = samples_to_target(lead, target)
+        if start is None or samples is None or not start.get("global_batch"):
+            continue
+        scheme = _scheme_of(r.settings or {}, len(r.nodes))
+        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), samples))
+    return out
+
+
+def fit_noise(refs: list[Reference]) -> float | None:
+    """B_noise from two plain references at different global batches (the smallest and the largest):
+    E2 / E1 = (1 + B2/Bn) / (1 + B1/Bn). None where they do not bound it (r <= 1: no cost measured, or
+    r >= B2/B1: not even the steps were saved)."""
+    plain = sorted((r for r in refs if r.scheme == "plain"), key=lambda r: r.global_batch)
+    if len(plain) < 2 or plain[0].global_batch == plain[-1].global_batch:
+        return None
+    lo, hi = plain[0], plain[-1]
+    ratio = hi.samples / lo.samples
+    if not 1.0 < ratio < hi.global_batch / lo.global_batch:
+        return None
+    return (hi.global_batch - ratio * lo.global_batch) / (ratio - 1.0)
+
+
+@dataclass
+class Convergence:
+    """E_min per scheme family and B_noise, with where each came from."""
+
+    target: float
+    noise_scale: float | None
+    noise_source: str  # "runs" | "probe" | "none"
+    e_min: dict[str, float] = field(default_factory=dict)
+    references: list[Reference] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "noise_scale": self.noise_scale, "noise_source": self.noise_source,
+                "e_min": dict(self.e_min), "references": [r.to_dict() for r in self.references]}
+
+    def _growth(self, batch: int) -> float:
+        return 1.0 + batch / self.noise_scale if self.noise_scale else 1.0
+
+    def samples(self, batch: int, scheme: Scheme) -> tuple[float | None, str | None]:
+        """(samples to the target at this global batch and scheme, a warning or None). None where it cannot
+        be predicted: no B_noise and a batch no reference ran."""
+        fam = family(scheme)
+        base = self.e_min.get(fam, self.e_min.get("plain"))
+        if base is None:
+            return None, None
+        note = None if fam in self.e_min else (f"no collected run with {fam}: assumed to need an uncompressed "
+                                               "run's samples to the target (it usually needs more)")
+        if not self.noise_scale:
+            same = [r for r in self.references if r.global_batch == batch and r.scheme in (fam, "plain")]
+            if not same:
+                return None, None
+            return min(r.samples for r in same), note
+        return base * self._growth(batch), note
+
+
+def calibrate(spec: jobs.JobSpec, target: float, probe: float | None) -> Convergence:
+    """The model for this job and target from the lab's runs and bench's probe; a ClusterError naming
+    the fix when no run of the job reached the target (the plan cannot guess an accuracy)."""
+    refs = references(spec, target)
+    if not refs:
+        raise ClusterError(f"plan --target-acc {target:g}: no collected run of {spec.name} with these settings "
+                           f"reached validation accuracy {target:g}, and the plan measures no accuracy itself",
+                           f"run it once and collect it (clusterctl launch {spec.name} --limit NODE, then "
+                           "clusterctl collect), or ask for a lower --target-acc")
+    fitted = fit_noise(refs)
+    noise, source = (fitted, "runs") if fitted else ((probe, "probe") if probe else (None, "none"))
+    conv = Convergence(target, noise, source, references=refs)
+    for fam in sorted({r.scheme for r in refs}):
+        mine = [r for r in refs if r.scheme == fam]
+        # the mean of each reference brought back to batch 0 (E_min): several runs average their noise
+        conv.e_min[fam] = math.fsum(r.samples / conv._growth(r.global_batch) for r in mine) / len(mine)
+    return conv

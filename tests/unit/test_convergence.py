@@ -1,0 +1,110 @@
+"""plan --target-acc: the convergence model calibrated by a lab's collected runs (real metrics of ResNet18 on
+digits at global batch 32 and 128, plain and PowerSGD: tests/fixtures/convergence) and bench's noise probe;
+the plan's verdict to the target on a slow and a fast link."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.errors import ClusterError
+from cluster.runs import jobs, records
+from cluster.study import bench, convergence, placement
+from cluster.study.commmodel import Scheme
+from cluster.study.placement import NodeSpeed, Workload
+from tests.conftest import ROOT
+from tests.unit.test_placement_comm import R18, SLOW, SPEEDS
+
+FIX = ROOT / "tests" / "fixtures" / "convergence"
+PER_EPOCH = 1408  # 44 steps of 32 = 11 of 128: the digits' 1438 training images, whole steps
+
+
+def _run(run_id: str, fixture: str, nodes: int, settings: dict[str, object]) -> None:
+    """A collected, succeeded run of resnet18-ddp whose rank 0 wrote the fixture's records."""
+    names = [f"pc{i}" for i in range(nodes)]
+    records.save(records.RunRecord.from_dict({
+        "run_id": run_id, "job": "resnet18-ddp", "framework": "pytorch", "state": "succeeded", "created": 1.0,
+        "started": 2.0, "ended": 3.0, "world_size": nodes, "settings": settings, "collected": {"time": 4.0},
+        "nodes": [{"node": n, "node_rank": i, "nproc": 1, "run_dir": f"/srv/runs/{run_id}"} for i, n in enumerate(names)],
+        "inventory": {"hosts": [{"name": n, "address": f"10.0.0.{i + 1}"} for i, n in enumerate(names)]}}))
+    out = records.run_path(run_id) / names[0] / "out"
+    out.mkdir(parents=True)
+    (out / "metrics-rank0.jsonl").write_text((FIX / f"{fixture}.jsonl").read_text())
+
+
+@pytest.fixture
+def spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> jobs.JobSpec:
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    s = jobs.load("resnet18-ddp", ["epochs=8"])
+    _run("one", "one", 1, {**s.settings, "nodes": ["pc0"]})
+    _run("ddp4", "ddp4", 4, dict(s.settings))
+    _run("p4", "p4s2", 4, {**s.settings, "grad_compression": "powersgd", "powersgd_rank": 4})
+    _run("other", "one", 1, {**s.settings, "seed": 7})  # other settings: not a reference of this plan
+    return s
+
+
+def test_samples_to_the_target_from_real_records() -> None:
+    lead = {1: [json.loads(x) for x in (FIX / "one.jsonl").read_text().splitlines()]}
+    assert convergence.samples_to_target(lead, 0.98) == 4 * PER_EPOCH  # epochs 0.82 0.93 0.92 0.992
+    assert convergence.samples_to_target(lead, 0.999) is None
+
+
+def test_two_plain_runs_fit_the_noise_scale_and_powersgd_gets_its_own_samples(spec: jobs.JobSpec) -> None:
+    conv = convergence.calibrate(spec, 0.98, probe=1300.0)
+    by = {r.run_id: r for r in conv.references}
+    assert set(by) == {"one", "ddp4", "p4"} and by["p4"].scheme == "powersgd r4"
+    assert (by["one"].samples, by["ddp4"].samples, by["p4"].samples) == (4 * PER_EPOCH, 6 * PER_EPOCH, 8 * PER_EPOCH)
+    # 1.5x the samples at 4x the batch: (1 + 128/B) / (1 + 32/B) = 1.5 -> B = 160; the runs beat the probe
+    assert conv.noise_source == "runs" and conv.noise_scale == pytest.approx(160.0)
+    assert conv.samples(32, Scheme()) == (pytest.approx(4 * PER_EPOCH), None)
+    assert conv.samples(128, Scheme("fp16"))[0] == pytest.approx(6 * PER_EPOCH)  # fp16 trains as plain
+    assert conv.samples(64, Scheme())[0] == pytest.approx(4 * PER_EPOCH * (1 + 64 / 160) / 1.2)
+    assert conv.samples(128, Scheme("powersgd", 4))[0] == pytest.approx(8 * PER_EPOCH)
+    samples, note = conv.samples(128, Scheme("powersgd", 2))  # no run of rank 2: plain's, and it says so
+    assert samples == pytest.approx(6 * PER_EPOCH) and note and "no collected run with powersgd r2" in note
+
+
+def test_one_run_takes_the_probe_and_no_run_at_the_target_is_refused(spec: jobs.JobSpec) -> None:
+    for rid in ("ddp4", "p4"):
+        records.run_path(rid).joinpath("pc0", "out", "metrics-rank0.jsonl").unlink()
+    conv = convergence.calibrate(spec, 0.98, probe=1300.0)
+    assert conv.noise_source == "probe" and conv.noise_scale == 1300.0
+    assert conv.samples(128, Scheme())[0] == pytest.approx(4 * PER_EPOCH * (1 + 128 / 1300) / (1 + 32 / 1300))
+    none = convergence.calibrate(spec, 0.98, probe=None)  # neither: only the references' own batch
+    assert none.samples(32, Scheme())[0] == 4 * PER_EPOCH and none.samples(128, Scheme())[0] is None
+    with pytest.raises(ClusterError) as e:
+        convergence.calibrate(spec, 0.999, probe=1300.0)
+    assert "no collected run of resnet18-ddp" in str(e.value) and "launch resnet18-ddp --limit" in e.value.fix
+
+
+def _choice(spec: jobs.JobSpec, network: bench.NetworkBench, start_step: int) -> placement.PlacementChoice:
+    work = Workload(R18, "pytorch", 0.0, (Scheme(), Scheme("fp16"), Scheme("powersgd", 4)), 1438, 8, 1.0, start_step)
+    cands = placement.candidates(SPEEDS, 32, network, work=work)
+    conv = convergence.calibrate(spec, 0.98, probe=None)
+    placement.to_target(cands, SPEEDS, network, work, conv)
+    return placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, network, 32, cands,
+                                     placement.recommend(cands), {**conv.to_dict(), "train_samples": 1438})
+
+
+def test_the_verdict_to_the_target_flips_with_the_link_and_counts_powersgds_fp16_phase(spec: jobs.JobSpec) -> None:
+    one_s = 4 * PER_EPOCH / 32 * SPEEDS["node1"].step(32)  # 176 steps of 0.338 s
+    slow = _choice(spec, SLOW, 0)  # 26 Mbit/s; PowerSGD sends fp16 for its first 22 steps (10 s each)
+    assert len(slow.recommended.nodes) == 1 and slow.recommended.to_target_s == pytest.approx(one_s)
+    said = placement.verdict(slow)
+    assert said and said.startswith("one node is fastest to validation accuracy 0.98")
+    fast_link = bench.NetworkBench(4, 1000.0, 0.02, {}, 0.0001, 11_181_642 * 4)
+    fast = _choice(spec, fast_link, 0)
+    rec = fast.recommended
+    assert len(rec.nodes) == 4 and rec.scheme == Scheme() and rec.to_target_s < 0.5 * one_s
+    said = placement.verdict(fast)
+    assert said and said.startswith("4 nodes (none) reach validation accuracy 0.98")
+    # PowerSGD from the first step (powersgd_start_step 1) on the slow link: no fp16 phase, 88 PowerSGD steps
+    first = _choice(spec, SLOW, 1)
+    psgd = next(c for c in first.candidates if len(c.nodes) == 4 and c.grad_compression == "powersgd")
+    assert psgd.to_target_s == pytest.approx(88 * psgd.step_s)
+    assert psgd.to_target_s < next(c for c in slow.candidates if c.nodes == psgd.nodes and c.scheme == psgd.scheme
+                                   ).to_target_s / 3
+    head, rows = placement.summary_rows(first)
+    assert "s to 0.98" in head and "epochs to it" in head
+    assert placement.PlacementChoice.from_dict(json.loads(json.dumps(first.to_dict()))) == first
