@@ -1,6 +1,7 @@
 """A GTX 10xx lab on 1 GbE, emulated: plain DDP vs fp16 vs PowerSGD vs accumulation vs the plan's pick.
 
     .venv/bin/python benchmarks/slow_network.py [--quick] [--bandwidth 26mbit] [--epochs 4] [--seeds 3] [--no-tf] [--save DIR]
+    .venv/bin/python benchmarks/slow_network.py --to-accuracy --save DIR ...   (benchmarks/to_accuracy.py: issue 26)
 
 Issue 13's acceptance benchmark. A 4-node lab, every node at half a core (`lab up --cpu-quota 0.5,...`: what
 4 nodes get from 2 cores, the same when benched alone as when training together), links shaped to
@@ -204,6 +205,11 @@ def settings(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def main() -> int:
+    if "--to-accuracy" in sys.argv:  # issue 26's protocol: the plan's pick against 1 node, to the same accuracy
+        from benchmarks import to_accuracy
+
+        sys.argv.remove("--to-accuracy")
+        return to_accuracy.main()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidth", default="26mbit", help="per-node link rate (docs/planning.md derives 26mbit)")
     ap.add_argument("--cpu-quota", type=float, default=0.5, help="each node's share of one core")

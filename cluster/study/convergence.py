@@ -73,13 +73,15 @@ def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
 
 
 def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
-    """Every collected, succeeded run of this job whose settings match the plan's (all but nodes, shares,
-    the wire and accumulation, which the plan varies) and which reached the target."""
-    skip = {"nodes", "shares", "accumulate", *jobs.WIRE_KEYS}
+    """Every collected run of this job that ended succeeded, or stopped after it reached the target, whose
+    settings match the plan's (all but nodes, shares, the wire and accumulation, which the plan varies, and
+    epochs: a run planned longer decays its learning rate later, so reaches a high target later, a
+    pessimistic reference) and which reached the target."""
+    skip = {"nodes", "shares", "accumulate", "epochs", *jobs.WIRE_KEYS}
     want = {k: v for k, v in spec.settings.items() if k not in skip}
     out = []
     for r in runs.scan()[0]:
-        if r.job != spec.name or r.state != "succeeded" or not r.collected:
+        if r.job != spec.name or r.state not in ("succeeded", "stopped") or not r.collected:
             continue
         if {k: v for k, v in (r.settings or {}).items() if k not in skip} != want:
             continue
