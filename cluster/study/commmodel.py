@@ -198,9 +198,8 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
 
 def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
             localsgd_period: int = 8) -> list[Scheme]:
-    """Every scheme the plan weighs: TensorFlow has no PowerSGD nor local SGD (jobs.py refuses them); local
-    SGD at the job's period, without accumulation (its period already is a number of steps between syncs)."""
-    if framework == "tensorflow":
-        return [Scheme(c, powersgd_rank, k) for c in ("none", "fp16") for k in accumulates]
-    return ([Scheme(c, powersgd_rank, k) for c in wlcommon.COMPRESSIONS for k in accumulates]
+    """Every scheme the plan weighs: TensorFlow has no PowerSGD (jobs.py refuses it); local SGD at the job's
+    period, without accumulation (its period already is a number of steps between syncs)."""
+    kinds = ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS
+    return ([Scheme(c, powersgd_rank, k) for c in kinds for k in accumulates]
             + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)])

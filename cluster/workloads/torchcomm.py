@@ -131,7 +131,7 @@ def _powersgd_hook(n_groups: int, timeout_s: float,
     return powersgd_fp16_first_hook
 
 
-class LocalSGD(wlcommon.Compression):
+class LocalSGD(wlcommon.LocalSteps):
     """Post-local SGD (Lin et al., "Don't use large mini-batches, use local SGD", ICLR 2020) with torch's
     own pieces: DDP's post_localSGD_hook all-reduces the gradients (float32, as DDP would) for the first
     `start` optimizer steps and sends nothing after them (post_local_gradient_allreduce off: torch's
@@ -154,14 +154,8 @@ class LocalSGD(wlcommon.Compression):
 
     def __init__(self, shapes: list[tuple[int, ...]], world: int, period: int, start: int,
                  hook_state: PostLocalSGDState, averager: PeriodicModelAverager) -> None:
-        super().__init__(wlcommon.LOCAL_SGD, shapes, world)  # before_start: float32 gradients
-        self.period, self.start, self.hook_state, self.averager = period, start, hook_state, averager
-        self.ring = 2.0 * (world - 1) / world if world > 1 else 0.0
-        params = int(self.before_start["grad_bytes"])  # the parameters, float32: the gradients' shapes
-        self.average_bytes = round(params * self.ring)  # what one averaging sends
-        # per step on average once local SGD runs: the parameters every `period` steps
-        self.volume = {**self.before_start, "allreduce_payload_bytes": round(params / period),
-                       "bytes_sent_per_step_ring": round(params * self.ring / period)}
+        super().__init__(shapes, world, period, start)
+        self.hook_state, self.averager = hook_state, averager
 
     @classmethod
     def register(cls, ddp: DistributedDataParallel, shapes: list[tuple[int, ...]], world: int, period: int,
@@ -180,21 +174,8 @@ class LocalSGD(wlcommon.Compression):
         averager.step = done_steps  # as PostLocalSGDOptimizer.load_state_dict restores it
         return cls(shapes, world, period, start, state, averager)
 
-    def compressing(self) -> bool:
-        """Whether local SGD runs at the next step (before it: the gradients' all-reduce)."""
-        return self.averager.step >= self.start
-
-    def averages(self) -> bool:
-        """Whether the averager averages the parameters after the next step (PeriodicModelAverager's rule)."""
-        s = self.averager.step
-        return s >= self.start and (s - self.start) % self.period == 0
-
-    def bytes_sent_ring(self) -> int:
-        """Bytes this rank sends in the next step (ring model): the gradients before the start; then the
-        parameters on an averaging step, nothing on the others. after_step adds an epoch end's sync."""
-        if not self.compressing():
-            return int(self.before_start["bytes_sent_per_step_ring"])
-        return self.average_bytes if self.averages() else 0
+    def steps_done(self) -> int:
+        return int(self.averager.step)  # the averager's own count of optimizer steps
 
     def after_step(self, opt: torch.optim.Optimizer, epoch_end: bool = False) -> int:
         """After each optimizer step: the averager's step (it averages every `period` steps); after an

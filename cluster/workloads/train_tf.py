@@ -77,7 +77,7 @@ class Trainer:
         self.strategy, self.a, self.global_batch = strategy, a, global_batch
         self.accumulate = int(getattr(a, "accumulate", 1))
         self.compression = getattr(a, "grad_compression", "none")
-        if self.compression not in ("none", "fp16"):
+        if self.compression not in ("none", "fp16", wlcommon.LOCAL_SGD):
             raise ValueError(f"gradient compression {self.compression!r} is not implemented for TensorFlow")
         self.comm_options = comm_options
         with strategy.scope():
@@ -137,6 +137,46 @@ class Trainer:
 
         per_replica = self.strategy.run(replica, args=(x, y))
         return self.strategy.experimental_local_results(per_replica)[0]
+
+    @compiled
+    def local_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """Local SGD's step: this worker's own mean gradient over its batch (its share of the global-batch
+        loss, scaled back), its weight decay, its own SGD step: no all-reduce; the workers' models part
+        until the next average_model."""
+        def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            loss, grads = self._accumulated_grads(x, y)
+            share = self.global_batch / tf.cast(tf.shape(y)[0], loss.dtype)  # global-batch mean -> own mean
+            variables = self.model.trainable_variables
+            mine = [g * share + self.a.weight_decay * v for g, v in zip(grads, variables)]
+            self.opt.apply_gradients(zip(mine, variables), skip_gradients_aggregation=True)
+            return loss * share
+
+        per_replica = self.strategy.run(replica, args=(x, y))
+        return self.strategy.experimental_local_results(per_replica)[0]
+
+    def average_model(self, params: bool, momentum: bool) -> int:
+        """Local SGD's sync: the workers' parameters (and, at an epoch's end, their SGD momentum) replaced
+        by their mean, one float32 all-reduce (a collective: every worker calls it alike). Returns the
+        bytes it sent (ring model)."""
+        chosen = list(self.model.trainable_variables) if params else []
+        if momentum:
+            opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
+            chosen += [v for v in opt_vars if v.dtype.is_floating and len(v.shape) > 0]  # momentum, not lr
+        world = self.strategy.num_replicas_in_sync
+        if not chosen or world < 2:
+            return 0
+
+        @compiled
+        def mean() -> Any:
+            def replica() -> Any:
+                ctx = tf.distribute.get_replica_context()
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, [v.read_value() for v in chosen])
+
+            return self.strategy.run(replica)
+
+        for v, total in zip(chosen, mean()):
+            v.assign(self.strategy.experimental_local_results(total)[0] / world)
+        return int(round(sum(v.shape.num_elements() * v.dtype.size for v in chosen) * 2 * (world - 1) / world))
 
     @compiled
     def eval_sums(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -244,11 +284,17 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     batches = [int(b) for b in _allsum(w.strategy, np.eye(w.world)[w.rank] * batch)] if w.world > 1 else [batch]
     plan = wlcommon.plan_batches(a, batch, batches, len(ds.x_train))
     tr = Trainer(w.strategy, ds.classes, a.size, a, plan.global_batch, w.options)
-    comp = wlcommon.Compression(a.grad_compression, [tuple(v.shape) for v in tr.model.trainable_variables], w.world)
+    shapes = [tuple(v.shape) for v in tr.model.trainable_variables]
+    comp = wlcommon.Compression(a.grad_compression, shapes, w.world)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
     if a.resume == "auto":
         resume_newest(w, tr, ckpt, metrics.dir / "checkpoint")
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
+    lsgd = a.grad_compression == wlcommon.LOCAL_SGD
+    if lsgd:  # resumed: the schedule continues from the steps done
+        comp = wlcommon.LocalSteps(shapes, w.world, a.localsgd_period,
+                                   wlcommon.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs),
+                                   step)
     device = "cpu" if not tf.config.list_physical_devices("GPU") else "gpu"
     metrics.start(**wlmetrics.run_fields(a, ds, plan, start_epoch, world=w.world, local_rank=0, device=device,
                                          amp=False, start_step=step),
@@ -257,7 +303,10 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   backend="mwms" if w.world > 1 else "none", collective_timeout_s=a.collective_timeout_s,
                   heartbeat_timeout_s=a.collective_timeout_s if w.world > 1 and a.collective_timeout_s else None,
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
-                  grad_compression=a.grad_compression, **plan.start_fields(), **comp.volume)
+                  grad_compression=a.grad_compression,
+                  localsgd_period=a.localsgd_period if lsgd else None,
+                  localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
+                  **plan.start_fields(), **comp.volume)
     return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step)
 
 
@@ -278,10 +327,22 @@ def train_epoch(t: Training, epoch: int) -> None:
         xb, yb = next(feed)
         return tf.constant(xb), tf.constant(yb)
 
+    left = [plan.steps_per_epoch]  # the epoch's steps still to run
+
     def train(batch: tuple[tf.Tensor, tf.Tensor], lr: float) -> wlmetrics.StepOutcome:
         tr.opt.learning_rate.assign(lr)
-        loss = float(tr.train_step(*batch).numpy())
-        return wlmetrics.StepOutcome(loss, int(batch[1].shape[0]), t.comp.bytes_sent_ring())
+        sent = t.comp.bytes_sent_ring()
+        left[0] -= 1
+        if not isinstance(t.comp, wlcommon.LocalSteps):
+            return wlmetrics.StepOutcome(float(tr.train_step(*batch).numpy()), int(batch[1].shape[0]), sent)
+        local, averages = t.comp.compressing(), t.comp.averages()
+        loss = float((tr.local_step if local else tr.train_step)(*batch).numpy())
+        if averages:
+            tr.average_model(params=True, momentum=False)
+        if local and left[0] == 0:  # the epoch's end: one model, one momentum on every worker (train_torch alike)
+            sent += tr.average_model(params=not averages, momentum=True)
+        t.comp.done += 1
+        return wlmetrics.StepOutcome(loss, int(batch[1].shape[0]), sent)
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
@@ -295,7 +356,7 @@ def train_epoch(t: Training, epoch: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = wlcommon.parse_args(__doc__, argv, refused)
+    a = wlcommon.parse_args(__doc__, argv, refused, local_sgd=True)
     cpu = wlmetrics.CpuMeter()
     w = setup_worker(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), w.rank, "tensorflow")

@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
 COMPRESSIONS = ("none", "fp16", "powersgd")  # gradient compressions (what the study's comm model prices)
-# not a gradient compression: the model all-reduced every --localsgd-period steps (PyTorch only, torchcomm.py)
+# not a gradient compression: the model all-reduced every --localsgd-period steps (LocalSteps; torchcomm.py)
 LOCAL_SGD = "localsgd"
 
 
@@ -50,8 +50,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
     ap.add_argument("--grad-compression", default="none", choices=[*COMPRESSIONS, LOCAL_SGD],
                     help="gradients on the wire: none (float32), fp16 (cast for the all-reduce and back), "
-                    "powersgd (PyTorch only: low-rank with error feedback and warm start); localsgd (PyTorch "
-                    "only): post-local SGD, the model averaged every --localsgd-period steps instead")
+                    "powersgd (PyTorch only: low-rank with error feedback and warm start); localsgd: post-local "
+                    "SGD, the model averaged every --localsgd-period steps instead")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
@@ -366,3 +366,40 @@ class Compression:
     def bytes_sent_ring(self) -> int:
         """Bytes this rank sends in the next step's all-reduces (ring model, comm_volume)."""
         return int((self.volume if self.compressing() else self.before_start)["bytes_sent_per_step_ring"])
+
+
+class LocalSteps(Compression):
+    """Local SGD's schedule and bytes, the same for both programs: the gradients' float32 all-reduce for the
+    first `start` optimizer steps, then each rank steps alone and the parameters are averaged after steps
+    start, start + H, start + 2H, ... (0-based; one float32 all-reduce of the parameters). `steps_done`
+    counts the optimizer steps done (a resume starts from its own); torchcomm.LocalSGD reads torch's
+    averager's count instead."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], world: int, period: int, start: int, done_steps: int = 0) -> None:
+        super().__init__(LOCAL_SGD, shapes, world)  # before_start: float32 gradients
+        self.period, self.start, self.done = period, start, done_steps
+        self.ring = 2.0 * (world - 1) / world if world > 1 else 0.0
+        params = int(self.before_start["grad_bytes"])  # the parameters, float32: the gradients' shapes
+        self.average_bytes = round(params * self.ring)  # what one averaging sends
+        # per step on average once local SGD runs: the parameters every `period` steps
+        self.volume = {**self.before_start, "allreduce_payload_bytes": round(params / period),
+                       "bytes_sent_per_step_ring": round(params * self.ring / period)}
+
+    def steps_done(self) -> int:
+        return self.done
+
+    def compressing(self) -> bool:
+        """Whether local SGD runs at the next step (before it: the gradients' all-reduce)."""
+        return self.steps_done() >= self.start
+
+    def averages(self) -> bool:
+        """Whether the parameters are averaged after the next step (PeriodicModelAverager's rule)."""
+        s = self.steps_done()
+        return s >= self.start and (s - self.start) % self.period == 0
+
+    def bytes_sent_ring(self) -> int:
+        """Bytes this rank sends in the next step (ring model): the gradients before the start; then the
+        parameters on an averaging step, nothing on the others (an epoch end's sync is the program's)."""
+        if not self.compressing():
+            return int(self.before_start["bytes_sent_per_step_ring"])
+        return self.average_bytes if self.averages() else 0

@@ -29,7 +29,7 @@ def test_overrides_reach_nested_settings_and_env() -> None:
     ("epochs: two\n", ":4: epochs", "expected a whole number >= 1 and <= 10000, got 'two'"),
     ("optimizer: {lr: 0}\n", ":4: optimizer.lr", "expected a number > 0"),
     ("batchsize: 32\n", ":4: batchsize", "unknown setting"),
-    ("dataset: {name: imagenet}\n", ":4: dataset.name", "expected one of digits, cifar10"),
+    ("dataset: {name: imagenet}\n", ":4: dataset.name", "expected one of digits, digits-aug, cifar10"),
     ("dataset: {name: cifar10}\n", ": dataset.path", "cifar10 needs an existing path on the head"),
     ("env: {1BAD: x}\n", ": env.1BAD", "not a valid environment variable name"),
     ("procs_per_node: 0\n", ":4: procs_per_node", "expected auto or a whole number >= 1"),
@@ -122,7 +122,6 @@ def test_localsgd_settings_reach_the_program_only_with_local_sgd() -> None:
     ("resnet50-ddp", "localsgd_period=often", "localsgd_period", "expected a whole number >= 2"),
     ("resnet50-ddp", "localsgd_start_step=-1", "localsgd_start_step", "expected a whole number >= 0"),
     ("resnet50-ddp", "localsgd_start_step=.nan", "localsgd_start_step", "expected a whole number >= 0"),
-    ("resnet50-tf", "grad_compression=localsgd", "grad_compression", "localsgd is implemented for PyTorch only"),
 ])
 def test_bad_localsgd_settings_name_the_field_and_a_fix(job: str, override: str, field: str, message: str) -> None:
     with pytest.raises(JobError) as e:
