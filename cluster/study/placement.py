@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cluster import paths
 from cluster.study import bench, commmodel, convergence
@@ -334,37 +334,28 @@ def recommend(cands: list[Placement]) -> Placement:
 def verdict(choice: PlacementChoice) -> str | None:
     """The plan's answer in a sentence, end to end: the recommended node set against one node alone (or, where
     one node is recommended, against the fastest set of several). None without the job's length."""
-    rec = choice.recommended
-    if rec.to_target_s and choice.convergence:
-        return _target_verdict(choice, float(choice.convergence["target"]))
-    one = [c for c in choice.candidates if len(c.nodes) == 1 and c.run_s]
-    many = [c for c in choice.candidates if len(c.nodes) > 1 and c.run_s]
-    if not rec.run_s or not one or not many:
-        return None
-    alone = min(one, key=lambda c: c.run_s or 0.0)
-    best = min(many, key=lambda c: c.run_s or 0.0)
-    if len(rec.nodes) == 1:
-        return (f"one node is fastest end to end: {rec.nodes[0]} alone {rec.run_s:.0f} s for the job's epochs, "
-                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {best.run_s:.0f} s")
-    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}): {rec.run_s:.0f} s for the job's epochs, "
-            f"{(alone.run_s or 0.0) / rec.run_s:.1f}x faster than {alone.nodes[0]} alone ({alone.run_s:.0f} s)")
+    if choice.recommended.to_target_s and choice.convergence:
+        acc = f"validation accuracy {float(choice.convergence['target']):g}"
+        return _versus(choice, lambda c: c.to_target_s, f"fastest to {acc}", "", f" reach {acc} in")
+    return _versus(choice, lambda c: c.run_s, "fastest end to end", " for the job's epochs", ":")
 
 
-def _target_verdict(choice: PlacementChoice, target: float) -> str | None:
-    """The verdict to a target accuracy: the recommended set against one node alone, both to the target."""
-    rec = choice.recommended
-    one = [c for c in choice.candidates if len(c.nodes) == 1 and c.to_target_s]
-    many = [c for c in choice.candidates if len(c.nodes) > 1 and c.to_target_s]
-    if not one or not many or not rec.to_target_s:
+def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None], fastest: str, per: str,
+            lead: str) -> str | None:
+    """The recommended set against one node alone (or one node against the best of several), by `seconds`."""
+    rec, t = choice.recommended, seconds(choice.recommended)
+    one = [c for c in choice.candidates if len(c.nodes) == 1 and seconds(c)]
+    many = [c for c in choice.candidates if len(c.nodes) > 1 and seconds(c)]
+    if not t or not one or not many:
         return None
-    alone = min(one, key=lambda c: c.to_target_s or 0.0)
-    best = min(many, key=lambda c: c.to_target_s or 0.0)
+    alone = min(one, key=lambda c: seconds(c) or 0.0)
+    best = min(many, key=lambda c: seconds(c) or 0.0)
     if len(rec.nodes) == 1:
-        return (f"one node is fastest to validation accuracy {target:g}: {rec.nodes[0]} alone {rec.to_target_s:.0f} s, "
-                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {best.to_target_s:.0f} s")
-    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}) reach validation accuracy {target:g} in "
-            f"{rec.to_target_s:.0f} s, {(alone.to_target_s or 0.0) / rec.to_target_s:.1f}x faster than "
-            f"{alone.nodes[0]} alone ({alone.to_target_s:.0f} s)")
+        return (f"one node is {fastest}: {rec.nodes[0]} alone {t:.0f} s{per}, "
+                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {seconds(best) or 0.0:.0f} s")
+    t1 = seconds(alone) or 0.0
+    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}){lead} {t:.0f} s{per}, "
+            f"{t1 / t:.1f}x faster than {alone.nodes[0]} alone ({t1:.0f} s)")
 
 
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
