@@ -330,7 +330,7 @@ def test_revoked_host_key_is_refused_cert_authority_is_not_an_error(tlab: lifecy
 
     kh.write_text(f"@cert-authority *.lab.example.org {ca}\n{recorded}@revoked * {kind} {b64}\n")
     start = time.monotonic()
-    r = clusterctl("exec", str(inv), "--", "true", timeout=60)
+    r = clusterctl("exec", str(inv), "--", "true", timeout=60, env={"COLUMNS": "300"})  # the path unfolded
     both = r.stdout + r.stderr
     assert r.returncode == 3, both
     assert "REVOKED" in both and f"{kh}:3" in both and "Traceback" not in both, both
