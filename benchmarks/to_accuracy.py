@@ -45,10 +45,10 @@ POLL_S = 2.0
 
 
 def rank0(state: lifecycle.LabState, run_id: str) -> list[dict[str, Any]]:
-    """Rank 0's records as the lab's node1 holds them (node1 hosts rank 0 in every run here)."""
-    f = Path(state.nodes[0].dir) / "srv" / "runs" / run_id / "out" / "metrics-rank0.jsonl"
+    """Rank 0's records as the lab's node holds them (the run's first node: node2 where the plan picks it alone)."""
+    found = [f for n in state.nodes if (f := Path(n.dir) / "srv" / "runs" / run_id / "out" / "metrics-rank0.jsonl").exists()]
     out = []
-    for line in (f.read_text().splitlines() if f.exists() else []):
+    for line in (found[0].read_text().splitlines() if found else []):
         try:
             out.append(json.loads(line))
         except ValueError:
