@@ -131,7 +131,7 @@ def main() -> int:
     ap.add_argument("--bandwidth", default="26mbit")
     ap.add_argument("--cpu-quota", type=float, default=0.5)
     ap.add_argument("--name", default="toacc")
-    ap.add_argument("--subnet", default="10.201.0.0/24")
+    ap.add_argument("--subnet", default="10.233.0.0/24")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still removes the lab (finally)
     a.save.mkdir(parents=True, exist_ok=True)

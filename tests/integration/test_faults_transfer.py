@@ -49,7 +49,7 @@ ROWS: list[tuple[str, str, float, str]] = []
 @pytest.fixture(scope="module")
 def tlab(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[lifecycle.LabState]:
     try:
-        with lab_up(tmp_path_factory, "x", 1, 8, bandwidth=LINK) as (state, _):
+        with lab_up(tmp_path_factory, "x", 1, 23, bandwidth=LINK) as (state, _):
             yield state
     finally:
         _print_table(pytestconfig)

@@ -18,7 +18,7 @@ PUBLIC = ROOT / "tests" / "fixtures" / "public_ddp" / "aws-cpu-ddp"
 
 @pytest.fixture(scope="module")
 def olab(tmp_path_factory: pytest.TempPathFactory):
-    yield from provisioned_lab(tmp_path_factory, "o", 2, 12)
+    yield from provisioned_lab(tmp_path_factory, "o", 2, 24)
 
 
 def launch_in(folder: Path, env: dict[str, str], *argv: str, timeout: float = 300) -> tuple[int, dict]:
