@@ -64,6 +64,9 @@ class NodeBench(StepRate):
     per_sample_s: float | None = None
     half: StepRate | None = None
     powersgd_s: float | None = None
+    # an epoch's end, from the same run (EpochCosts): seconds per image scored and the checkpoint's save
+    eval_image_s: float | None = None
+    save_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -72,6 +75,8 @@ class NodeBench(StepRate):
                      half=self.half.to_dict() if self.half else None)
         if self.powersgd_s is not None:
             d["powersgd_s"] = self.powersgd_s
+        if self.eval_image_s is not None:
+            d.update(eval_image_s=self.eval_image_s, save_s=self.save_s)
         return d
 
     @classmethod
@@ -81,7 +86,40 @@ class NodeBench(StepRate):
             return cls(**rate.__dict__)
         return cls(**rate.__dict__, fixed_s=float(d.get("fixed_s") or 0.0), per_sample_s=float(d["per_sample_s"]),
                    half=StepRate.from_dict(d["half"]) if d.get("half") else None,
-                   powersgd_s=float(d["powersgd_s"]) if d.get("powersgd_s") is not None else None)
+                   powersgd_s=float(d["powersgd_s"]) if d.get("powersgd_s") is not None else None,
+                   eval_image_s=_opt_float(d.get("eval_image_s")), save_s=_opt_float(d.get("save_s")))
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class EpochCosts:
+    """What an epoch costs beyond its steps, from a single-process run's records: the evaluation (the
+    training loss's sum, the validation split and the training-accuracy sample: the epoch record's time less
+    the last step's) over the images it scored, and the checkpoint (the end record's time less the epoch
+    record's: both programs save after the epoch record). On the emulated room these were 1.5-2 s an epoch,
+    12-20% of a 1-node run's time, which plans before them left out (docs/performance.md)."""
+
+    eval_s: float
+    eval_images: int
+    save_s: float
+
+    @classmethod
+    def from_records(cls, metrics_text: str) -> EpochCosts | None:
+        """None where the run wrote no epoch or end record (killed, or an old program)."""
+        from cluster.workloads import wlcommon
+
+        kinds: dict[str, list[dict[str, Any]]] = {}
+        for r in (json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")):
+            kinds.setdefault(str(r.get("type")), []).append(r)
+        if not all(kinds.get(k) for k in ("start", "step", "epoch", "end")) or "val_samples" not in kinds["start"][0]:
+            return None
+        start, steps, epoch, end = kinds["start"][0], kinds["step"], kinds["epoch"][0], kinds["end"][0]
+        images = wlcommon.eval_images(int(start["train_samples"]), int(start["val_samples"]), 1)
+        return cls(max(0.0, float(epoch["time"]) - float(steps[-1]["time"])), images,
+                   max(0.0, float(end["time"]) - float(epoch["time"])))
 
 
 @dataclass
@@ -276,15 +314,18 @@ def step_rate(metrics_text: str, batch: int) -> StepRate:
     return StepRate(batch / mean, mean, len(times), batch)
 
 
-def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None) -> NodeBench:
+def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None,
+        costs: EpochCosts | None = None) -> NodeBench:
     """Step time at two batch sizes -> a fixed part per step (optimizer update, framework overhead)
-    plus a part per sample: step(b) = fixed_s + b * per_sample_s; and what PowerSGD adds to the
-    full batch's step (never negative: noise)."""
+    plus a part per sample: step(b) = fixed_s + b * per_sample_s; what PowerSGD adds to the
+    full batch's step (never negative: noise); and an epoch's evaluation per image and checkpoint."""
     db = full.batch - half.batch
     per_sample = max((full.step_s - half.step_s) / db, 1e-6) if db else full.step_s / full.batch
     fixed = max(0.0, full.step_s - full.batch * per_sample)
     extra = max(0.0, powersgd.step_s - full.step_s) if powersgd else None
-    return NodeBench(**full.__dict__, fixed_s=fixed, per_sample_s=per_sample, half=half, powersgd_s=extra)
+    return NodeBench(**full.__dict__, fixed_s=fixed, per_sample_s=per_sample, half=half, powersgd_s=extra,
+                     eval_image_s=costs.eval_s / max(1, costs.eval_images) if costs else None,
+                     save_s=costs.save_s if costs else None)
 
 
 def _stage(group: Group, spec: jobs.JobSpec, prepared: datasets.Prepared) -> None:
@@ -310,6 +351,7 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
     for batch_hosts in ([hosts] if parallel else [[h] for h in hosts]):
         log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
         rates: dict[str, list[StepRate]] = {}
+        costs: dict[str, EpochCosts | None] = {}  # the first run's epoch end (evaluation, checkpoint)
         # two sizes (fixed + per-sample cost); PyTorch: the job's batch again with PowerSGD (its own compute)
         runs = [(spec["batch"], False), (max(1, spec["batch"] // 2), False)]
         runs += [(spec["batch"], True)] if spec.framework == "pytorch" else []
@@ -319,11 +361,13 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
             for name, r in res.items():
                 if r.ok:
                     rates.setdefault(name, []).append(step_rate(r.stdout, b))
+                    costs.setdefault(name, EpochCosts.from_records(r.stdout))
                     continue
                 result.errors[f"{spec.name}/{name}"] = r.error or error_tail(r.stderr, 500)
                 if r.status == "unreachable" and name not in result.unreachable:
                     result.unreachable.append(name)  # the CLI exits 3, not 1
-        fb.nodes.update({n: fit(*rs) for n, rs in rates.items() if len(rs) == len(runs)})
+        fb.nodes.update({n: fit(rs[0], rs[1], rs[2] if len(rs) > 2 else None, costs.get(n))
+                         for n, rs in rates.items() if len(rs) == len(runs)})
     _noise(group, fb, spec, data_file, result, log)
     return fb
 
@@ -383,7 +427,7 @@ def _payload(specs: list[jobs.JobSpec]) -> int:
     """The largest of the jobs' gradients in float32 (what plain DDP all-reduces per step)."""
     sizes = [MODEL_BYTES]
     for spec in specs:
-        shapes, _ = commmodel.job_model(spec)
+        shapes, *_ = commmodel.job_model(spec)
         sizes.append(4 * sum(math.prod(s) for s in shapes) if shapes else MODEL_BYTES)
     return max(sizes[1:] or sizes)
 

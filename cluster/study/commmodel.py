@@ -90,21 +90,22 @@ def param_shapes(model: str, classes: int) -> list[Shape]:
     return [tuple(p.shape) for p in m.parameters() if p.requires_grad]
 
 
-def job_model(spec: jobs.JobSpec) -> tuple[list[Shape] | None, int | None]:
-    """(the job's gradient shapes, its training samples): its model (TensorFlow jobs: ResNet50, sized as
-    torchvision's) with its prepared dataset's classes; None where either cannot be known here."""
-    samples, classes = None, 10
+def job_model(spec: jobs.JobSpec) -> tuple[list[Shape] | None, int | None, int | None]:
+    """(the job's gradient shapes, its training samples, its validation samples): its model (TensorFlow
+    jobs: ResNet50, sized as torchvision's) with its prepared dataset's classes; None where any cannot be
+    known here."""
+    samples, val, classes = None, None, 10
     try:
         from cluster.workloads import wldata
 
         ds = wldata.open_prepared(datasets.prepare(spec).path)
-        samples, classes = len(ds.y_train), int(ds.classes)
+        samples, val, classes = len(ds.y_train), len(ds.y_val), int(ds.classes)
     except (ClusterError, OSError, ValueError, ImportError):
         pass
     try:
-        return param_shapes(spec["model"] if spec.framework == "pytorch" else "resnet50", classes), samples
+        return param_shapes(spec["model"] if spec.framework == "pytorch" else "resnet50", classes), samples, val
     except ClusterError:
-        return None, samples
+        return None, samples, val
 
 
 def buckets(shapes: list[Shape], bucket_mb: float = 0.0, elem_bytes: int = 4) -> list[list[Shape]]:

@@ -7,7 +7,10 @@ Model, per optimizer step on node set S with per-node micro-batches b_i and a sc
     compute_i = f_i + k * b_i * c_i   node i alone (bench at two batch sizes): fixed + per-sample time
     comm      = per DDP bucket: latency + its payload x 2(|S|-1)/|S| x seconds per byte (bench)
     step      = max_i compute_i + max(last bucket, comm - backward of the last micro-batch)
-    images/s  = k * B / step,   epoch time = (train samples / (k * B)) * step
+    images/s  = k * B / step
+    epoch     = (train samples / (k * B)) * step + max_i (e_i * eval images(|S|) + save_i)
+                the epoch's end: each rank scores its share of the validation split and a training sample
+                (wlcommon.eval_images) at e_i per image, then saves the checkpoint (bench's EpochCosts)
 The even split gives every node `batch`; the balanced split solves f_i + b_i c_i = T, sum b_i = B.
 """
 from __future__ import annotations
@@ -33,24 +36,36 @@ from cluster.workloads import wlcommon
 class NodeSpeed:
     """step(b) = fixed_s + b * per_sample_s, from `bench` (two batch sizes); powersgd_s: what PowerSGD's
     own compute adds to each optimizer step (bench: DDP and the hook on one process, where its
-    all-reduces move nothing), 0 where not measured."""
+    all-reduces move nothing); an epoch's end: eval_image_s per image scored, save_s for the checkpoint;
+    0 where not measured."""
 
     fixed_s: float
     per_sample_s: float
     powersgd_s: float = 0.0
+    eval_image_s: float = 0.0
+    save_s: float = 0.0
 
     def step(self, b: int) -> float:
         return self.fixed_s + b * self.per_sample_s
 
+    def epoch_end(self, eval_images: int) -> float:
+        return eval_images * self.eval_image_s + self.save_s
+
     @classmethod
     def from_bench(cls, r: NodeBench) -> NodeSpeed:
         if r.per_sample_s is not None:
-            return cls(r.fixed_s or 0.0, r.per_sample_s, r.powersgd_s or 0.0)
+            return cls(r.fixed_s or 0.0, r.per_sample_s, r.powersgd_s or 0.0, r.eval_image_s or 0.0, r.save_s or 0.0)
         return cls(0.0, 1.0 / r.images_per_s)  # a benchmark from before the two-size fit
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeSpeed:
+        return cls(float(d["fixed_s"]), float(d["per_sample_s"]),
+                   *(float(d.get(k) or 0.0) for k in ("powersgd_s", "eval_image_s", "save_s")))
 
     def to_dict(self) -> dict[str, float]:
         d = {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s}
-        return {**d, "powersgd_s": self.powersgd_s} if self.powersgd_s else d
+        extra = {"powersgd_s": self.powersgd_s, "eval_image_s": self.eval_image_s, "save_s": self.save_s}
+        return {**d, **{k: v for k, v in extra.items() if v}}
 
 
 @dataclass
@@ -128,6 +143,7 @@ class Workload:
     warmup_epochs: float = 1.0
     powersgd_start_step: int = 0
     localsgd_start_step: int = 0
+    val_samples: int = 0  # what every epoch's end scores (with the training sample: wlcommon.eval_images)
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -163,8 +179,7 @@ class PlacementChoice:
     def from_dict(cls, d: dict[str, Any]) -> PlacementChoice:
         return cls(str(d["job"]), str(d["framework"]), str(d["inventory"]), float(d["time"]),
                    float(d["bench_time"]),
-                   {str(n): NodeSpeed(float(s["fixed_s"]), float(s["per_sample_s"]),
-                                      float(s.get("powersgd_s") or 0.0)) for n, s in d["speeds"].items()},
+                   {str(n): NodeSpeed.from_dict(s) for n, s in d["speeds"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None, int(d["batch"]),
                    [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]),
                    d.get("convergence"))
@@ -233,7 +248,7 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     total = scheme.accumulate * sum(shares.values())
     t_even, _ = step_time(even, speeds, network, work, scheme)
     t_plan, wait = step_time(shares, speeds, network, work, scheme)
-    epoch = (work.train_samples // total) * t_plan if work.train_samples else None
+    epoch = (work.train_samples // total) * t_plan + epoch_end(shares, speeds, work) if work.train_samples else None
     sent = commmodel.wire_bytes(work.shapes, scheme, len(nodes)) if len(nodes) > 1 else 0
     run = _run_s(shares, speeds, network, work, scheme, t_plan)
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
@@ -242,12 +257,23 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
                      run[0] if run else None, run[1] if run else None, scheme.localsgd_period)
 
 
+def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Workload) -> float:
+    """Seconds of an epoch's end: the slowest node's evaluation of its share (the ranks' sums meet in an
+    all-reduce) and checkpoint. One process per node, as on CPU-only and single-GPU PCs."""
+    if not work.train_samples:
+        return 0.0
+    images = wlcommon.eval_images(work.train_samples, work.val_samples, len(shares))
+    return max(speeds[n].epoch_end(images) for n in shares)
+
+
 def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
            scheme: Scheme, t_plan: float) -> tuple[float, float] | None:
-    """(seconds, images/s) of the job's training steps end to end: every epoch at the step time, except
-    PowerSGD's first steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up
-    and 1000 steps, at most half the run): on a slow link that phase is where the time goes; and local
-    SGD's, which all-reduce plain gradients until it starts (wlcommon.localsgd_start: after the warm-up)."""
+    """(seconds, images/s) of the job end to end: every epoch at the step time, except PowerSGD's first
+    steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up and 1000 steps, at
+    most half the run): on a slow link that phase is where the time goes; and local SGD's, which all-reduce
+    plain gradients until it starts (wlcommon.localsgd_start: after the warm-up); plus every epoch's end
+    (evaluation and checkpoint). images/s: every sample trained / that time, as the report's end-to-end
+    figure."""
     if not work.train_samples or not work.epochs:
         return None
     total = scheme.accumulate * sum(shares.values())
@@ -255,6 +281,7 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     if not steps:
         return None
     seconds = _steps_s(steps, shares, speeds, network, work, scheme, t_plan)
+    seconds += work.epochs * epoch_end(shares, speeds, work)
     return seconds, steps * total / seconds
 
 
@@ -277,15 +304,21 @@ def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], n
 
 def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
               conv: convergence.Convergence) -> None:
-    """Each candidate's samples and seconds to the target accuracy (convergence.py), its steps at the
+    """Each candidate's samples and seconds to the target accuracy (convergence.py): whole epochs, since a
+    run's accuracy is known at an epoch's end, each with its end (evaluation, checkpoint); its steps at the
     candidate's own step times (a scheme's start phase included); the model's caveat as a warning."""
     for c in cands:
         samples, note = conv.samples(c.global_batch, c.scheme)
         if samples is None:
             continue
         steps = math.ceil(samples / c.global_batch - 1e-9)  # E_min x growth back at a reference: its own steps
+        sp = {n: speeds[n] for n in c.nodes}
+        per_epoch = (work.train_samples or 0) // c.global_batch
+        epochs = math.ceil(steps / per_epoch - 1e-9) if per_epoch else 0
         c.samples_to_target = samples
-        c.to_target_s = _steps_s(steps, c.shares, {n: speeds[n] for n in c.nodes}, network, work, c.scheme, c.step_s)
+        steps = epochs * per_epoch or steps
+        c.to_target_s = _steps_s(steps, c.shares, sp, network, work, c.scheme, c.step_s) + epochs * epoch_end(
+            c.shares, sp, work)
         if note:
             c.warnings.append(note)
 
@@ -442,7 +475,7 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
     no compression, fp16 and (PyTorch) PowerSGD at the job's rank, each with accumulate 1, 2, 4 and the
     job's own, and (PyTorch) local SGD at the job's period."""
-    shapes, samples = commmodel.job_model(spec)
+    shapes, samples, val = commmodel.job_model(spec)
     if shapes is None:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
@@ -450,7 +483,7 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
                     tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
                                             int(spec["localsgd_period"]))), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
-                    int(spec["localsgd_start_step"]))
+                    int(spec["localsgd_start_step"]), val or 0)
 
 
 def choice_path(inv: Inventory, job: str) -> Path:

@@ -347,7 +347,8 @@ def train_epoch(t: Training, epoch: int) -> None:
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
     val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
-    _, tr_acc = tr.evaluate(xtr[mine[:512]], ytr[mine[:512]], max_len=min(512, len(mine)))
+    n = wlcommon.TRAIN_ACC_SAMPLES
+    _, tr_acc = tr.evaluate(xtr[mine[:n]], ytr[mine[:n]], max_len=min(n, len(mine)))
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), tr_acc, val_loss, val_acc)
     t.metrics.epoch(epoch, t.step, tally, plan, scores, int(t.comp.volume["bytes_sent_per_step_ring"]))
     tr.epoch.assign(epoch)

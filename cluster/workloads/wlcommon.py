@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
+TRAIN_ACC_SAMPLES = 512  # per rank and epoch: the training accuracy's sample, scored in eval mode
 COMPRESSIONS = ("none", "fp16", "powersgd")  # gradient compressions (what the study's comm model prices)
 # not a gradient compression: the model all-reduced every --localsgd-period steps (LocalSteps; torchcomm.py)
 LOCAL_SGD = "localsgd"
@@ -194,6 +195,14 @@ def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epoc
         return peak
     progress = (step - warm) / max(1, total - warm)
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def eval_images(train_samples: int, val_samples: int, world: int) -> int:
+    """Images one rank scores at an epoch's end: its share of the validation split and up to
+    TRAIN_ACC_SAMPLES of its training shard (the training accuracy). What `plan` prices an epoch's
+    evaluation by: it shrinks with more ranks, down to the training sample."""
+    shard = (train_samples - train_samples % world) // world
+    return min(TRAIN_ACC_SAMPLES, shard) + -(-val_samples // world)
 
 
 def threads_per_process(requested: int, local_processes: int) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.study import bench, commmodel, placement
+from cluster.study import bench, commmodel, convergence, placement
 from cluster.inventory import loader
 from cluster.study.commmodel import Comm, Link, Scheme
 from cluster.study.placement import NodeSpeed, Workload
@@ -216,3 +216,24 @@ def test_end_to_end_the_recorded_slow_lab_says_one_node() -> None:
     assert "faster than" in placement.verdict(placement.PlacementChoice(
         "resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0, RECORDED_NODES, fast, 32, quick,
         placement.recommend(quick)))
+
+
+def test_an_epochs_end_is_priced_in_the_run_and_to_the_target() -> None:
+    """Each epoch's end (bench's EpochCosts: each rank scores its share of the validation split and a
+    training sample, then saves) is added to the run's time and the end-to-end images/s; to a target
+    accuracy the steps round up to whole epochs, where a run's accuracy is known, each with its end."""
+    work = Workload(R18, "pytorch", 0.0, (Scheme(),), train_samples=1438, epochs=4, val_samples=359)
+    ended = {n: NodeSpeed(0.05, 0.009, 0.0, 0.001, 0.3) for n in SPEEDS}
+    before = {len(c.nodes): c for c in placement.candidates(SPEEDS, 32, SLOW, work=work)}
+    after = {len(c.nodes): c for c in placement.candidates(ended, 32, SLOW, work=work)}
+    end = {1: 0.001 * (512 + 359) + 0.3, 4: 0.001 * (359 + 90) + 0.3}
+    for k in (1, 4):
+        assert after[k].run_s == pytest.approx(before[k].run_s + 4 * end[k])
+        assert after[k].e2e_images_per_s == pytest.approx((1438 // (32 * k)) * 4 * 32 * k / after[k].run_s)
+        assert after[k].epoch_s == pytest.approx(before[k].epoch_s + end[k])
+        assert after[k].step_s == before[k].step_s  # the steady figures do not move
+    conv = convergence.Convergence(0.98, 160.0, "runs", e_min={"plain": 3000.0})
+    placement.to_target(list(after.values()), ended, SLOW, work, conv)
+    # 1 node: 3600 samples = 112.5 steps of 32 -> 3 epochs of 44 steps; 4 nodes: 5400 = 42.2 steps of 128 -> 4 of 11
+    assert after[1].to_target_s == pytest.approx(132 * after[1].step_s + 3 * end[1])
+    assert after[4].to_target_s == pytest.approx(44 * after[4].step_s + 4 * end[4])

@@ -11,6 +11,7 @@ from cluster.inventory import loader
 from cluster.study.bench import NetworkBench, StepRate
 from cluster.errors import UsageError
 from cluster.study.placement import NodeSpeed
+from cluster.workloads import wlcommon
 
 NET = NetworkBench(nodes=2, busbw_MBps=100.0, model_allreduce_s=0.2, per_node_busbw_MBps={}, latency_s=0.001)
 
@@ -67,6 +68,39 @@ def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     assert NodeSpeed.from_bench(g).powersgd_s == pytest.approx(0.3)
     faster = StepRate(batch=16, step_s=0.9, images_per_s=16 / 0.9, steps=3)  # noise: never a negative cost
     assert bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3), faster).powersgd_s == 0.0
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def test_bench_measures_an_epochs_end_from_the_runs_own_records() -> None:
+    """A real bench run (tests/fixtures/bench): the evaluation is the epoch record's time less the last
+    step's, over the images scored (the 359 validation images and 512 of the training shard), the
+    checkpoint the end record's less the epoch record's; kept in the bench file and in the plan's speeds."""
+    text = (FIXTURES / "bench" / "resnet18-epoch.jsonl").read_text()
+    recs = [json.loads(x) for x in text.splitlines()]
+    costs = bench.EpochCosts.from_records(text)
+    assert costs is not None and costs.eval_images == 512 + 359
+    epoch, end = next(r for r in recs if r["type"] == "epoch"), recs[-1]
+    assert costs.eval_s == pytest.approx(epoch["time"] - [r for r in recs if r["type"] == "step"][-1]["time"])
+    assert costs.save_s == pytest.approx(end["time"] - epoch["time"]) and 0 < costs.save_s < costs.eval_s
+    full = bench.step_rate(text, 32)
+    f = bench.fit(full, StepRate(batch=16, step_s=full.step_s * 0.7, images_per_s=1.0, steps=10), None, costs)
+    assert f.eval_image_s == pytest.approx(costs.eval_s / 871) and f.save_s == costs.save_s
+    assert bench.NodeBench.from_dict(f.to_dict()) == f
+    speed = NodeSpeed.from_bench(f)
+    assert speed.epoch_end(871) == pytest.approx(costs.eval_s + costs.save_s)
+    assert NodeSpeed.from_dict(speed.to_dict()) == speed
+    # a run cut short (no end record) or a program from before the fields: nothing, never a guess
+    assert bench.EpochCosts.from_records("\n".join(text.splitlines()[:-1])) is None
+    no_val = [json.dumps({k: v for k, v in recs[0].items() if k != "val_samples"}), *text.splitlines()[1:]]
+    assert bench.EpochCosts.from_records("\n".join(no_val)) is None
+
+
+def test_eval_images_shrink_with_the_ranks_down_to_the_training_sample() -> None:
+    assert wlcommon.eval_images(1438, 359, 1) == 512 + 359
+    assert wlcommon.eval_images(1438, 359, 4) == 359 + 90  # the 4-node shard (359) is under 512
+    assert wlcommon.eval_images(11_496, 360, 4) == 512 + 90
 
 
 # A benchmark file as `clusterctl bench` wrote it before the results were typed: node a with the two-size fit,
