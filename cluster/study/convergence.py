@@ -15,6 +15,10 @@ with B_noise the gradient noise scale. The plan measures no accuracy itself; it 
   references' own global batches can be predicted.
 A scheme without a run of its own is assumed to need the plain samples, and the candidate says so: PowerSGD
 and local SGD usually need more (measured on digits: docs/planning.md), so that assumption flatters them.
+A collected run that trained all it was given without reaching the target is data too: its scheme needs more
+samples than it trained (a floor on E_min), so the plan never prices that scheme below what the lab has
+already seen fail (on the emulated room a PowerSGD run that missed 0.979 in 12 epochs was otherwise priced
+as plain, at 31 s against one node's 24).
 """
 from __future__ import annotations
 
@@ -30,16 +34,18 @@ from cluster.study.commmodel import Scheme
 
 @dataclass(frozen=True)
 class Reference:
-    """One collected run of the job that reached the target: its samples to it, at its batch and scheme."""
+    """One collected run of the job: its samples to the target, at its batch and scheme; or, `reached`
+    False, every sample it trained without reaching it."""
 
     run_id: str
     global_batch: int
     scheme: str  # Convergence.family of its scheme
     samples: float
+    reached: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "global_batch": self.global_batch, "scheme": self.scheme,
-                "samples": self.samples}
+                "samples": self.samples, "reached": self.reached}
 
 
 def family(scheme: Scheme) -> str:
@@ -47,9 +53,10 @@ def family(scheme: Scheme) -> str:
     return "plain" if scheme.grad_compression in ("none", "fp16") else scheme.label().split(" x")[0]
 
 
-def samples_to_target(lead: dict[int, list[figures.Record]], target: float) -> float | None:
-    """The samples rank 0's records trained up to the end of the first epoch whose val_acc reached the
-    target (each epoch once: a redone one counts as its later record), or None."""
+def progress(lead: dict[int, list[figures.Record]], target: float) -> tuple[float, bool] | None:
+    """(the samples rank 0's records trained up to the end of the first epoch whose val_acc reached the
+    target, True), or (every sample they trained, False) where none did; each epoch once (a redone one
+    counts as its later record). None where an epoch's samples cannot be told, or no epoch ended."""
     done: dict[Any, float] = {}
     for k in sorted(lead):
         start = next((x for x in lead[k] if x.get("type") == "start"), {})
@@ -61,8 +68,14 @@ def samples_to_target(lead: dict[int, list[figures.Record]], target: float) -> f
                 return None
             done[x.get("epoch")] = n
             if float(x.get("val_acc") or 0.0) >= target:
-                return sum(done.values())
-    return None
+                return sum(done.values()), True
+    return (sum(done.values()), False) if done else None
+
+
+def samples_to_target(lead: dict[int, list[figures.Record]], target: float) -> float | None:
+    """The samples to the first epoch at the target (progress), or None where no epoch reached it."""
+    p = progress(lead, target)
+    return p[0] if p and p[1] else None
 
 
 def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
@@ -73,10 +86,10 @@ def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
 
 
 def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
-    """Every collected run of this job that ended succeeded, or stopped after it reached the target, whose
-    settings match the plan's (all but nodes, shares, the wire and accumulation, which the plan varies, and
-    epochs: a run planned longer decays its learning rate later, so reaches a high target later, a
-    pessimistic reference) and which reached the target."""
+    """Every collected run of this job that ended succeeded or stopped, whose settings match the plan's (all
+    but nodes, shares, the wire and accumulation, which the plan varies, and epochs: a run planned longer
+    decays its learning rate later, so reaches a high target later, a pessimistic reference): those that
+    reached the target, and (reached False) the succeeded ones that trained all their epochs without."""
     skip = {"nodes", "shares", "accumulate", "epochs", *jobs.WIRE_KEYS}
     want = {k: v for k, v in spec.settings.items() if k not in skip}
     out = []
@@ -87,11 +100,11 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
             continue
         lead = figures.lead_records(r)
         start = next((x for k in sorted(lead) for x in lead[k] if x.get("type") == "start"), None)
-        samples = samples_to_target(lead, target)
-        if start is None or samples is None or not start.get("global_batch"):
+        seen = progress(lead, target)
+        if start is None or seen is None or not start.get("global_batch") or not (seen[1] or r.state == "succeeded"):
             continue
         scheme = _scheme_of(r.settings or {}, len(r.nodes))
-        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), samples))
+        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), *seen))
     return out
 
 
@@ -99,7 +112,7 @@ def fit_noise(refs: list[Reference]) -> float | None:
     """B_noise from two plain references at different global batches (the smallest and the largest):
     E2 / E1 = (1 + B2/Bn) / (1 + B1/Bn). None where they do not bound it (r <= 1: no cost measured, or
     r >= B2/B1: not even the steps were saved)."""
-    plain = sorted((r for r in refs if r.scheme == "plain"), key=lambda r: r.global_batch)
+    plain = sorted((r for r in refs if r.scheme == "plain" and r.reached), key=lambda r: r.global_batch)
     if len(plain) < 2 or plain[0].global_batch == plain[-1].global_batch:
         return None
     lo, hi = plain[0], plain[-1]
@@ -118,10 +131,13 @@ class Convergence:
     noise_source: str  # "runs" | "probe" | "none"
     e_min: dict[str, float] = field(default_factory=dict)
     references: list[Reference] = field(default_factory=list)
+    # per family, the most E_min a run that missed the target puts under it (its samples back at batch 0)
+    floor: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "noise_scale": self.noise_scale, "noise_source": self.noise_source,
-                "e_min": dict(self.e_min), "references": [r.to_dict() for r in self.references]}
+                "e_min": dict(self.e_min), "floor": dict(self.floor),
+                "references": [r.to_dict() for r in self.references]}
 
     def _growth(self, batch: int) -> float:
         return 1.0 + batch / self.noise_scale if self.noise_scale else 1.0
@@ -135,19 +151,29 @@ class Convergence:
             return None, None
         note = None if fam in self.e_min else (f"no collected run with {fam}: assumed to need an uncompressed "
                                                "run's samples to the target (it usually needs more)")
+        missed = [r for r in self.references if not r.reached and r.scheme == fam]
         if not self.noise_scale:
-            same = [r for r in self.references if r.global_batch == batch and r.scheme in (fam, "plain")]
-            if not same:
+            same = [r.samples for r in self.references if r.reached and r.global_batch == batch
+                    and r.scheme in (fam, "plain")]
+            floor = max((r.samples for r in missed if r.global_batch == batch), default=0.0)
+            if not same and not floor:
                 return None, None
-            return min(r.samples for r in same), note
-        return base * self._growth(batch), note
+            best = min(same, default=0.0)
+        else:
+            best, floor = base * self._growth(batch), self.floor.get(fam, 0.0) * self._growth(batch)
+        if floor > best:
+            worst = max(missed, key=lambda r: r.samples)
+            return floor, (f"a collected run with {fam} ({worst.run_id}) trained {worst.samples:.0f} samples at "
+                           f"global batch {worst.global_batch} without reaching {self.target:g}: at least that "
+                           "many assumed")
+        return best, note
 
 
 def calibrate(spec: jobs.JobSpec, target: float, probe: float | None) -> Convergence:
     """The model for this job and target from the lab's runs and bench's probe; a ClusterError naming
     the fix when no run of the job reached the target (the plan cannot guess an accuracy)."""
     refs = references(spec, target)
-    if not refs:
+    if not any(r.reached for r in refs):
         raise ClusterError(f"plan --target-acc {target:g}: no collected run of {spec.name} with these settings "
                            f"reached validation accuracy {target:g}, and the plan measures no accuracy itself",
                            f"run it once and collect it (clusterctl launch {spec.name} --limit NODE, then "
@@ -156,7 +182,10 @@ def calibrate(spec: jobs.JobSpec, target: float, probe: float | None) -> Converg
     noise, source = (fitted, "runs") if fitted else ((probe, "probe") if probe else (None, "none"))
     conv = Convergence(target, noise, source, references=refs)
     for fam in sorted({r.scheme for r in refs}):
-        mine = [r for r in refs if r.scheme == fam]
-        # the mean of each reference brought back to batch 0 (E_min): several runs average their noise
-        conv.e_min[fam] = math.fsum(r.samples / conv._growth(r.global_batch) for r in mine) / len(mine)
+        mine = [r for r in refs if r.scheme == fam and r.reached]
+        if mine:  # the mean of each reference brought back to batch 0 (E_min): several runs average their noise
+            conv.e_min[fam] = math.fsum(r.samples / conv._growth(r.global_batch) for r in mine) / len(mine)
+        missed = [r.samples / conv._growth(r.global_batch) for r in refs if r.scheme == fam and not r.reached]
+        if missed:
+            conv.floor[fam] = max(missed)
     return conv

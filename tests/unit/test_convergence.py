@@ -108,3 +108,37 @@ def test_the_verdict_to_the_target_flips_with_the_link_and_counts_powersgds_fp16
     head, rows = placement.summary_rows(first)
     assert "s to 0.98" in head and "epochs to it" in head
     assert placement.PlacementChoice.from_dict(json.loads(json.dumps(first.to_dict()))) == first
+
+
+def test_a_run_that_missed_the_target_is_a_floor_for_its_scheme(spec: jobs.JobSpec) -> None:
+    """The PowerSGD run (its 8 epochs end at 0.981) missed 0.985: its scheme needs more than the 8 x 1408
+    samples it trained, so the plan never prices PowerSGD r4 below that, says so, and recommends a scheme
+    without the warning; plain's runs (0.992 after 4 epochs at 32, 0.989 after 6 at 128) still fit B_noise."""
+    conv = convergence.calibrate(spec, 0.985, probe=1300.0)
+    by = {r.run_id: r for r in conv.references}
+    assert not by["p4"].reached and by["p4"].samples == 8 * PER_EPOCH and by["one"].reached
+    assert conv.noise_source == "runs" and conv.noise_scale == pytest.approx(160.0)
+    assert "powersgd r4" not in conv.e_min and conv.floor["powersgd r4"] == pytest.approx(8 * PER_EPOCH / 1.8)
+    samples, note = conv.samples(128, Scheme("powersgd", 4))
+    assert samples == pytest.approx(8 * PER_EPOCH) and note and "p4" in note and "without reaching 0.985" in note
+    assert conv.samples(128, Scheme()) == (pytest.approx(6 * PER_EPOCH), None)  # plain: its own runs
+    work = Workload(R18, "pytorch", 0.0, (Scheme(), Scheme("powersgd", 4)), 1438, 8, 1.0, 1)
+    cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+    placement.to_target(cands, SPEEDS, SLOW, work, conv)
+    psgd = next(c for c in cands if len(c.nodes) == 4 and c.grad_compression == "powersgd")
+    assert psgd.to_target_s == pytest.approx(88 * psgd.step_s) and any("at least" in w for w in psgd.warnings)
+    assert placement.recommend(cands).grad_compression == "none"
+    # a run stopped before its epochs were done says nothing of a target it did not reach
+    r = records.load("p4")
+    r.state = "stopped"
+    records.save(r)
+    assert "p4" not in {x.run_id for x in convergence.references(spec, 0.985)}
+
+
+def test_without_a_noise_scale_a_missed_run_prices_its_own_batch_only() -> None:
+    refs = [convergence.Reference("a", 32, "plain", 5000.0), convergence.Reference("m", 128, "powersgd r4", 9000.0, False)]
+    conv = convergence.Convergence(0.98, None, "none", e_min={"plain": 5000.0}, references=refs)
+    samples, note = conv.samples(128, Scheme("powersgd", 4))
+    assert samples == 9000.0 and note and "(m) trained 9000 samples at global batch 128" in note
+    assert conv.samples(128, Scheme()) == (None, None) and conv.samples(32, Scheme()) == (5000.0, None)
+    assert conv.samples(64, Scheme("powersgd", 4)) == (None, None)
