@@ -47,6 +47,8 @@ DEFAULTS: dict[str, Any] = {
     "outputs": None,  # what collect brings of the program's folder: these paths; default everything it wrote
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
+    "bn_recompute": 0,  # PyTorch: BatchNorm's statistics recomputed from this many training samples per rank before
+                        # each evaluation (precise BN); 0: the running averages training kept
     "epochs": 4,
     "batch": 32,
     "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
@@ -117,6 +119,7 @@ NUMBERS: dict[str, Range] = {
     "tf_bytes_per_pack": Range(0, 2**30, integer=True),
     "collective_timeout_s": Range(0, 86400),  # 0: the framework's default; else >= 10 (checked apart)
     "shares": Range(1, 65536, integer=True),  # a node's batch, as `batch`
+    "bn_recompute": Range(0, 10**6, integer=True),
 }
 
 
@@ -166,7 +169,7 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
-        for key in ("model", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+        for key in ("model", "bn_recompute", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
             if key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd":
                 continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
@@ -458,6 +461,10 @@ class _Checks:
             self.fail("model", f"expected a torchvision model name, got {s['model']!r}", "e.g. model: resnet18")
         if s["model"] != "resnet50" and s["framework"] != "pytorch":
             self.fail("model", f"{s['framework']} jobs train resnet50 (train_tf.py), got {s['model']!r}", "leave model out")
+        self.number("bn_recompute", s["bn_recompute"])
+        if s["bn_recompute"] and s["framework"] == "tensorflow":
+            self.fail("bn_recompute", "recomputing BatchNorm's statistics is implemented for PyTorch only",
+                      "leave bn_recompute out (0) with tensorflow, or use framework: pytorch")
         self.number("dataset.size", ds["size"])
 
     def training(self, s: dict[str, Any]) -> None:

@@ -117,7 +117,8 @@ class EpochCosts:
         if not all(kinds.get(k) for k in ("start", "step", "epoch", "end")) or "val_samples" not in kinds["start"][0]:
             return None
         start, steps, epoch, end = kinds["start"][0], kinds["step"], kinds["epoch"][0], kinds["end"][0]
-        images = wlcommon.eval_images(int(start["train_samples"]), int(start["val_samples"]), 1)
+        images = wlcommon.eval_images(int(start["train_samples"]), int(start["val_samples"]), 1,
+                                      int(start.get("bn_recompute") or 0))
         return cls(max(0.0, float(epoch["time"]) - float(steps[-1]["time"])), images,
                    max(0.0, float(end["time"]) - float(epoch["time"])))
 

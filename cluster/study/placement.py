@@ -144,6 +144,7 @@ class Workload:
     powersgd_start_step: int = 0
     localsgd_start_step: int = 0
     val_samples: int = 0  # what every epoch's end scores (with the training sample: wlcommon.eval_images)
+    bn_recompute: int = 0  # and the samples it recomputes BatchNorm's statistics from
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -262,7 +263,7 @@ def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Worklo
     all-reduce) and checkpoint. One process per node, as on CPU-only and single-GPU PCs."""
     if not work.train_samples:
         return 0.0
-    images = wlcommon.eval_images(work.train_samples, work.val_samples, len(shares))
+    images = wlcommon.eval_images(work.train_samples, work.val_samples, len(shares), work.bn_recompute)
     return max(speeds[n].epoch_end(images) for n in shares)
 
 
@@ -483,7 +484,7 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
                     tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
                                             int(spec["localsgd_period"]))), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
-                    int(spec["localsgd_start_step"]), val or 0)
+                    int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]))
 
 
 def choice_path(inv: Inventory, job: str) -> Path:

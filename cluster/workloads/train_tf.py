@@ -252,6 +252,8 @@ def refused(a: argparse.Namespace) -> str | None:
     if a.grad_compression == "powersgd":
         return ("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
                 "use fp16 with TensorFlow")
+    if a.bn_recompute:
+        return "--bn-recompute is implemented for PyTorch only; leave it at 0 with TensorFlow"
     if a.accumulate < 1 or a.collective_timeout_s < 0 or a.tf_bytes_per_pack < 0:
         return "--accumulate must be >= 1, --collective-timeout-s and --tf-bytes-per-pack >= 0"
     return None

@@ -63,6 +63,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--localsgd-start-step", type=int, default=0,
                     help="localsgd: optimizer steps of plain gradient all-reduce before local SGD starts; "
                     "0: the learning-rate warm-up's steps, at least 1")
+    ap.add_argument("--bn-recompute", type=int, default=0,
+                    help="PyTorch: before each evaluation, BatchNorm's statistics recomputed from this many of the "
+                    "epoch's training samples per rank, averaged over the ranks (precise BN); 0: the running "
+                    "averages training kept, which lag where an epoch has few steps")
     ap.add_argument("--noise-probe", type=int, default=0,
                     help="K >= 2: measure the gradient noise scale instead of training (one process; clusterctl "
                     "bench): --max-steps steps of K micro-batches of --batch at the same weights each")
@@ -197,12 +201,13 @@ def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epoc
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def eval_images(train_samples: int, val_samples: int, world: int) -> int:
-    """Images one rank scores at an epoch's end: its share of the validation split and up to
-    TRAIN_ACC_SAMPLES of its training shard (the training accuracy). What `plan` prices an epoch's
-    evaluation by: it shrinks with more ranks, down to the training sample."""
+def eval_images(train_samples: int, val_samples: int, world: int, bn_recompute: int = 0) -> int:
+    """Images one rank passes through the model at an epoch's end: its share of the validation split, up
+    to TRAIN_ACC_SAMPLES of its training shard (the training accuracy) and, with --bn-recompute, up to that
+    many more for BatchNorm's statistics. What `plan` prices an epoch's evaluation by: it shrinks with more
+    ranks, down to the training samples."""
     shard = (train_samples - train_samples % world) // world
-    return min(TRAIN_ACC_SAMPLES, shard) + -(-val_samples // world)
+    return min(TRAIN_ACC_SAMPLES, shard) + min(bn_recompute, shard) + -(-val_samples // world)
 
 
 def threads_per_process(requested: int, local_processes: int) -> int:

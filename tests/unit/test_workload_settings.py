@@ -34,6 +34,8 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
     a = ap.parse_args(args)
     assert (a.grad_compression, a.powersgd_rank, a.accumulate, a.bucket_mb, a.collective_timeout_s) == \
            ("powersgd", 4, 3, 50.0, 300.0)
+    assert "--bn-recompute" not in args and ap.parse_args(jobs.load("resnet18-ddp", ["bn_recompute=256"]).program_args(
+        "/d/x.npz", "out")).bn_recompute == 256  # passed only where set
     tf = jobs.load("resnet50-tf", ["grad_compression=fp16", "tf_implementation=ring", "tf_bytes_per_pack=4194304"])
     a = ap.parse_args(tf.program_args("/d/x.npz", "out"))
     assert (a.grad_compression, a.tf_implementation, a.tf_bytes_per_pack) == ("fp16", "ring", 4194304)
@@ -49,6 +51,8 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
     ("resnet50-tf", "tf_implementation=mpi", "tf_implementation", "expected auto, ring or nccl"),
     ("resnet50-ddp", "collective_timeout_s=5", "collective_timeout_s", "shorter than a slow step's all-reduce"),
     ("resnet50-ddp", "collective_timeout_s=soon", "collective_timeout_s", "expected a number >= 0"),
+    ("resnet50-tf", "bn_recompute=256", "bn_recompute", "implemented for PyTorch only"),
+    ("resnet50-ddp", "bn_recompute=-1", "bn_recompute", "expected a whole number >= 0"),
 ])
 def test_bad_communication_settings_name_the_field_and_a_fix(job: str, override: str, field: str,
                                                               message: str) -> None:

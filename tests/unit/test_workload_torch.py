@@ -149,3 +149,73 @@ def test_loader_threads_feed_the_same_batches_as_direct_indexing(tmp_path: Path)
         assert next(x for x in recs if x["type"] == "start")["loader_workers"] == w
         losses[w] = [x["loss"] for x in recs if x["type"] == "step"]
     assert losses[0] == losses[2] and len(losses[0]) >= 2
+
+
+def _bn_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)).double()
+
+
+def _batch_stats(model: torch.nn.Module, x: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """By hand: the mean over the batches of each batch's channel mean and unbiased variance at the BN input."""
+    with torch.no_grad():
+        feats = [model[0](x[i:i + batch]) for i in range(0, len(x), batch)]
+    means = torch.stack([f.mean(dim=(0, 2, 3)) for f in feats])
+    var = torch.stack([f.var(dim=(0, 2, 3), unbiased=True) for f in feats])
+    return means.mean(0), var.mean(0)
+
+
+def test_recompute_bn_replaces_the_running_averages_with_the_batches_plain_average() -> None:
+    """Precise BN on one rank: after training steps left running averages behind, the statistics are the
+    plain mean of the given batches' (the momentum is restored, nothing else of the model moves); a trailing
+    single sample is not fed (training-mode BatchNorm needs two)."""
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(8, 3, 8, 8, dtype=torch.float64) * 3 + 1),
+                                          torch.randint(0, 3, (8,))).backward()
+        opt.step()
+    weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
+    x = torch.randn(33, 3, 8, 8, dtype=torch.float64)
+    mean, var = _batch_stats(model, x[:32], 8)
+    bn = model[1]
+    assert not torch.allclose(bn.running_mean, mean)  # the averages training left differ
+    model.eval()
+    train_torch.recompute_bn(model, x, 8, world=1)
+    assert torch.allclose(bn.running_mean, mean, atol=1e-12) and torch.allclose(bn.running_var, var, atol=1e-12)
+    assert bn.momentum == 0.1 and not model.training  # restored
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+
+
+def _bn_rank(rank: int, world: int, init: str, x: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model = _bn_model()
+    data = torch.load(x)
+    train_torch.recompute_bn(model, data[rank * 16:(rank + 1) * 16], 8, world)
+    torch.save({"mean": model[1].running_mean, "var": model[1].running_var}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_recompute_bn_averages_the_ranks_statistics(tmp_path: Path) -> None:
+    """Two gloo ranks, each on its own 16 samples: both end with the mean of their statistics, which is the
+    plain average over all four batches of 8."""
+    x = torch.randn(32, 3, 8, 8, dtype=torch.float64)
+    torch.save(x, tmp_path / "x.pt")
+    mp.spawn(_bn_rank, args=(2, f"file://{tmp_path / 'rdzv'}", str(tmp_path / "x.pt"), str(tmp_path / "bn")),
+             nprocs=2, join=True)
+    mean, var = _batch_stats(_bn_model(), x, 8)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"bn.{rank}")
+        assert torch.allclose(got["mean"], mean, atol=1e-12) and torch.allclose(got["var"], var, atol=1e-12)
+
+
+def test_the_program_recomputes_batchnorm_before_each_evaluation(tmp_path: Path) -> None:
+    r = run_program(tmp_path / "bn", "--model", "resnet18", "--bn-recompute", "64", "--epochs", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(x) for x in (tmp_path / "bn" / "metrics-rank0.jsonl").read_text().splitlines()]
+    assert recs[0]["bn_recompute"] == 64 and any(x["type"] == "epoch" for x in recs)
+    bad = run_program(tmp_path / "neg", "--bn-recompute", "-1")
+    assert bad.returncode != 0 and "--bn-recompute must be >= 0" in bad.stderr
