@@ -31,7 +31,8 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster" / "workloads"))
-import wlcommon  # noqa: E402  (the training programs' own rules, as a node runs them)
+import train_torch  # noqa: E402  (the training programs' own rules, as a node runs them)
+import wlcommon  # noqa: E402
 import wldata  # noqa: E402
 
 
@@ -129,6 +130,9 @@ def train(setup: Setup, a: argparse.Namespace, data: wldata.Dataset) -> tuple[li
             step += 1
             if setup.kind == "local" and (step % setup.period == 0 or s == per_epoch - 1):
                 _average_models(models, anchor, psgd)
+        if a.bn_recompute:  # as train_torch does before its evaluation (one rank's samples here)
+            idx = order[:a.bn_recompute]
+            train_torch.recompute_bn(models[0], tensor(data.x_train[idx]), a.batch, 1)
         accs.append(_accuracy(models[0], xv, yv))
         print(f"  {setup.name}: epoch {epoch + 1} accuracy {accs[-1]:.3f}", file=sys.stderr, flush=True)
     return accs, compute / step, (psgd.seconds / step if psgd else 0.0), per_epoch
@@ -187,6 +191,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32, help="per worker")
     ap.add_argument("--lr", type=float, default=0.01, help=f"for a global batch of {wlcommon.REF_BATCH}, scaled")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bn-recompute", type=int, default=0,
+                    help="BatchNorm's statistics recomputed from this many training samples before each evaluation "
+                    "(the job setting bn_recompute); 0: the running averages")
     ap.add_argument("--only", default="", help="comma-separated row names (the baseline `one` always runs)")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -198,7 +205,8 @@ def main() -> int:
     target = round(base_accs[-1] - 0.01, 4)
     base_epoch = next(i + 1 for i, x in enumerate(base_accs) if x >= target)
     base_steps = base_epoch * base_per_epoch
-    print(f"{a.model} on {a.dataset}, batch {a.batch} per worker, {a.epochs} epochs, seed {a.seed}; target "
+    print(f"{a.model} on {a.dataset}, batch {a.batch} per worker, {a.epochs} epochs, seed {a.seed}, bn_recompute "
+          f"{a.bn_recompute}; target "
           f"{target:.3f} (one worker's final accuracy minus 1 point), reached by one worker at epoch {base_epoch} "
           f"({base_steps} steps)\n")
     print("| scheme | workers | global batch | accuracy by epoch | epoch at target | steps | steps / one's | "

@@ -154,6 +154,9 @@ def main() -> int:
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
     ap.add_argument("--cpu-quota", type=float, default=0.5)
+    ap.add_argument("--bn-recompute", type=int, default=512,
+                    help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
+                    "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
     ap.add_argument("--name", default="toacc")
     ap.add_argument("--subnet", default="10.233.0.0/24")
     a = ap.parse_args()
@@ -164,7 +167,7 @@ def main() -> int:
     env = {**os.environ, "CLUSTERCTL_HOME": str((a.save / "home").resolve())}
     job = "resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp"
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
-              "collective_timeout_s=600", f"model={a.model}"]
+              "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}"]
     sets = [x for s in common for x in ("--set", s)]
     tmp = Path(tempfile.mkdtemp(prefix="clusterctl-toacc-"))
     rate = a.bandwidth or (done.get("link") or {}).get("rate") or "26mbit"
@@ -236,7 +239,8 @@ def main() -> int:
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
-    lines = [f"{a.model} on {a.dataset}, batch {a.batch}/node, 4 nodes at {a.cpu_quota} core, links {rate}"
+    lines = [f"{a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
+             f"{a.cpu_quota} core, links {rate}"
              + (f" (plain all-reduce {balance:.0f}x a step)" if balance else ""),
              "", "| seed | target | 1 node: s to target | pick | pick: s to target | ratio | e2e img/s 1 node | "
              "e2e img/s pick | e2e ratio | plan's predicted s (error) | pick's epochs |",
