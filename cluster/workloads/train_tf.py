@@ -86,6 +86,7 @@ class Trainer:
             self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        self.bn_keep = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # recompute_bn's momentum, read when its step runs
 
     def _local_grads(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """This replica's loss and gradient for one (micro-)batch: the loss is summed over the batch and
@@ -196,6 +197,36 @@ class Trainer:
             sums += self.eval_sums(tf.constant(xb), tf.constant(yb)).numpy()
         return float(sums[0] / sums[2]), float(sums[1] / sums[2])
 
+    @compiled
+    def bn_forward(self, x: tf.Tensor) -> None:
+        self.strategy.run(lambda x: self.model(x, training=True), args=(x,))
+
+    def recompute_bn(self, x: np.ndarray, batch: int, max_len: int) -> None:
+        """Precise BatchNorm, as train_torch.recompute_bn: every BatchNorm layer's moving mean and variance
+        replaced by their plain average over this worker's `x` in batches of `batch` (forward passes in
+        training mode, nothing learned: Keras's own update with momentum k/(k+1) at the k-th batch makes the
+        running average a plain one), then every worker takes the mean of all workers' (reading a
+        sync-on-read variable is that mean; a collective). All workers run the same calls: `max_len`, the
+        longest worker's samples; an empty batch updates nothing."""
+        layers = [layer for layer in self.model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+        if not layers:
+            return
+        kept = [layer.momentum for layer in layers]
+        for layer in layers:
+            layer.momentum = self.bn_keep  # a variable: the traced step reads the value of each call
+        try:
+            for k in range(-(-max_len // batch)):
+                self.bn_keep.assign(k / (k + 1))
+                self.bn_forward(tf.constant(x[k * batch:(k + 1) * batch]))
+        finally:
+            for layer, momentum in zip(layers, kept):
+                layer.momentum = momentum
+        with self.strategy.scope():
+            stats = [v for layer in layers for v in (layer.moving_mean, layer.moving_variance)]
+            means = [tf.convert_to_tensor(v) for v in stats]
+            for v, m in zip(stats, means):
+                v.assign(m)
+
     def broadcast_from(self, source: bool) -> None:
         """After the workers restored their own checkpoints (nodes don't share disks) and agreed on the
         newest: everyone takes the values of the one worker called with source=True (a collective: every
@@ -252,8 +283,6 @@ def refused(a: argparse.Namespace) -> str | None:
     if a.grad_compression == "powersgd":
         return ("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
                 "use fp16 with TensorFlow")
-    if a.bn_recompute:
-        return "--bn-recompute is implemented for PyTorch only; leave it at 0 with TensorFlow"
     if a.accumulate < 1 or a.collective_timeout_s < 0 or a.tf_bytes_per_pack < 0:
         return "--accumulate must be >= 1, --collective-timeout-s and --tf-bytes-per-pack >= 0"
     return None
@@ -308,7 +337,7 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   grad_compression=a.grad_compression,
                   localsgd_period=a.localsgd_period if lsgd else None,
                   localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
-                  **plan.start_fields(), **comp.volume)
+                  bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
     return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step)
 
 
@@ -348,6 +377,9 @@ def train_epoch(t: Training, epoch: int) -> None:
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
+    if a.bn_recompute:
+        n = min(a.bn_recompute, len(mine))
+        tr.recompute_bn(xtr[mine[:n]], plan.batch, n)
     val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
     n = wlcommon.TRAIN_ACC_SAMPLES
     _, tr_acc = tr.evaluate(xtr[mine[:n]], ytr[mine[:n]], max_len=min(n, len(mine)))

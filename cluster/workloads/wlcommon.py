@@ -64,7 +64,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="localsgd: optimizer steps of plain gradient all-reduce before local SGD starts; "
                     "0: the learning-rate warm-up's steps, at least 1")
     ap.add_argument("--bn-recompute", type=int, default=0,
-                    help="PyTorch: before each evaluation, BatchNorm's statistics recomputed from this many of the "
+                    help="before each evaluation, BatchNorm's statistics recomputed from this many of the "
                     "epoch's training samples per rank, averaged over the ranks (precise BN); 0: the running "
                     "averages training kept, which lag where an epoch has few steps")
     ap.add_argument("--noise-probe", type=int, default=0,

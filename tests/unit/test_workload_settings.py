@@ -51,7 +51,6 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
     ("resnet50-tf", "tf_implementation=mpi", "tf_implementation", "expected auto, ring or nccl"),
     ("resnet50-ddp", "collective_timeout_s=5", "collective_timeout_s", "shorter than a slow step's all-reduce"),
     ("resnet50-ddp", "collective_timeout_s=soon", "collective_timeout_s", "expected a number >= 0"),
-    ("resnet50-tf", "bn_recompute=256", "bn_recompute", "implemented for PyTorch only"),
     ("resnet50-ddp", "bn_recompute=-1", "bn_recompute", "expected a whole number >= 0"),
 ])
 def test_bad_communication_settings_name_the_field_and_a_fix(job: str, override: str, field: str,

@@ -101,9 +101,9 @@ def test_mwms_step_on_two_workers_equals_one_step_on_the_concatenated_batch(tmp_
     assert moved > 100  # the steps really changed the weights
 
 
-def _tf_program(out: Path, wait: bool = True):
+def _tf_program(out: Path, wait: bool = True, *extra: str):
     cmd = [sys.executable, str(WL / "train_tf.py"), "--dataset", "digits", "--epochs", "2", "--batch", "32",
-           "--max-steps", "3", "--log-every", "1", "--threads", "1", "--out", str(out)]
+           "--max-steps", "3", "--log-every", "1", "--threads", "1", "--out", str(out), *extra]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TF_CONFIG", None)
     if not wait:
@@ -115,9 +115,10 @@ def test_tf_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) ->
     import signal
     import time
 
-    whole = _tf_program(tmp_path / "whole")
+    bn = ("--bn-recompute", "64")  # BatchNorm recomputed before each evaluation: saved, resumed, training unmoved
+    whole = _tf_program(tmp_path / "whole", True, *bn)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    p = _tf_program(tmp_path / "stopped", wait=False)
+    p = _tf_program(tmp_path / "stopped", False, *bn)
     marker = tmp_path / "stopped" / "checkpoint" / "checkpoint"
     deadline = time.monotonic() + 600
     while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
@@ -125,7 +126,7 @@ def test_tf_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) ->
     time.sleep(0.5)  # let the chief finish writing epoch 0's files
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    again = _tf_program(tmp_path / "stopped")
+    again = _tf_program(tmp_path / "stopped", True, *bn)
     assert again.returncode == 0, again.stderr[-2000:]
 
     def records(d: Path) -> list[dict]:
@@ -133,6 +134,7 @@ def test_tf_resume_after_a_stop_matches_the_uninterrupted_run(tmp_path: Path) ->
 
     a, b = records(tmp_path / "whole"), records(tmp_path / "stopped")
     assert [r["start_epoch"] for r in b if r["type"] == "start"] == [0, 1]
+    assert {r["bn_recompute"] for r in a + b if r["type"] == "start"} == {64}
     last_a = [r for r in a if r["type"] == "epoch"][-1]
     last_b = [r for r in b if r["type"] == "epoch"][-1]
     assert (last_a["epoch"], last_a["step"]) == (last_b["epoch"], last_b["step"]) == (1, 6)
@@ -168,3 +170,60 @@ print(Path(first).name, Path(second).name, float(v.numpy()))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-3:] == ["ckpt-a", "ckpt-b", "2.0"]
+
+
+BN_HELPER = f"""
+import argparse, sys
+import numpy as np
+sys.path.insert(0, {str(WL)!r})
+import tf_keras as keras
+keras.backend.set_floatx("float64")
+import tensorflow as tf
+import train_tf
+
+data, out = sys.argv[1:3]
+rank, world = train_tf.worker_info()
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
+tf.keras.utils.set_random_seed(0)
+keras.utils.set_random_seed(0)
+tr = train_tf.Trainer(strategy, 10, 32, argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4), global_batch=8)
+with np.load(data) as d:
+    x = d["x"][rank * 8 // world:(rank + 1) * 8 // world]
+conv1 = keras.Model(tr.model.inputs, tr.model.get_layer("conv1_conv").output)
+by_hand = np.mean([conv1(x[i:i + 2], training=True).numpy().mean(axis=(0, 1, 2)) for i in range(0, len(x), 2)], axis=0)
+trainable = [w.numpy() for w in tr.model.trainable_weights]
+tr.recompute_bn(x, 2, len(x))
+assert tr.model.get_layer("conv1_bn").momentum == 0.9  # restored
+assert all(np.array_equal(a, w.numpy()) for a, w in zip(trainable, tr.model.trainable_weights))  # nothing learned
+bn = tr.model.get_layer("conv1_bn")
+stats = [np.asarray(tf.convert_to_tensor(v)) for l in tr.model.layers
+         if isinstance(l, keras.layers.BatchNormalization) for v in (l.moving_mean, l.moving_variance)]
+if rank == 0:
+    np.savez(out, by_hand=by_hand, *stats)
+train_tf.wait_for_all_workers(world)
+"""
+
+
+def test_tf_recompute_bn_is_the_plain_average_and_two_workers_match_one(tmp_path: Path) -> None:
+    """Precise BatchNorm in the TensorFlow program: on one process the first layer's moving mean is the plain
+    average of its 4 batches' means (worked out by hand from the conv's output); on 2 MWMS workers with 2
+    batches each, every BatchNorm statistic equals the one process's (the workers' mean of their averages)."""
+    helper = tmp_path / "bn.py"
+    helper.write_text(BN_HELPER)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=np.random.default_rng(1).standard_normal((8, 32, 32, 3)) * 2 + 0.5)
+    _ok(_run(helper, [str(data), str(tmp_path / "one.npz")]))
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = [_run(helper, [str(data), str(tmp_path / "two.npz")], {"cluster": cluster, "task": {"type": "worker",
+                                                                                               "index": i}})
+             for i in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, "\n---\n".join(e[-2500:] for _, e in results)
+    with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "two.npz") as two:
+        assert np.allclose(one["arr_0"], one["by_hand"], rtol=1e-9, atol=1e-12)  # conv1_bn's moving mean
+        stats = [k for k in one.files if k.startswith("arr_")]
+        assert len(stats) == 2 * 53
+        for k in stats:
+            assert np.allclose(one[k], two[k], rtol=1e-9, atol=1e-12), k
