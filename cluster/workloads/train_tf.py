@@ -86,7 +86,7 @@ class Trainer:
             self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-        self.bn_keep = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # recompute_bn's momentum, read when its step runs
+        self.bn_keep = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # recompute_bn's momentum, per call
 
     def _local_grads(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """This replica's loss and gradient for one (micro-)batch: the loss is summed over the batch and
@@ -378,8 +378,8 @@ def train_epoch(t: Training, epoch: int) -> None:
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
     if a.bn_recompute:
-        n = min(a.bn_recompute, len(mine))
-        tr.recompute_bn(xtr[mine[:n]], plan.batch, n)
+        few = min(a.bn_recompute, len(mine))
+        tr.recompute_bn(xtr[mine[:few]], plan.batch, few)
     val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
     n = wlcommon.TRAIN_ACC_SAMPLES
     _, tr_acc = tr.evaluate(xtr[mine[:n]], ytr[mine[:n]], max_len=min(n, len(mine)))
