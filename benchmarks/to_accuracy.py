@@ -112,15 +112,13 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
     return {"run_id": rid, "state": st, "t_launch": t0, **figures(rank0(state, rid), target, t0)}
 
 
-def predicted(plan: dict[str, Any], nodes: int, compression: str, key: str = "to_target_s") -> float | None:
-    """The plan's figure `key` (to_target_s, run_s) for the candidate with this node count and scheme (the
-    recommended one where it is that, else the fastest such)."""
-    rec = plan["recommended"]
-    if len(rec["nodes"]) == nodes and rec["grad_compression"] == compression:
-        return rec.get(key)
-    c = [x for x in plan["candidates"] if len(x["nodes"]) == nodes and x["grad_compression"] == compression
-         and x.get("accumulate", 1) == 1 and x.get(key)]
-    return min(x[key] for x in c) if c else None
+def predicted(plan: dict[str, Any], nodes: int, compression: str, accumulate: int = 1,
+              key: str = "to_target_s") -> float | None:
+    """The plan's figure `key` (to_target_s, run_s) for the candidate with this node count, scheme and
+    accumulation (the recommended one where it is that, else the fastest such)."""
+    c = [x for x in [plan["recommended"], *plan["candidates"]] if len(x["nodes"]) == nodes and x.get(key)
+         and x["grad_compression"] == compression and x.get("accumulate", 1) == accumulate]
+    return c[0][key] if c and c[0] is plan["recommended"] else (min(x[key] for x in c) if c else None)
 
 
 def balanced_rate(bench: dict[str, Any], rate: str, balance: float) -> tuple[str, float]:
@@ -228,6 +226,7 @@ def main() -> int:
                                                 f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"],
                                    target, a.epochs if alone else 3 * a.epochs)
                 mine["pick"]["nodes"], mine["pick"]["scheme"] = rec["nodes"], rec["grad_compression"]
+                mine["pick"]["accumulate"] = rec.get("accumulate", 1)
                 save()
     finally:
         lifecycle.down(state.name, tmp / "lab", purge=True)
@@ -258,7 +257,8 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         e2e.append(er)
         pred = (m.get("plan") or {}).get("recommended", {}).get("to_target_s")
         perr = f"{pred:.0f} ({pred / tp - 1:+.0%})" if pred and tp else "-"
-        lines.append(f"| {seed} | {m['target']:.3f} | {t1:.0f} | {len(pick['nodes'])} x {pick['scheme']} | "
+        lines.append(f"| {seed} | {m['target']:.3f} | {t1:.0f} | {len(pick['nodes'])} x {pick['scheme']}"
+                     f"{'' if pick.get('accumulate', 1) == 1 else ' acc ' + str(pick['accumulate'])} | "
                      f"{'not reached' if tp is None else f'{tp:.0f}'} | {'-' if r is None else f'{r:.2f}x'} | "
                      f"{one['e2e_images_per_s']:.1f} | {pick['e2e_images_per_s']:.1f} | {er:.2f}x | {perr} | "
                      f"{pick['epochs']} |")
@@ -275,9 +275,11 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
                 continue
             nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
             scheme = "none" if name == "one" else r.get("scheme", "powersgd")
-            pred, meas = predicted(plan, nodes, scheme), r.get("to_target_s")
+            acc = r.get("accumulate") or (r.get("global_batch", 0) // (a.batch * nodes) if name == "pick" else 1) or 1
+            pred, meas = predicted(plan, nodes, scheme, acc), r.get("to_target_s")
             err = f"{pred / meas - 1:+.0%}" if pred and meas else "-"
-            lines.append(f"| {seed} | {name} ({nodes} x {scheme}) | {'-' if pred is None else f'{pred:.0f}'} | "
+            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "
+                         f"{'-' if pred is None else f'{pred:.0f}'} | "
                          f"{'-' if meas is None else f'{meas:.0f}'} | {err} |")
     cal = (done.get("seed0") or {}).get("calibration")
     if cal:
