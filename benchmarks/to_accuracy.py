@@ -12,7 +12,7 @@ reshaped to it and bench runs again; `--bandwidth` fixes the rate instead. As a 
 provision, `bench` (the job's speeds and the gradient noise probe), then per seed:
 1. **1 node**: `launch JOB --set nodes=[node1]` for --epochs; its final validation accuracy minus 1 point is
    the seed's target;
-2. seed 0 only, **calibration**: the compressed scheme on 4 nodes (PowerSGD rank --rank from the first step,
+2. **calibration** (every seed, or seed 0 only with --calibrate first): the compressed scheme on 4 nodes (PowerSGD rank --rank from the first step,
    `powersgd_start_step: 1`), so that `plan --target-acc` has a run of it (convergence.py);
 3. **the plan's pick**: `plan --target-acc TARGET`, then `launch --plan`.
 Each 4-node run may go on for 3x the 1-node epochs and is stopped (`clusterctl stop`) once an epoch reaches
@@ -152,6 +152,10 @@ def main() -> int:
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
     ap.add_argument("--cpu-quota", type=float, default=0.5)
+    ap.add_argument("--calibrate", choices=["every", "first"], default="every",
+                    help="which seeds get a 4-node calibration run: the plan's references match a run's settings, "
+                    "the seed included, so a seed without one has its compressed schemes priced as plain and "
+                    "warned, and the plan keeps to the unwarned (one node)")
     ap.add_argument("--bn-recompute", type=int, default=512,
                     help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
                     "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
@@ -206,7 +210,7 @@ def main() -> int:
                 mine["target"] = target
                 save()
             longer = [*sets, "--set", f"seed={seed}", "--set", f"epochs={3 * a.epochs}"]
-            if seed == 0 and "calibration" not in mine:
+            if (seed == 0 or a.calibrate == "every") and "calibration" not in mine:
                 print(f"seed {seed}: calibration, PowerSGD r{a.rank} from the first step, to {target}", file=sys.stderr)
                 mine["calibration"] = run(env, state, [job, *longer, "--set", "grad_compression=powersgd",
                                                        "--set", f"powersgd_rank={a.rank}",
@@ -281,10 +285,12 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "
                          f"{'-' if pred is None else f'{pred:.0f}'} | "
                          f"{'-' if meas is None else f'{meas:.0f}'} | {err} |")
-    cal = (done.get("seed0") or {}).get("calibration")
-    if cal:
+    for seed in range(a.seeds):
+        cal = (done.get(f"seed{seed}") or {}).get("calibration")
+        if not cal:
+            continue
         tp = cal["to_target_s"]
-        lines.append(f"calibration run (PowerSGD r{a.rank} from the first step, 4 nodes): "
+        lines.append(f"seed {seed}: calibration run (PowerSGD r{a.rank} from the first step, 4 nodes): "
                      f"{'not reached' if tp is None else f'{tp:.0f} s'} to the target, "
                      f"{cal['e2e_images_per_s']:.1f} images/s end to end, accuracy by epoch "
                      + " ".join(f"{x:.3f}" for x in cal["val_acc"]))
