@@ -126,9 +126,10 @@ def recompute_bn(model: torch.nn.Module, x: torch.Tensor, batch: int, world: int
     was = model.training
     model.train()
     with torch.no_grad():
-        for i in range(0, len(x), max(2, batch)):
-            if len(x[i:i + max(2, batch)]) > 1:  # training-mode BatchNorm needs two samples
-                model(x[i:i + max(2, batch)])
+        size = max(2, batch)  # training-mode BatchNorm needs two samples a batch
+        for chunk in (x[i:i + size] for i in range(0, len(x), size)):
+            if len(chunk) > 1:
+                model(chunk)
     for m, momentum in zip(layers, momenta):
         m.momentum = momentum
     model.train(was)
