@@ -1,7 +1,7 @@
 """Does the room beat its fastest PC end to end? The plan's pick on 4 nodes against 1 node, to the same accuracy.
 
     .venv/bin/python benchmarks/to_accuracy.py --save DIR [--seeds 3] [--dataset digits] [--epochs 4]
-        [--balance 57 | --bandwidth RATE] [--model resnet18] [--rank 4]
+        [--balance 57 | --bandwidth RATE] [--model resnet18 | --job resnet50-tf] [--rank 4]
 
 Issue 26's acceptance benchmark (also `benchmarks/slow_network.py --to-accuracy`). A 4-node lab, every node at
 half a core, its links shaped so that the model's plain all-reduce takes --balance times a node's step
@@ -12,8 +12,9 @@ reshaped to it and bench runs again; `--bandwidth` fixes the rate instead. As a 
 provision, `bench` (the job's speeds and the gradient noise probe), then per seed:
 1. **1 node**: `launch JOB --set nodes=[node1]` for --epochs; its final validation accuracy minus 1 point is
    the seed's target;
-2. **calibration** (every seed, or seed 0 only with --calibrate first): the compressed scheme on 4 nodes (PowerSGD rank --rank from the first step,
-   `powersgd_start_step: 1`), so that `plan --target-acc` has a run of it (convergence.py);
+2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes from
+   the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
+   SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it;
 3. **the plan's pick**: `plan --target-acc TARGET`, then `launch --plan`.
 Each 4-node run may go on for 3x the 1-node epochs and is stopped (`clusterctl stop`) once an epoch reaches
 the target; every run is collected. Measured per run from rank 0's records: time from the training start to
@@ -145,9 +146,15 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--dataset", default="digits", help="digits | digits-aug (11,496 images an epoch)")
     ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--job", help="the built-in job (default resnet18-ddp or resnet50-ddp from --model); "
+                    "resnet50-tf is TensorFlow's (ResNet50, no PowerSGD: its calibration is local SGD)")
+    ap.add_argument("--scheme", choices=["powersgd", "localsgd"],
+                    help="the calibration run's scheme, from the first step; default powersgd, localsgd for "
+                    "TensorFlow")
     ap.add_argument("--epochs", type=int, default=4, help="of the 1-node run; 4-node runs may go to 3x")
     ap.add_argument("--batch", type=int, default=32, help="per node")
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank of the calibration run")
+    ap.add_argument("--period", type=int, default=8, help="local SGD's steps between averagings")
     ap.add_argument("--bandwidth", help="the links' rate, fixed (e.g. 26mbit); default: from --balance")
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
@@ -159,6 +166,7 @@ def main() -> int:
     ap.add_argument("--bn-recompute", type=int, default=512,
                     help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
                     "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
+    ap.add_argument("--table", action="store_true", help="print the tables of DIR/runs.json and stop (no lab)")
     ap.add_argument("--name", default="toacc")
     ap.add_argument("--subnet", default="10.233.0.0/24")
     a = ap.parse_args()
@@ -167,12 +175,21 @@ def main() -> int:
     done_path = a.save / "runs.json"
     done: dict[str, Any] = json.loads(done_path.read_text()) if done_path.exists() else {}
     env = {**os.environ, "CLUSTERCTL_HOME": str((a.save / "home").resolve())}
-    job = "resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp"
+    job = a.job or ("resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp")
+    if job == "resnet50-tf":
+        a.model = "resnet50"
+    a.scheme = a.scheme or ("localsgd" if job.endswith("-tf") else "powersgd")
+    # the scheme's settings on every 4-node run and the plan: from the first step, no warm phase
+    scheme_sets = (["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"] if a.scheme == "powersgd"
+                   else ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"])
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
               "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}"]
     sets = [x for s in common for x in ("--set", s)]
-    tmp = Path(tempfile.mkdtemp(prefix="clusterctl-toacc-"))
     rate = a.bandwidth or (done.get("link") or {}).get("rate") or "26mbit"
+    if a.table:
+        print("\n".join(table(done, a, rate)))
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="clusterctl-toacc-"))
     if not rate.endswith("mbit"):
         ap.error("--bandwidth: give it in mbit, e.g. 26mbit")
     state = lifecycle.up(4, name=a.name, subnet=a.subnet, directory=tmp / "lab", bandwidth=rate,
@@ -211,14 +228,12 @@ def main() -> int:
                 save()
             longer = [*sets, "--set", f"seed={seed}", "--set", f"epochs={3 * a.epochs}"]
             if (seed == 0 or a.calibrate == "every") and "calibration" not in mine:
-                print(f"seed {seed}: calibration, PowerSGD r{a.rank} from the first step, to {target}", file=sys.stderr)
-                mine["calibration"] = run(env, state, [job, *longer, "--set", "grad_compression=powersgd",
-                                                       "--set", f"powersgd_rank={a.rank}",
-                                                       "--set", "powersgd_start_step=1"], target, 3 * a.epochs)
+                print(f"seed {seed}: calibration, {a.scheme} from the first step, to {target}", file=sys.stderr)
+                mine["calibration"] = run(env, state, [job, *longer, "--set", f"grad_compression={a.scheme}",
+                                                       *scheme_sets], target, 3 * a.epochs)
                 save()
             if "pick" not in mine:
-                plan = ctl(env, "plan", job, *longer, "--set", f"powersgd_rank={a.rank}", "--set",
-                           "powersgd_start_step=1", "--target-acc", str(target), timeout=600)
+                plan = ctl(env, "plan", job, *longer, *scheme_sets, "--target-acc", str(target), timeout=600)
                 mine["plan"] = plan
                 rec = plan["recommended"]
                 print(f"seed {seed}: the plan's pick: {rec['nodes']} {rec['grad_compression']}, predicted "
@@ -226,8 +241,7 @@ def main() -> int:
                 # a pick of one node runs the job's own epochs (a longer cosine schedule decays later: 114 s
                 # to the target against 88 with the same node); several nodes may go on to 3x
                 alone = len(rec["nodes"]) == 1
-                mine["pick"] = run(env, state, [job, "--plan", *(seeded if alone else longer), "--set",
-                                                f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"],
+                mine["pick"] = run(env, state, [job, "--plan", *(seeded if alone else longer), *scheme_sets],
                                    target, a.epochs if alone else 3 * a.epochs)
                 mine["pick"]["nodes"], mine["pick"]["scheme"] = rec["nodes"], rec["grad_compression"]
                 mine["pick"]["accumulate"] = rec.get("accumulate", 1)
@@ -242,7 +256,7 @@ def main() -> int:
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
-    lines = [f"{a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
+    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
              f"{a.cpu_quota} core, links {rate}"
              + (f" (plain all-reduce {balance:.0f}x a step)" if balance else ""),
              "", "| seed | target | 1 node: s to target | pick | pick: s to target | ratio | e2e img/s 1 node | "
@@ -270,7 +284,14 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         lines.append(f"\nmean time-to-target ratio pick / 1 node: {statistics.fmean(ratios):.2f}x (target <= 0.5x); "
                      f"mean end-to-end images/s ratio: {statistics.fmean(e2e):.2f}x (target >= 2x)")
     lines += ["", "The plan's predictions against the runs (seconds from the training start; the plan of each seed):",
-              "", "| seed | run | to target: predicted | measured | error |", "|---|---|---:|---:|---:|"]
+              "", "| seed | run | to target: predicted | measured | error | wall of its epochs: predicted | "
+              "measured | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    pairs: dict[str, list[tuple[float, float, float, float]]] = {}
+
+    def cell(pred: float | None, meas: float | None) -> str:
+        return (f"{'-' if pred is None else f'{pred:.0f}'} | {'-' if meas is None else f'{meas:.0f}'} | "
+                + (f"{pred / meas - 1:+.0%}" if pred and meas else "-"))
+
     for seed in range(a.seeds):
         m = done.get(f"seed{seed}") or {}
         for name in ("one", "calibration", "pick"):
@@ -278,19 +299,25 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             if not r or not plan:
                 continue
             nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
-            scheme = "none" if name == "one" else r.get("scheme", "powersgd")
+            scheme = "none" if name == "one" else r.get("scheme", a.scheme)
             acc = r.get("accumulate") or (r.get("global_batch", 0) // (a.batch * nodes) if name == "pick" else 1) or 1
+            # wall time: the plan's epoch (training, evaluation, checkpoint) x the epochs the run trained
+            epoch = predicted(plan, nodes, scheme, acc, key="epoch_s")
             pred, meas = predicted(plan, nodes, scheme, acc), r.get("to_target_s")
-            err = f"{pred / meas - 1:+.0%}" if pred and meas else "-"
+            wall, trained = (epoch * r["epochs"] if epoch else None), r.get("trained_s")
+            if pred and meas and wall and trained:
+                pairs.setdefault(name, []).append((pred, meas, wall, trained))
             lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "
-                         f"{'-' if pred is None else f'{pred:.0f}'} | "
-                         f"{'-' if meas is None else f'{meas:.0f}'} | {err} |")
+                         f"{cell(pred, meas)} | {cell(wall, trained)} |")
+    for name, got in pairs.items():  # the issue's measure: the mean of the seeds, per run
+        mean = [statistics.fmean(x[i] for x in got) for i in range(4)]
+        lines.append(f"| mean of {len(got)} | {name} | {cell(mean[0], mean[1])} | {cell(mean[2], mean[3])} |")
     for seed in range(a.seeds):
         cal = (done.get(f"seed{seed}") or {}).get("calibration")
         if not cal:
             continue
         tp = cal["to_target_s"]
-        lines.append(f"seed {seed}: calibration run (PowerSGD r{a.rank} from the first step, 4 nodes): "
+        lines.append(f"seed {seed}: calibration run ({a.scheme} from the first step, 4 nodes): "
                      f"{'not reached' if tp is None else f'{tp:.0f} s'} to the target, "
                      f"{cal['e2e_images_per_s']:.1f} images/s end to end, accuracy by epoch "
                      + " ".join(f"{x:.3f}" for x in cal["val_acc"]))
