@@ -249,7 +249,8 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     total = scheme.accumulate * sum(shares.values())
     t_even, _ = step_time(even, speeds, network, work, scheme)
     t_plan, wait = step_time(shares, speeds, network, work, scheme)
-    epoch = (work.train_samples // total) * t_plan + epoch_end(shares, speeds, work) if work.train_samples else None
+    epoch = ((work.train_samples // total) * t_plan + epoch_end(shares, speeds, work)
+             + commmodel.epoch_sync_s(work.shapes, scheme, len(nodes), link(network)) if work.train_samples else None)
     sent = commmodel.wire_bytes(work.shapes, scheme, len(nodes)) if len(nodes) > 1 else 0
     run = _run_s(shares, speeds, network, work, scheme, t_plan)
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
@@ -267,13 +268,25 @@ def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Worklo
     return max(speeds[n].epoch_end(images) for n in shares)
 
 
+def _syncs_s(epochs: int, shares: dict[str, int], network: NetworkBench | None, work: Workload,
+             scheme: Scheme) -> float:
+    """Local SGD's syncs at the ends of a run's first `epochs` epochs (commmodel.epoch_sync_s): those whose
+    last step runs local SGD (step >= its start), as the programs do."""
+    if len(shares) < 2 or not scheme.local or not work.train_samples:
+        return 0.0
+    per_epoch = max(1, work.train_samples // (scheme.accumulate * sum(shares.values())))
+    start = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs)
+    synced = sum(1 for e in range(epochs) if (e + 1) * per_epoch - 1 >= start)
+    return synced * commmodel.epoch_sync_s(work.shapes, scheme, len(shares), link(network))
+
+
 def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
            scheme: Scheme, t_plan: float) -> tuple[float, float] | None:
     """(seconds, images/s) of the job end to end: every epoch at the step time, except PowerSGD's first
     steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up and 1000 steps, at
     most half the run): on a slow link that phase is where the time goes; and local SGD's, which all-reduce
     plain gradients until it starts (wlcommon.localsgd_start: after the warm-up); plus every epoch's end
-    (evaluation and checkpoint). images/s: every sample trained / that time, as the report's end-to-end
+    (evaluation and checkpoint; local SGD's sync of the ranks). images/s: every sample trained / that time, as the report's end-to-end
     figure."""
     if not work.train_samples or not work.epochs:
         return None
@@ -282,7 +295,7 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     if not steps:
         return None
     seconds = _steps_s(steps, shares, speeds, network, work, scheme, t_plan)
-    seconds += work.epochs * epoch_end(shares, speeds, work)
+    seconds += work.epochs * epoch_end(shares, speeds, work) + _syncs_s(work.epochs, shares, network, work, scheme)
     return seconds, steps * total / seconds
 
 
@@ -318,8 +331,8 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
         epochs = math.ceil(steps / per_epoch - 1e-9) if per_epoch else 0
         c.samples_to_target = samples
         steps = epochs * per_epoch or steps
-        c.to_target_s = _steps_s(steps, c.shares, sp, network, work, c.scheme, c.step_s) + epochs * epoch_end(
-            c.shares, sp, work)
+        c.to_target_s = (_steps_s(steps, c.shares, sp, network, work, c.scheme, c.step_s)
+                         + epochs * epoch_end(c.shares, sp, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
         if note:
             c.warnings.append(note)
 
