@@ -142,3 +142,36 @@ def test_without_a_noise_scale_a_missed_run_prices_its_own_batch_only() -> None:
     assert samples == 9000.0 and note and "(m) trained 9000 samples at global batch 128" in note
     assert conv.samples(128, Scheme()) == (None, None) and conv.samples(32, Scheme()) == (5000.0, None)
     assert conv.samples(64, Scheme("powersgd", 4)) == (None, None)
+
+
+def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobSpec) -> None:
+    """Half-core nodes as bench measured them on three recorded links (tests/fixtures/bench): at 10 Gbit/s
+    the room reaches the target first with plain all-reduce (0.74x one node's time: 1.5x the samples at 4x
+    the batch, tests/fixtures/convergence); at 1 Gbit/s (the all-reduce 3.5x a step on this machine) the
+    room and one node come within 10% of each other; at 30 Mbit/s (SLOW) one node is fastest, and the plan
+    says so."""
+    rec = json.loads((ROOT / "tests" / "fixtures" / "bench" / "resnet18-fast-links.json").read_text())
+    conv = convergence.calibrate(spec, 0.98, probe=None)  # plain at 32 and 128, PowerSGD r4 at 128: their runs
+    work = Workload(R18, "pytorch", 0.0, (Scheme(), Scheme("fp16"), Scheme("powersgd", 4)), 1438, 8, 1.0, 1,
+                    val_samples=359, bn_recompute=512)
+    found = {}
+    for link in ("10gbit", "1gbit", "30mbit"):
+        lab = rec["10gbit" if link == "30mbit" else link]  # 30 Mbit/s: SLOW's link, the 10 Gbit/s nodes' compute
+        speeds = {n: NodeSpeed.from_bench(bench.NodeBench.from_dict(v)) for n, v in lab["nodes"].items()}
+        network = SLOW if link == "30mbit" else bench.NetworkBench.from_dict(lab["network"])
+        cands = placement.candidates(speeds, 32, network, work=work)
+        placement.to_target(cands, speeds, network, work, conv)
+        best = placement.recommend(cands)
+        choice = placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, speeds, network, 32,
+                                           cands, best, {**conv.to_dict(), "train_samples": 1438})
+        one = min(c.to_target_s for c in cands if len(c.nodes) == 1 and c.to_target_s)
+        four = min(c.to_target_s for c in cands if len(c.nodes) == 4 and c.to_target_s)
+        found[link] = (best, one, four, placement.verdict(choice) or "")
+    best, one, four, said = found["10gbit"]
+    assert len(best.nodes) == 4 and best.scheme == Scheme() and best.to_target_s < 0.8 * one
+    assert said.startswith("4 nodes (none) reach validation accuracy 0.98")
+    _, one, four, _ = found["1gbit"]
+    assert 0.9 < four / one < 1.1
+    best, one, four, said = found["30mbit"]
+    assert len(best.nodes) == 1 and best.to_target_s == pytest.approx(one) and four > 1.5 * one
+    assert said.startswith("one node is fastest to validation accuracy 0.98")
