@@ -166,8 +166,8 @@ def epoch_sync_s(shapes: list[Shape], scheme: Scheme, world: int, link: Link) ->
     """Local SGD's sync at an epoch's end (torchcomm.LocalSGD.after_step, train_tf's average_model): the
     momentum buffers averaged, and the parameters too unless the epoch's last step averaged them (one epoch
     in H, on average): 2 - 1/H model all-reduces. At 11 steps an epoch with H = 8 it is more than the
-    epoch's own averagings (resnet50-tf on the emulated room: 135 s an epoch where 53 s were priced
-    without it). Other schemes keep the ranks equal: nothing."""
+    epoch's own averagings (resnet50-tf on the emulated room: 128 s an epoch after the first, where 53 s
+    were priced without it and 108 s are with it). Other schemes keep the ranks equal: nothing."""
     if world < 2 or not scheme.local:
         return 0.0
     one = link.latency_s + _payload(shapes, Scheme()) * 2 * (world - 1) / world * link.per_byte_s

@@ -286,8 +286,8 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up and 1000 steps, at
     most half the run): on a slow link that phase is where the time goes; and local SGD's, which all-reduce
     plain gradients until it starts (wlcommon.localsgd_start: after the warm-up); plus every epoch's end
-    (evaluation and checkpoint; local SGD's sync of the ranks). images/s: every sample trained / that time, as the report's end-to-end
-    figure."""
+    (evaluation and checkpoint; local SGD's sync of the ranks). images/s: every sample trained / that time,
+    as the report's end-to-end figure."""
     if not work.train_samples or not work.epochs:
         return None
     total = scheme.accumulate * sum(shares.values())
