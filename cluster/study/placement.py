@@ -268,13 +268,18 @@ def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Worklo
     return max(speeds[n].epoch_end(images) for n in shares)
 
 
+def _steps_per_epoch(shares: dict[str, int], work: Workload, scheme: Scheme) -> int:
+    """Optimizer steps an epoch (at least 1): the training set over the global batch, whole steps."""
+    return max(1, (work.train_samples or 0) // (scheme.accumulate * sum(shares.values())))
+
+
 def _syncs_s(epochs: int, shares: dict[str, int], network: NetworkBench | None, work: Workload,
              scheme: Scheme) -> float:
     """Local SGD's syncs at the ends of a run's first `epochs` epochs (commmodel.epoch_sync_s): those whose
     last step runs local SGD (step >= its start), as the programs do."""
     if len(shares) < 2 or not scheme.local or not work.train_samples:
         return 0.0
-    per_epoch = max(1, work.train_samples // (scheme.accumulate * sum(shares.values())))
+    per_epoch = _steps_per_epoch(shares, work, scheme)
     start = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs)
     synced = sum(1 for e in range(epochs) if (e + 1) * per_epoch - 1 >= start)
     return synced * commmodel.epoch_sync_s(work.shapes, scheme, len(shares), link(network))
@@ -303,7 +308,7 @@ def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], n
              work: Workload, scheme: Scheme, t_plan: float) -> float:
     """Seconds of the run's first `steps` optimizer steps: those before the scheme starts at their own step
     time (PowerSGD's fp16, local SGD's plain all-reduce), the rest at t_plan."""
-    per_epoch = max(1, (work.train_samples or 0) // (scheme.accumulate * sum(shares.values())))
+    per_epoch = _steps_per_epoch(shares, work, scheme)
     if len(shares) > 1 and scheme.grad_compression == "powersgd":
         first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs or 1)
         before = Scheme("fp16", scheme.powersgd_rank, scheme.accumulate)
