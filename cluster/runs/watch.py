@@ -30,6 +30,9 @@ INTERVAL_S = 5.0  # between two polls; with the grace, a silent node is judged w
 # After the verdict (or the user's stop), how long the watcher goes on retrying the stop on nodes that
 # could not be reached; after that `status` and the next launch's busy check retry them.
 STOP_RETRY_FOR_S = 1800.0
+# A bug met while following (not a ClusterError) is logged and the run looked at again, this many times in all:
+# one surprise must not leave a detached run unjudged until someone runs `status`; a bug that repeats ends it.
+MAX_SURPRISES = 10
 
 
 def spawn(run_id: str) -> int:
@@ -51,16 +54,24 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> records.RunRecord | None
             return None
         record = records.load(run_id)
         records.update(run_id, lambda r: setattr(r, "watcher", {"pid": os.getpid(), "started": time.time()}))
+        surprises = 0
         while True:
             try:
                 record = runstate.follow(record, interval=interval, retry_for=STOP_RETRY_FOR_S)
                 return record
             except ClusterError as e:  # e.g. a lock held too long: log it, look again
                 print(f"{time.strftime('%H:%M:%S')} {e}", flush=True)
-                time.sleep(interval)
-                record = records.load(run_id)
-                if not record.active and not record.stop_pending:
-                    return record
+            except Exception:  # noqa: BLE001 - the run's only judge while nobody looks: log it, look again
+                surprises += 1
+                print(f"{time.strftime('%H:%M:%S')} unexpected error ({surprises} of {MAX_SURPRISES}):", flush=True)
+                traceback.print_exc()
+                sys.stdout.flush()
+                if surprises >= MAX_SURPRISES:
+                    raise
+            time.sleep(interval)
+            record = records.load(run_id)
+            if not record.active and not record.stop_pending:
+                return record
 
 
 def main(argv: list[str]) -> int:

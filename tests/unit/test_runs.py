@@ -297,3 +297,28 @@ def test_an_interrupted_stop_leaves_every_node_pending_not_a_silent_stopping(hom
         runstate.stop(runs.load("r1"))
     rec = runs.load("r1")
     assert rec.state == "stopping" and rec.stopped_by_user and rec.stop_pending == ["a", "b"]
+
+
+def test_the_watcher_survives_a_surprise_and_a_bug_that_repeats_ends_it(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A detached run's watcher is its only judge: an unexpected error while following is logged and the
+    run looked at again (not left unjudged until someone runs `status`); one that repeats ends the watcher."""
+    from cluster.runs import watch
+    runs.save(_record())
+    calls = []
+
+    def follow(record: runs.RunRecord, interval: float = 2.0, retry_for: float = 0.0) -> runs.RunRecord:
+        calls.append(record.state)
+        if len(calls) == 1:
+            raise KeyError("a surprise")
+        return runs.update(record.run_id, lambda r: r.move("succeeded"))
+
+    monkeypatch.setattr(runstate, "follow", follow)
+    done = watch.watch("r1", interval=0)
+    assert done is not None and done.state == "succeeded" and calls == ["running", "running"]
+    assert "unexpected error (1 of" in capsys.readouterr().out
+    runs.save(_record())
+    monkeypatch.setattr(runstate, "follow", lambda record, interval=2.0, retry_for=0.0: {}["always"])
+    with pytest.raises(KeyError):
+        watch.watch("r1", interval=0)
+    assert capsys.readouterr().out.count("unexpected error") == watch.MAX_SURPRISES
