@@ -96,7 +96,9 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
     """`launch` detached; stopped once an epoch reaches the target (if any), else left to finish; collected."""
     t0 = time.time()
     rid = ctl(env, "launch", *args, "--detach", timeout=1800)["run_id"]
+    load: list[float] = []
     while True:
+        load.append(os.getloadavg()[0])
         recs = rank0(state, rid)
         ep = [r for r in recs if r["type"] == "epoch"]
         if target is not None and any(e["val_acc"] >= target for e in ep):
@@ -112,7 +114,10 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
         time.sleep(POLL_S)
     subprocess.run([PY, "-m", "cluster", "collect", rid, "--json"], cwd=ROOT, env=env, capture_output=True,
                    text=True, timeout=1800)
-    return {"run_id": rid, "state": st, "t_launch": t0, **figures(rank0(state, rid), target, t0)}
+    # the head's 1-minute load while it trained: the lab's nodes share this machine, so anything else running
+    # here slows them: the table shows it per run
+    return {"run_id": rid, "state": st, "t_launch": t0, "host_load": round(statistics.fmean(load), 2),
+            **figures(rank0(state, rid), target, t0)}
 
 
 def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seeded: list[str], longer: list[str],
@@ -310,7 +315,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
                      f"mean end-to-end images/s ratio: {statistics.fmean(e2e):.2f}x (target >= 2x)")
     lines += ["", "The plan's predictions against the runs (seconds from the training start; the plan of each seed):",
               "", "| seed | run | to target: predicted | measured | error | wall of its epochs: predicted | "
-              "measured | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+              "measured | error | host load |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     pairs: dict[str, list[tuple[float, float, float, float]]] = {}
 
     def cell(pred: float | None, meas: float | None) -> str:
@@ -333,10 +338,10 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             if pred and meas and wall and trained:
                 pairs.setdefault(name, []).append((pred, meas, wall, trained))
             lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "
-                         f"{cell(pred, meas)} | {cell(wall, trained)} |")
+                         f"{cell(pred, meas)} | {cell(wall, trained)} | {r.get('host_load', '-')} |")
     for name, got in pairs.items():  # the issue's measure: the mean of the seeds, per run
         mean = [statistics.fmean(x[i] for x in got) for i in range(4)]
-        lines.append(f"| mean of {len(got)} | {name} | {cell(mean[0], mean[1])} | {cell(mean[2], mean[3])} |")
+        lines.append(f"| mean of {len(got)} | {name} | {cell(mean[0], mean[1])} | {cell(mean[2], mean[3])} | |")
     for seed in range(a.seeds):
         cal = (done.get(f"seed{seed}") or {}).get("calibration")
         if not cal:
