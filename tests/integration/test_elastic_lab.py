@@ -192,9 +192,11 @@ def test_tf_goes_on_without_node3(elab) -> None:
 
 def test_no_checkpoint_yet_then_a_second_loss_fails_the_run(elab) -> None:
     """node3 is cut before the first checkpoint: the others start again from step 0 (the record says so);
-    then node2 is cut too: min_nodes 2 is no longer met, the run fails as before and nothing is left running."""
+    then node2 is cut too: min_nodes 2 is no longer met, the run fails as before and nothing is left running.
+    Period 2 gets 60 steps an epoch, not 6: node2 is cut once it trains in period 2, after a `status` call,
+    and 18 steps could end the run before that (it did twice in CI: 'succeeded', where 'failed' was awaited)."""
     state, env = elab
-    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18")
+    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18", "--set", "max_steps=60")
     try:
         wait_until(lambda: in_epoch(state, run_id, 0), 400, "node1 training epoch 0", step=0.5)
         link(state, 2, False)
@@ -208,6 +210,7 @@ def test_no_checkpoint_yet_then_a_second_loss_fails_the_run(elab) -> None:
                                for x in records(state, 1, run_id)), 300, "period 2 training", step=0.5)
         link(state, 1, False)
         cut = time.time()
+        assert not any(x["type"] == "end" for x in records(state, 0, run_id)), "the run ended before the cut"
         wait_run(env, run_id, lambda r: r["state"] in ("succeeded", "failed", "stopped"), 240, "the run's end")
         failed = time.time() - cut
         rec = saved(env, run_id)
