@@ -99,6 +99,7 @@ def cut_and_recover(env: dict[str, str], state, run_id: str, node: int, epoch: i
     wait_until(lambda: in_epoch(state, run_id, epoch), 400, f"node1 training epoch {epoch}", step=0.5)
     link(state, node, False)
     cut = time.time()
+    assert not any(x["type"] == "end" for x in records(state, 0, run_id)), "the run ended before the cut"
     wait_run(env, run_id, lambda r: len(r["periods"]) == 2 and r["state"] != "restarting", 240,
              "the run's second period")
     recovered = saved(env, run_id)["periods"][1]["started"] - cut
