@@ -195,7 +195,7 @@ def test_no_checkpoint_yet_then_a_second_loss_fails_the_run(elab) -> None:
     """node3 is cut before the first checkpoint: the others start again from step 0 (the record says so);
     then node2 is cut too: min_nodes 2 is no longer met, the run fails as before and nothing is left running.
     Period 2 gets 60 steps an epoch, not 6: node2 is cut once it trains in period 2, after a `status` call,
-    and 18 steps could end the run before that (it did twice in CI: 'succeeded', where 'failed' was awaited)."""
+    and 18 steps could end the run before that (in CI, and in a clean clone here: 'succeeded', not 'failed')."""
     state, env = elab
     run_id = start(env, "resnet50-ddp", "--set", "model=resnet18", "--set", "max_steps=60")
     try:
