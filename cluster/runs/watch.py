@@ -65,7 +65,6 @@ def watch(run_id: str, interval: float = INTERVAL_S) -> records.RunRecord | None
                 surprises += 1
                 print(f"{time.strftime('%H:%M:%S')} unexpected error ({surprises} of {MAX_SURPRISES}):", flush=True)
                 traceback.print_exc()
-                sys.stdout.flush()
                 if surprises >= MAX_SURPRISES:
                     raise
             time.sleep(interval)

@@ -69,6 +69,11 @@ def records(state, i: int, run_id: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["time"])  # a node whose rank changed has a file per rank
 
 
+def ended(state, run_id: str) -> bool:
+    """Node 1's programs wrote their end record: the run trained to its end (a stop writes none)."""
+    return any(r["type"] == "end" for r in records(state, 0, run_id))
+
+
 def in_epoch(state, run_id: str, epoch: int) -> bool:
     """Node 1 has stepped in `epoch` (and, after epoch 0, written the epoch before and its checkpoint)."""
     return any(r["type"] == "step" and r["epoch"] == epoch for r in records(state, 0, run_id))
@@ -99,7 +104,7 @@ def cut_and_recover(env: dict[str, str], state, run_id: str, node: int, epoch: i
     wait_until(lambda: in_epoch(state, run_id, epoch), 400, f"node1 training epoch {epoch}", step=0.5)
     link(state, node, False)
     cut = time.time()
-    assert not any(x["type"] == "end" for x in records(state, 0, run_id)), "the run ended before the cut"
+    assert not ended(state, run_id), "the run ended before the cut"
     wait_run(env, run_id, lambda r: len(r["periods"]) == 2 and r["state"] != "restarting", 240,
              "the run's second period")
     recovered = saved(env, run_id)["periods"][1]["started"] - cut
@@ -211,7 +216,7 @@ def test_no_checkpoint_yet_then_a_second_loss_fails_the_run(elab) -> None:
                                for x in records(state, 1, run_id)), 300, "period 2 training", step=0.5)
         link(state, 1, False)
         cut = time.time()
-        assert not any(x["type"] == "end" for x in records(state, 0, run_id)), "the run ended before the cut"
+        assert not ended(state, run_id), "the run ended before the cut"
         wait_run(env, run_id, lambda r: r["state"] in ("succeeded", "failed", "stopped"), 240, "the run's end")
         failed = time.time() - cut
         rec = saved(env, run_id)
