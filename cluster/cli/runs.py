@@ -62,6 +62,9 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true", help="start and return; don't follow the run")
     p.add_argument("--plan", action="store_true",
                    help="use `clusterctl plan JOB`'s recommended nodes and per-node batch shares")
+    p.add_argument("--continue", dest="continue_run", metavar="RUN",
+                   help="a new run that takes an ended RUN further from what it left on its nodes (its checkpoint): "
+                        "RUN's job, settings and nodes; --set epochs=N for N epochs in all (docs/jobs.md)")
     add_power(p)
     _declare_slurm(p)
 
@@ -166,7 +169,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from cluster.runs import launch
 
     inv = load_inventory(args.inventory, args.host_set, args.ssh_config)
-    if args.on is not None or any(getattr(args, o) is not None for o in SLURM_OPTIONS):
+    on_slurm = args.on is not None or any(getattr(args, o) is not None for o in SLURM_OPTIONS)
+    if args.continue_run and on_slurm:
+        raise errors.UsageError("--continue takes a run further on the PCs that hold its checkpoints, not on Slurm",
+                                "drop --on (a Slurm job requeued by Slurm resumes there on its own, docs/slurm.md)")
+    if on_slurm:
         return _launch_on_slurm(args, inv)  # `--on NAME`: a Slurm cluster (cluster/slurm/, docs/slurm.md)
     planned = None
     if args.plan:
@@ -219,6 +226,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return _run_exit(record)
 
 
+OWN_PROGRAM_OPTIONS = ("code", "name", "launcher", "requirements", "data", "outputs")  # with `-- COMMAND` only
+
+
 def _spec(args: argparse.Namespace, inv: Any) -> Any:
     """The job spec a launch runs: a named or given spec file, or the ad-hoc one of `-- COMMAND`."""
     from pathlib import Path
@@ -227,6 +237,13 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     from cluster.runs import jobs
     from cluster.study import placement
 
+    if args.continue_run:
+        from cluster.runs import carryover
+
+        if args.job or args.command or args.plan or any(getattr(args, g) for g in OWN_PROGRAM_OPTIONS):
+            raise UsageError("--continue takes the job, its settings and nodes from the run it continues",
+                             f"clusterctl launch --continue {args.continue_run} [--set epochs=N]")
+        return carryover.spec_for(args.continue_run, args.set or [])
     if args.command:
         if args.job or args.plan:
             raise UsageError("give either a JOB or `-- COMMAND`, not both" if args.job else
@@ -239,7 +256,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     if not args.job:
         raise UsageError("launch needs a JOB or `-- COMMAND`",
                          "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")
-    for given in ("code", "name", "launcher", "requirements", "data", "outputs"):
+    for given in OWN_PROGRAM_OPTIONS:
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
     return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))

@@ -18,6 +18,7 @@ from cluster import paths, yamlfile
 from cluster.bounds import Range
 from cluster.errors import UsageError
 from cluster.inventory.loader import parse_override
+from cluster.runs.records import RUN_ID_RE
 
 JOBS_DIR = paths.PLAYBOOKS_DIR
 WORKLOADS_DIR = paths.PACKAGE_DIR / "workloads"
@@ -81,6 +82,9 @@ DEFAULTS: dict[str, Any] = {
     # Slurm (docs/slurm.md): a job whose node fails is requeued by Slurm and starts over (its output appended);
     # false: it ends NODE_FAIL. Slurm's own requeue is what min_nodes is on SSH launches; they ignore it.
     "requeue": False,
+    # a finished run this one continues from (`launch --continue RUN`): its checkpoints are copied into the
+    # new run folders, and the built-in programs resume from them with this run's epochs (docs/jobs.md)
+    "continues": None,
 }
 COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "localsgd_period", "localsgd_start_step",
              "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
@@ -176,7 +180,17 @@ class JobSpec:
                 args += ["--" + key.replace("_", "-"), s[key]]
         if s["shares"]:
             args += ["--shares", ",".join(f"{node}={n}" for node, n in s["shares"].items())]
+        if s["continues"] is not None:
+            args += ["--continues", s["continues"]]
         return [a if isinstance(a, str) else str(a) for a in args]  # a str subclass (render.Raw) stays what it is
+
+
+    def carried_over(self) -> list[str]:
+        """What `launch --continue` copies from the continued run's folder into the new one on each node:
+        the built-in programs' checkpoint, or the folders a user's program declared as its `outputs`."""
+        if self.own:
+            return [str(o) for o in self.settings["outputs"] or []]
+        return ["out/checkpoint.pt"] if self.framework == "pytorch" else ["out/checkpoint"]
 
 
 def find(name_or_path: str) -> Path:
@@ -213,14 +227,31 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     settings = copy.deepcopy(DEFAULTS)
     lines: dict[str, int | None] = {}  # field -> line in the file, -1: from --set
     _merge(settings, data, "", file, lines)
+    _override(settings, overrides, file, lines)
+    return resolve(path, settings, lines)
+
+
+def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lines: dict[str, int | None]) -> None:
+    """--set KEY=VALUE, each in turn; `lines` marks each key as given on the command line (-1)."""
     for text in overrides:
         if not text.partition("=")[0].strip() or "=" not in text:
             raise JobError("command line (--set)", None, "--set", f"expected KEY=VALUE, got {text!r}",
                            "e.g. --set epochs=2 --set optimizer.lr=0.02")
         key, value = parse_override(text)
         _set(settings, key, value, file, lines)
-        lines[key] = -1  # given on the command line
-    return resolve(path, settings, lines)
+        lines[key] = -1
+
+
+def from_run(spec_file: str, settings: dict[str, Any], overrides: Iterable[str] = ()) -> JobSpec:
+    """A run's resolved settings (its record) with --set overrides, validated again: the job that
+    `launch --continue RUN` starts, as RUN ran it (the plan's shares and scheme included)."""
+    path = Path(spec_file)
+    s = copy.deepcopy(settings)
+    for k, v in DEFAULTS.items():  # a record from before a setting existed
+        s.setdefault(k, copy.deepcopy(v))
+    lines: dict[str, int | None] = {}
+    _override(s, overrides, str(path), lines)
+    return resolve(path, s, lines)
 
 
 def resolve(path: Path, settings: dict[str, Any], lines: dict[str, int | None]) -> JobSpec:
@@ -259,10 +290,7 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
     else:
         settings["command"] = words
     lines: dict[str, int | None] = {}
-    for text in overrides:
-        key, value = parse_override(text)
-        _set(settings, key, value, "command line", lines)
-        lines[key] = -1
+    _override(settings, overrides, "command line", lines)
     return resolve(code / "(command line)", settings, {k: -1 for k in (*settings, *lines)})
 
 
@@ -562,3 +590,17 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
                   checks.environment):
         group(s)
     _check_scheduler(checks, s)
+    _check_continues(checks, s)
+
+
+def _check_continues(checks: _Checks, s: dict[str, Any]) -> None:
+    """`continues`: a run id; a user's program must say what it resumes from (its `outputs`)."""
+    c = s["continues"]
+    if c is None:
+        return
+    if not isinstance(c, str) or not RUN_ID_RE.match(c):
+        checks.fail("continues", f"expected a run id, got {c!r}", "clusterctl launch --continue RUN (`clusterctl "
+                    "status` lists the runs)")
+    if s["code"] is not None and not s["outputs"]:
+        checks.fail("outputs", "a program of your own continues from what it wrote: the run folders it resumes "
+                    "from must be named", "outputs: [checkpoints] (copied from the continued run on each node)")

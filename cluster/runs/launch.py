@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import code, datasets, elastic, firewall, layers, records as runs, render
+from cluster.runs import carryover, code, datasets, elastic, firewall, layers, records as runs, render
 from cluster.provision import verify
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -204,6 +204,7 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
     """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
     and every node's rendered files. Nothing is changed on the nodes or the head."""
     secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
+    carryover.continued(spec)  # a run it continues: ended, here, the same job (--dry-run checks it too)
     hosts = select_hosts(inv, spec, limit)
     if spec["min_nodes"] > len(hosts):
         raise JobError(str(spec.path), None, "min_nodes", f"min_nodes is {spec['min_nodes']}, but the job has "
@@ -309,6 +310,7 @@ def _start(group: Group, record: runs.RunRecord, request: LaunchRequest, secret:
         record = runs.update(record.run_id, lambda r: setattr(r, "endpoint", request.endpoint))
     _keep_rendered(request)
     _upload(group, record, request, secret, log)
+    _carry_over(group, record, request, log)
     _open_firewalls(group, record, request, log)
     _unless_stopped(record)
     log(f"starting {len(request.nodes)} nodes")
@@ -393,6 +395,23 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
     uploaded = group.call(upload, [t.host for t in request.targets])
     if not uploaded.ok:
         _fail_start(record, *_first_error(uploaded, "upload"))
+
+
+def _carry_over(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
+    """`launch --continue`: what the continued run left on each node, copied into the new run folders;
+    none anywhere fails the start (the program would train from scratch, or not at all)."""
+    old = carryover.continued(request.job)
+    if old is None:
+        return
+    copied, bad = carryover.carry_over(group, old, request)
+    if bad is not None:
+        _fail_start(record, *_first_error(bad, f"copying what run {old.run_id} left"))
+    if not copied:
+        _fail_start(record, f"no node of this run holds what run {old.run_id} left "
+                            f"({', '.join(request.job.carried_over())}): nothing to continue from")
+    for n, p in copied.items():
+        log(f"{n}: {', '.join(p)} from run {old.run_id}")
+    runs.update(record.run_id, lambda r: r.extra.__setitem__("continues", {"run": old.run_id, "copied": copied}))
 
 
 DATA_LIMIT_BYTES = 64 * 2**30  # a data set is sent once per node and linked into each run: larger than code

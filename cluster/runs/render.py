@@ -100,6 +100,9 @@ class LaunchRequest:
                          f"<workdir>/clusterctl/layers/{self.layer.digest} (first on PYTHONPATH)")
         for node, why in self.left_out.items():
             lines.append(f"left out: {node} ({why}); the job's min_nodes lets it start without")
+        if self.job["continues"] is not None:
+            lines.append(f"continues run {self.job['continues']}: {', '.join(self.job.carried_over())} copied from "
+                         "its folder on each node that ran it, before the start")
         lines.append(f"dry run: {len(self.nodes)} nodes, world size {self.world_size}; nothing was changed ({port})")
         return "\n".join(lines) + "\n"
 

@@ -321,6 +321,7 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     if a.resume == "auto":
         resume_newest(w, tr, ckpt, metrics.dir / "checkpoint")
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
+    wlcommon.check_continued(a, start_epoch)
     lsgd = a.grad_compression == wlcommon.LOCAL_SGD
     if lsgd:  # resumed: the schedule continues from the steps done
         comp = wlcommon.LocalSteps(shapes, w.world, a.localsgd_period,

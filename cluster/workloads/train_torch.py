@@ -253,6 +253,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
     ckpt = metrics.dir / "checkpoint.pt"
     if a.resume == "auto" and (proc.world > 1 or ckpt.exists()):  # a collective when distributed
         start_epoch, step = _resume(model, opt, ckpt, proc.rank, proc.world)
+    wlcommon.check_continued(a, start_epoch)
     # DDP broadcasts rank 0's weights and buffers at wrap time
     ddp = DistributedDataParallel(model, device_ids=[proc.local_rank] if proc.cuda else None,
                                   bucket_cap_mb=a.bucket_mb or None) if proc.distributed else model

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -41,6 +42,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="out", help="metrics, summary and checkpoint go here")
     ap.add_argument("--resume", default="auto", choices=["auto", "no"],
                     help="auto: continue from the checkpoint in --out when there is one")
+    ap.add_argument("--continues", metavar="RUN",
+                    help="this run continues RUN (`clusterctl launch --continue`): its checkpoint, copied into "
+                    "--out, must be there and end before --epochs")
     ap.add_argument("--log-every", type=int, default=10, help="steps between step records")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps per epoch (tests)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / local processes)")
@@ -82,6 +86,24 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="a collective that waits longer for a peer fails, so a dead or frozen peer ends the "
                     "run instead of hanging it (torch: process-group timeout; TF: collective timeout and the "
                     "coordination service's heartbeat timeout); 0: the framework's default")
+
+
+def check_continued(a: argparse.Namespace, start_epoch: int) -> None:
+    """A continued run that would silently train from scratch, or train nothing, ends here instead (exit
+    status 2, as argparse's errors): every rank reaches the same verdict, having agreed on the checkpoint."""
+    if a.continues is None:
+        return
+    problem = None
+    if start_epoch == 0:
+        problem = (f"--continues {a.continues}: no checkpoint of it in {a.out} on any node (was it copied? "
+                   "clusterctl launch --continue copies it from the nodes that ran it)")
+    elif start_epoch >= a.epochs:
+        problem = (f"--continues {a.continues}: its checkpoint ends epoch {start_epoch} and --epochs is "
+                   f"{a.epochs}: nothing to train (--set epochs={start_epoch + 1} or more: the epochs in all, "
+                   "the schedule is that of a run of that many)")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 def parse_args(doc: str | None, argv: list[str] | None,

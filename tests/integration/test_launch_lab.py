@@ -165,3 +165,44 @@ def test_bad_job_settings_name_the_field(plab) -> None:
     _, env = plab
     r = clusterctl("launch", "resnet50-tf", "--set", "optimizer.lr=-1", env=env)
     assert r.returncode == 2 and "command line (--set): optimizer.lr: expected a number > 0, got -1" in r.stderr, r.stderr
+
+
+def test_continue_takes_an_ended_run_further_from_its_checkpoint_and_leaves_it_as_it_was(plab) -> None:
+    """`launch --continue RUN --set epochs=N`: RUN's job, settings and nodes; each node's checkpoint copied
+    into the new run folder; the program resumes after it. RUN's folders and record are not touched."""
+    state, env = plab
+    tiny = [a if a != "epochs=2" else "epochs=1" for a in TINY]
+    rc, first = clusterctl_json("launch", "resnet18-ddp", *tiny, "--set", "shares={node1: 5, node2: 3}", env=env,
+                                timeout=900)
+    assert rc == 0 and first["state"] == "succeeded", json.dumps(first)[-3000:]
+    rid = first["run_id"]
+    kept = {i: (node_run_dir(state, i, rid) / "out" / "checkpoint.pt").read_bytes() for i in (0, 1)}
+    before = records(state, rid)
+
+    r = clusterctl("launch", "--continue", rid, "--set", "epochs=2", "--dry-run", env=env)
+    assert r.returncode == 0 and f"continues run {rid}: out/checkpoint.pt copied" in r.stdout, r.stderr
+    rc, cont = clusterctl_json("launch", "--continue", rid, "--set", "epochs=2", env=env, timeout=900)
+    assert rc == 0 and cont["state"] == "succeeded", json.dumps(cont)[-3000:]
+    assert cont["continues"] == {"run": rid, "copied": {"node1": ["out/checkpoint.pt"],
+                                                                 "node2": ["out/checkpoint.pt"]}}
+    assert cont["settings"]["shares"] == {"node1": 5, "node2": 3} and cont["settings"]["epochs"] == 2
+    by_rank = records(state, cont["run_id"])
+    assert sorted(by_rank) == [0, 1]
+    for recs in by_rank.values():
+        start = next(x for x in recs if x["type"] == "start")
+        assert (start["start_epoch"], start["start_step"]) == (1, 4)
+        assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [1]
+        assert next(x for x in recs if x["type"] == "end")["step"] == 8
+    assert records(state, rid) == before  # the continued run is left as it was
+    assert all((node_run_dir(state, i, rid) / "out" / "checkpoint.pt").read_bytes() == kept[i] for i in (0, 1))
+
+    # nothing to train: the programs refuse, and the run says why
+    rc, again = clusterctl_json("launch", "--continue", rid, env=env, timeout=900)
+    assert rc != 0 and again["state"] == "failed", json.dumps(again)[-3000:]
+    rc, logs = clusterctl_json("logs", again["run_id"], env=env)
+    assert "nothing to train" in json.dumps(logs), json.dumps(logs)[-3000:]
+    # what cannot be continued is refused before any node is touched
+    r = clusterctl("launch", "resnet18-ddp", "--continue", rid, env=env)
+    assert r.returncode == 2 and "takes the job, its settings and nodes from the run" in r.stderr, r.stderr
+    r = clusterctl("launch", "--continue", "resnet18-ddp-nope", env=env)
+    assert r.returncode == 2 and "no run 'resnet18-ddp-nope'" in r.stderr, r.stderr
