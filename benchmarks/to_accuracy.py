@@ -16,8 +16,9 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
    the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
    SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it;
 3. **the plan's pick**: `plan --target-acc TARGET`, then `launch --plan` with the job's epochs, as a user
-   runs it; where several nodes end them short of the target, again with 3x the epochs, the time of both
-   counted (`--pick-epochs 3x`: 3x from the start, as before 2026-12-04).
+   runs it; where several nodes end them short of the target, the run is taken further one epoch at a time
+   (`launch --continue RUN --set epochs=E+1`) up to 3x the epochs, the time of every run counted
+   (`--pick-epochs relaunch`: started again with 3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
 The calibration may go on for 3x the 1-node epochs; a run is stopped (`clusterctl stop`) once an epoch reaches
 the target; every run is collected. Measured per run from rank 0's records: time from the training start to
 the target, images/s end to end (every sample trained / the time from the start to the last epoch), the
@@ -122,22 +123,38 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
 
 def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seeded: list[str], longer: list[str],
          target: float, a: argparse.Namespace, alone: bool) -> dict[str, Any]:
-    """The plan's pick, as a user runs it: with the job's own epochs (`--pick-epochs job`; a cosine schedule
-    over more epochs decays later: one node took 114 s to the target with 12 planned against 88 with 4),
-    and where several nodes end those without reaching the target, again with 3x the epochs, the two runs'
-    time added (what the user waited). `3x`: several nodes run 3x the epochs at once, as before 2026-12-04."""
+    """The plan's pick, as a user runs it: with the job's own epochs (a cosine schedule over more epochs
+    decays later: one node took 114 s to the target with 12 planned against 88 with 4); where several nodes
+    end those short of the target, `--pick-epochs continue` takes the run further one epoch at a time
+    (`launch --continue RUN --set epochs=E+1`, until the target or 3x the epochs), `relaunch` starts it again
+    with 3x the epochs; every run's time is counted, what the user waited in between included.
+    `3x`: several nodes run 3x the epochs from the start, as before 2026-12-04."""
     if a.pick_epochs == "3x" and not alone:
         return run(env, state, [*launch, *longer], target, 3 * a.epochs)
-    first = run(env, state, [*launch, *seeded], target, a.epochs)
-    if first["to_target_s"] is not None or alone:
-        return first
-    again = run(env, state, [*launch, *longer], target, 3 * a.epochs)
-    images = first["e2e_images_per_s"] * first["trained_s"] + again["e2e_images_per_s"] * again["trained_s"]
-    waited = again["t_launch"] - first["t_launch"]  # the first run whole, its collect and the relaunch
-    return {**again, "first": first, "epochs": first["epochs"] + again["epochs"],
-            "val_acc": first["val_acc"] + again["val_acc"],
-            "to_target_s": None if again["to_target_s"] is None else waited + again["to_target_s"],
-            "e2e_images_per_s": images / (waited + again["trained_s"]), "trained_s": waited + again["trained_s"]}
+    parts = [run(env, state, [*launch, *seeded], target, a.epochs)]
+    if parts[0]["to_target_s"] is not None or alone:
+        return parts[0]
+    if a.pick_epochs == "relaunch":
+        parts.append(run(env, state, [*launch, *longer], target, 3 * a.epochs))
+    else:
+        epochs = a.epochs
+        while parts[-1]["to_target_s"] is None and parts[-1]["state"] == "succeeded" and epochs < 3 * a.epochs:
+            epochs += 1
+            print(f"  {parts[-1]['final_acc']:.3f} after {epochs - 1} epochs: continued to {epochs}", file=sys.stderr)
+            parts.append(run(env, state, ["--continue", parts[-1]["run_id"], "--set", f"epochs={epochs}"], target, 1))
+    return joined(parts)
+
+
+def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs one after the other as one: the time from the first launch, every sample, every epoch."""
+    last, first = parts[-1], parts[0]
+    waited = last["t_launch"] - first["t_launch"]  # the earlier runs whole, their collects, the next launches
+    images = sum(p["e2e_images_per_s"] * p["trained_s"] for p in parts)
+    return {**last, "runs": parts, "epochs": sum(p["epochs"] for p in parts),
+            "val_acc": [x for p in parts for x in p["val_acc"]],
+            "to_target_s": None if last["to_target_s"] is None else waited + last["to_target_s"],
+            "launch_to_target_s": None if last["launch_to_target_s"] is None else waited + last["launch_to_target_s"],
+            "e2e_images_per_s": images / (waited + last["trained_s"]), "trained_s": waited + last["trained_s"]}
 
 
 def predicted(plan: dict[str, Any], nodes: int, compression: str, accumulate: int = 1,
@@ -193,9 +210,10 @@ def main() -> int:
     ap.add_argument("--bn-recompute", type=int, default=512,
                     help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
                     "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
-    ap.add_argument("--pick-epochs", choices=["job", "3x"], default="job",
+    ap.add_argument("--pick-epochs", choices=["continue", "relaunch", "3x"], default="continue",
                     help="the pick's schedule: the job's epochs, and where several nodes miss the target in them, "
-                    "again with 3x (both runs' time counted); 3x: 3x the epochs from the start")
+                    "continued one epoch at a time (`launch --continue`) up to 3x, or (relaunch) started again "
+                    "with 3x, every run's time counted; 3x: 3x the epochs from the start")
     ap.add_argument("--table", action="store_true", help="print the tables of DIR/runs.json and stop (no lab)")
     ap.add_argument("--name", default="toacc")
     ap.add_argument("--subnet", default="10.233.0.0/24")
@@ -263,6 +281,7 @@ def main() -> int:
                                                        *scheme_sets], target, 3 * a.epochs)
                 save()
             made = mine.get("pick") and mine["pick"].get("schedule", "job" if len(mine["pick"]["nodes"]) == 1 else "3x")
+            made = "relaunch" if made == "job" else made  # (what `job` did until `continue` came)
             if made and made != a.pick_epochs:  # a pick made the other way is kept beside the new one
                 mine[f"pick_{made}"] = mine.pop("pick")
             if "pick" not in mine:

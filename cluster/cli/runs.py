@@ -122,9 +122,13 @@ def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any
     return t
 
 
-def _print_failure(record: RunRecord) -> None:
+def _print_details(record: RunRecord) -> None:
+    """Below the table: the run it continues, its membership periods, its failure, nodes not confirmed stopped."""
     from cluster.runs import elastic
 
+    cont = record.extra.get("continues")
+    if cont:
+        out.print(f"continues run {escape(cont['run'])} (from what it left on {escape(', '.join(cont['copied']))})")
     for line in elastic.describe(record):  # the membership periods of a run that lost a node and went on
         out.print(escape(line))
     f = record.failure
@@ -156,7 +160,7 @@ def _watched(record: RunRecord) -> None:
 
 
 def _run_exit(record: RunRecord) -> int:
-    if set(record.stop_pending) & set(record.members()):  # a node it dropped is retried, and said (_print_failure)
+    if set(record.stop_pending) & set(record.members()):  # a node it dropped is retried, and said (_print_details)
         return errors.EXIT_UNREACHABLE
     return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
             "restarting": errors.EXIT_OK, "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
@@ -331,7 +335,7 @@ def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
         return
     if record.last_status:
         out.print(run_table(record, record.last_status))
-    _print_failure(record)
+    _print_details(record)
     if record.state == "succeeded":
         took = (record.ended or 0) - (record.started or 0)
         out.print(f"run {record.run_id} succeeded in {took:.0f} s; "
@@ -378,7 +382,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         emit_json(record.to_dict())
     else:
         out.print(run_table(record, record.last_status or {}))
-        _print_failure(record)
+        _print_details(record)
     return _run_exit(record)
 
 
