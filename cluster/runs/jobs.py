@@ -242,13 +242,17 @@ def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lin
         lines[key] = -1
 
 
+def with_defaults(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """A recorded run's settings with every key added since it ran at its default, so that an older run
+    compares equal to the same job run today."""
+    return copy.deepcopy({**DEFAULTS, **(settings or {})})
+
+
 def from_run(spec_file: str, settings: dict[str, Any], overrides: Iterable[str] = ()) -> JobSpec:
     """A run's resolved settings (its record) with --set overrides, validated again: the job that
     `launch --continue RUN` starts, as RUN ran it (the plan's shares and scheme included)."""
     path = Path(spec_file)
-    s = copy.deepcopy(settings)
-    for k, v in DEFAULTS.items():  # a record from before a setting existed
-        s.setdefault(k, copy.deepcopy(v))
+    s = with_defaults(settings)
     lines: dict[str, int | None] = {}
     _override(s, overrides, str(path), lines)
     return resolve(path, s, lines)

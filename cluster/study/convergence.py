@@ -89,14 +89,15 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
     """Every collected run of this job that ended succeeded or stopped, whose settings match the plan's (all
     but nodes, shares, the wire and accumulation, which the plan varies, and epochs: a run planned longer
     decays its learning rate later, so reaches a high target later, a pessimistic reference): those that
-    reached the target, and (reached False) the succeeded ones that trained all their epochs without."""
+    reached the target, and (reached False) the succeeded ones that trained all their epochs without. A run
+    that continued another (`continues`) did not start from scratch: it never matches."""
     skip = {"nodes", "shares", "accumulate", "epochs", *jobs.WIRE_KEYS}
     want = {k: v for k, v in spec.settings.items() if k not in skip}
     out = []
     for r in runs.scan()[0]:
         if r.job != spec.name or r.state not in ("succeeded", "stopped") or not r.collected:
             continue
-        if {k: v for k, v in (r.settings or {}).items() if k not in skip} != want:
+        if {k: v for k, v in jobs.with_defaults(r.settings).items() if k not in skip} != want:
             continue
         lead = figures.lead_records(r)
         start = next((x for k in sorted(lead) for x in lead[k] if x.get("type") == "start"), None)

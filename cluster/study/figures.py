@@ -558,8 +558,8 @@ def _comparable(a: runs.RunRecord, b: runs.RunRecord) -> bool:
     """Same job and the same settings except which nodes ran it and, where one of them ran on one node,
     what only changes the wire (a one-node fp16 run and a plain one are the same run)."""
     skip = {"nodes", *(jobs.WIRE_KEYS if 1 in (len(a.nodes), len(b.nodes)) else ())}
-    return a.job == b.job and {k: v for k, v in (a.settings or {}).items() if k not in skip} \
-        == {k: v for k, v in (b.settings or {}).items() if k not in skip}
+    return a.job == b.job and {k: v for k, v in jobs.with_defaults(a.settings).items() if k not in skip} \
+        == {k: v for k, v in jobs.with_defaults(b.settings).items() if k not in skip}
 
 
 def _collected_singles(records: dict[str, runs.RunRecord]) -> dict[str, runs.RunRecord]:

@@ -175,3 +175,11 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
     best, one, four, said = found["30mbit"]
     assert len(best.nodes) == 1 and best.to_target_s == pytest.approx(one) and four > 1.5 * one
     assert said.startswith("one node is fastest to validation accuracy 0.98")
+
+
+def test_a_run_recorded_before_a_setting_existed_is_a_reference_and_a_continued_run_is_not(spec: jobs.JobSpec) -> None:
+    older = {k: v for k, v in spec.settings.items() if k != "continues"}  # a record written before `continues`
+    _run("old", "one", 1, {**older, "nodes": ["pc0"]})
+    _run("cont", "one", 1, {**spec.settings, "nodes": ["pc0"], "continues": "one"})  # began at a checkpoint
+    refs = {r.run_id for r in convergence.references(spec, 0.98)}
+    assert "old" in refs and "cont" not in refs
