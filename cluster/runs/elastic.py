@@ -28,7 +28,7 @@ from cluster.errors import ClusterError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group
 from cluster.nodes.replies import agent_reply, error_tail
-from cluster.runs import firewall, records, render
+from cluster.runs import firewall, jobs, records, render
 from cluster.runs.jobs import JobSpec
 from cluster.transport import Transport
 
@@ -197,7 +197,7 @@ def _request(group: Group, record: records.RunRecord,
     before = prev.get("node_batch")
     batches = keep_global_batch({n: int(v) for n, v in before.items()}, names) if isinstance(before, dict) else None
     settings = _settings_for(record.settings, batches, {n: nprocs[n] for n in names})
-    spec = JobSpec(Path(record.spec_file), settings)
+    spec = JobSpec(Path(record.spec_file), jobs.with_defaults(settings))  # a run started by an older version
     known = record.extra.get("targets") or {}
     targets = [render.Target(h, int((known.get(h.name) or {}).get("gpus", 0)),
                              str((known.get(h.name) or {}).get("backend", "gloo"))) for h in hosts]

@@ -206,3 +206,10 @@ def test_continue_takes_an_ended_run_further_from_its_checkpoint_and_leaves_it_a
     assert r.returncode == 2 and "takes the job, its settings and nodes from the run" in r.stderr, r.stderr
     r = clusterctl("launch", "--continue", "resnet18-ddp-nope", env=env)
     assert r.returncode == 2 and "no run 'resnet18-ddp-nope'" in r.stderr, r.stderr
+    # no node holds a checkpoint of it any more: the start fails, nothing trains from scratch
+    for i in (0, 1):
+        (node_run_dir(state, i, rid) / "out" / "checkpoint.pt").unlink()
+    rc, none = clusterctl_json("launch", "--continue", rid, "--set", "epochs=3", env=env, timeout=300)
+    assert rc == 1 and none["state"] == "failed", json.dumps(none)[-3000:]
+    assert "no node of this run holds what run" in none["failure"]["reason"], none["failure"]
+    assert not records(state, none["run_id"])
