@@ -76,7 +76,8 @@ def figures(recs: list[dict[str, Any]], target: float | None, t_launch: float) -
             "launch_to_target_s": hit["time"] - t_launch if hit else None,
             "e2e_images_per_s": len(epochs) * per_epoch / (last["time"] - start["time"]),
             "steady_images_per_s": statistics.median([e["images_per_s"] for e in epochs[1:]] or [last["images_per_s"]]),
-            "trained_s": last["time"] - start["time"]}
+            "trained_s": last["time"] - start["time"], "t_start": start["time"], "t_last": last["time"],
+            "t_hit": hit["time"] if hit else None}
 
 
 def status(env: dict[str, str], rid: str) -> str:
@@ -146,15 +147,17 @@ def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seed
 
 
 def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Runs one after the other as one: the time from the first launch, every sample, every epoch."""
+    """Runs one after the other as one, timed as a single run is: from the first one's training start (its
+    start record; its launch is not counted, as no run's is) to the target; in between, the ends, collects,
+    launches and starts of the later ones, what the user waited."""
     last, first = parts[-1], parts[0]
-    waited = last["t_launch"] - first["t_launch"]  # the earlier runs whole, their collects, the next launches
     images = sum(p["e2e_images_per_s"] * p["trained_s"] for p in parts)
+    trained = last["t_last"] - first["t_start"]
     return {**last, "runs": parts, "epochs": sum(p["epochs"] for p in parts),
             "val_acc": [x for p in parts for x in p["val_acc"]],
-            "to_target_s": None if last["to_target_s"] is None else waited + last["to_target_s"],
-            "launch_to_target_s": None if last["launch_to_target_s"] is None else waited + last["launch_to_target_s"],
-            "e2e_images_per_s": images / (waited + last["trained_s"]), "trained_s": waited + last["trained_s"]}
+            "to_target_s": None if last["t_hit"] is None else last["t_hit"] - first["t_start"],
+            "launch_to_target_s": None if last["t_hit"] is None else last["t_hit"] - first["t_launch"],
+            "e2e_images_per_s": images / trained, "trained_s": trained}
 
 
 def predicted(plan: dict[str, Any], nodes: int, compression: str, accumulate: int = 1,

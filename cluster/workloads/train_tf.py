@@ -318,8 +318,7 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     shapes = [tuple(v.shape) for v in tr.model.trainable_variables]
     comp = wlcommon.Compression(a.grad_compression, shapes, w.world)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
-    if a.resume == "auto":
-        resume_newest(w, tr, ckpt, metrics.dir / "checkpoint")
+    resumed = resume_newest(w, tr, ckpt, metrics.dir / "checkpoint") if a.resume == "auto" else "none"
     start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
     wlcommon.check_continued(a, start_epoch)
     lsgd = a.grad_compression == wlcommon.LOCAL_SGD
@@ -333,6 +332,7 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   tensorflow=tf.__version__, threads=w.threads,
                   interop_threads=tf.config.threading.get_inter_op_parallelism_threads(), loader_workers=w.loaders,
                   backend="mwms" if w.world > 1 else "none", collective_timeout_s=a.collective_timeout_s,
+                  resumed_from=resumed,
                   heartbeat_timeout_s=a.collective_timeout_s if w.world > 1 and a.collective_timeout_s else None,
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
                   grad_compression=a.grad_compression,
@@ -474,25 +474,30 @@ def save_checkpoint(ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> None:
     os.replace(tmp, ckpt_dir / "checkpoint")
 
 
-def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> int:
+def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> str:
     """Every worker restores its own latest checkpoint, if it has one (a restart after a node died gives
     the survivors new ranks, so the chief's disk may hold an older one or none); the workers agree on the
-    one with the newest epoch (ties: the lowest rank) and everyone takes its values. A worker without a
-    checkpoint joins the collectives all the same. Returns the source worker's rank (-1: none had one:
-    a fresh start)."""
+    one with the newest epoch (ties: the lowest rank) and everyone takes its values, unless every worker
+    restored that same save point (epoch and step): then nothing is sent. A worker without a
+    checkpoint joins the collectives all the same. Returns where the values came from: "none" (a fresh
+    start), "each" or "rank R"."""
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
     if latest:
         ckpt.read(latest).expect_partial()
     if w.world == 1:
-        return 0 if latest else -1
+        return "each" if latest else "none"
     _build_optimizer_slots(tr)  # (the deferred restore of the momentum slots happens here)
     mine = int(tr.epoch.numpy()) + 1 if latest else 0  # 0: no checkpoint; epoch e: e + 1
-    epochs = _allsum(w.strategy, np.eye(w.world)[w.rank] * mine)
+    step = int(tr.step.numpy()) if latest else -1
+    held = _allsum(w.strategy, np.concatenate([np.eye(w.world)[w.rank] * mine, np.eye(w.world)[w.rank] * step]))
+    epochs, steps = held[: w.world], held[w.world:]
     if epochs.max() <= 0:
-        return -1  # no worker has one: MWMS already gave all workers the chief's initial values
+        return "none"  # no worker has one: MWMS already gave all workers the chief's initial values
     src = int(np.argmax(epochs))  # the first of the highest: the lowest rank on a tie
+    if (epochs == epochs[src]).all() and (steps == steps[src]).all():
+        return "each"  # every worker restored that same save point: nothing to send (a restart of the same nodes)
     tr.broadcast_from(source=w.rank == src)
-    return src
+    return f"rank {src}"
 
 
 def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:

@@ -52,8 +52,9 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> None:
 # ---------------------------------------------------------------- PyTorch
 
 
-def _torch_procs(outs: list[Path], epochs: int, period: int = 1) -> list[subprocess.Popen]:
-    """One train_torch.py per folder, rank = its position in `outs`, each alone on its 'node'."""
+def _torch_procs(outs: list[Path], epochs: int, period: int = 1, seeds: list[int] | None = None) -> list[subprocess.Popen]:
+    """One train_torch.py per folder, rank = its position in `outs`, each alone on its 'node' (`seeds`: each
+    rank's --seed, default 0)."""
     port = _free_ports(1)[0]
     procs = []
     for rank, out in enumerate(outs):
@@ -62,7 +63,8 @@ def _torch_procs(outs: list[Path], epochs: int, period: int = 1) -> list[subproc
                "CUDA_VISIBLE_DEVICES": "", "CLUSTER_PERIOD": str(period)}
         cmd = [sys.executable, str(WL / "train_torch.py"), "--dataset", "digits", "--model", "mobilenet_v3_small",
                "--size", "8", "--batch", "8", "--epochs", str(epochs), "--max-steps", "2", "--log-every", "1",
-               "--threads", "1", "--collective-timeout-s", "60", "--out", str(out)]
+               "--threads", "1", "--collective-timeout-s", "60", "--out", str(out),
+               "--seed", str(seeds[rank] if seeds else 0)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -105,12 +107,35 @@ def test_every_node_saves_the_checkpoint_and_the_survivors_resume_with_swapped_r
         start = _last_start(out / f"metrics-rank{rank}.jsonl")
         assert wlmetrics.validate(start) == []
         assert (start["world"], start["start_epoch"], start["start_step"], start["period"]) == (2, 2, 4, 2)
+        assert (start["resumed_from"], start["weights_sent"]) == ("rank 0", False)  # n1's file, then the same
         epochs = [r for r in _records(out / f"metrics-rank{rank}.jsonl") if r["type"] == "epoch"]
         assert [(r["epoch"], r["step"]) for r in epochs] == [(2, 6)]  # only the epoch that was left
     _same_state(_ckpt(n0), _ckpt(n1))  # n0 took n1's model and optimizer state, and saved again
     assert (_ckpt(n0)["epoch"], _ckpt(n0)["step"]) == (2, 6)
     first = _last_start(torch_nodes / "n0" / "metrics-rank0.jsonl")
     assert (first["start_epoch"], first["start_step"], first["period"]) == (0, 0, 1)  # a fresh first start
+    assert (first["resumed_from"], first["weights_sent"]) == ("none", False)  # the same seed: the same weights
+
+
+def test_a_restart_where_every_node_holds_the_checkpoint_sends_nothing(torch_nodes: Path, tmp_path: Path) -> None:
+    """The same nodes again (an elastic restart, a `launch --continue`): each reads its own checkpoint and DDP
+    broadcasts no weights; they go on from the same state."""
+    n0, n1 = _copy_nodes(torch_nodes, tmp_path / "run")
+    _wait_all(_torch_procs([n0, n1], epochs=3, period=2))
+    for out, rank in ((n0, 0), (n1, 1)):
+        start = _last_start(out / f"metrics-rank{rank}.jsonl")
+        assert (start["start_epoch"], start["resumed_from"], start["weights_sent"]) == (2, "each", False)
+    _same_state(_ckpt(n0), _ckpt(n1))
+    assert (_ckpt(n0)["epoch"], _ckpt(n0)["step"]) == (2, 6)
+
+
+def test_ranks_that_built_different_weights_get_rank_0s(tmp_path: Path) -> None:
+    """A digest that differs (here: each rank its own seed) leaves the sync to DDP: rank 0's weights, sent."""
+    n0, n1 = tmp_path / "n0", tmp_path / "n1"
+    _wait_all(_torch_procs([n0, n1], epochs=1, seeds=[0, 1]))
+    for out, rank in ((n0, 0), (n1, 1)):
+        assert _last_start(out / f"metrics-rank{rank}.jsonl")["weights_sent"] is True
+    _same_state(_ckpt(n0), _ckpt(n1))  # one model after the broadcast, whatever each rank built
 
 
 def test_a_lone_survivor_resumes_in_a_smaller_world(torch_nodes: Path, tmp_path: Path) -> None:
@@ -124,8 +149,11 @@ def test_a_lone_survivor_resumes_in_a_smaller_world(torch_nodes: Path, tmp_path:
     assert (_ckpt(n1)["epoch"], _ckpt(n1)["step"]) == (2, 6)
 
 
-# (each rank's checkpoint epoch, -1: no file; the rank whose checkpoint everyone must take, None: a fresh start)
-RESUME_CASES = [([-1, 3, 1], 1), ([2, -1, 5], 2), ([-1, 4, 4], 1), ([-1, -1, -1], None), ([6, 6, -1], 0)]
+# (each rank's checkpoint epoch, -1: no file; the rank whose checkpoint everyone must take, None: a fresh start,
+# "each": every rank holds the same save point (epoch and step), so each reads its own and nothing is sent: their
+# weights differ here (e + rank / 10) only to show that none came from another rank)
+RESUME_CASES = [([-1, 3, 1], 1), ([2, -1, 5], 2), ([-1, 4, 4], 1), ([-1, -1, -1], None), ([6, 6, -1], 0),
+                ([7, 7, 7], "each")]
 
 
 def _resume_rank(rank: int, world: int, init: str, tmp: str) -> None:
@@ -134,7 +162,8 @@ def _resume_rank(rank: int, world: int, init: str, tmp: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     results = []
-    for case, (epochs, _) in enumerate(RESUME_CASES):
+    for case, (epochs, src) in enumerate(RESUME_CASES):
+        same = src == "each"
         path = Path(tmp) / f"case{case}" / f"r{rank}" / "checkpoint.pt"
         if epochs[rank] >= 0:
             model = nn.Linear(3, 2)
@@ -144,11 +173,11 @@ def _resume_rank(rank: int, world: int, init: str, tmp: str) -> None:
             opt.step()  # creates the momentum buffers
             with torch.no_grad():
                 for p in model.parameters():
-                    p.fill_(float(epochs[rank]))
+                    p.fill_(epochs[rank] + (rank / 10 if same else 0))
                 for s in opt.state.values():
-                    s["momentum_buffer"].fill_(float(epochs[rank]))
+                    s["momentum_buffer"].fill_(epochs[rank] + (rank / 10 if same else 0))
             path.parent.mkdir(parents=True, exist_ok=True)
-            train_torch._save(model, opt, epochs[rank], 10 * epochs[rank] + rank, path)
+            train_torch._save(model, opt, epochs[rank], 10 * epochs[rank] + (0 if same else rank), path)
         fresh = nn.Linear(3, 2)
         fresh_opt = train_torch.make_optimizer(fresh, _tiny_args())
         got = train_torch._resume(fresh, fresh_opt, path, rank, world)
@@ -172,10 +201,14 @@ def test_resume_takes_the_newest_checkpoint_any_rank_holds(tmp_path: Path) -> No
     for r in range(world):
         for (epochs, src), res in zip(RESUME_CASES, torch.load(tmp_path / f"results.{r}")):
             if src is None:
-                assert res["got"] == (0, 0) and res["momenta"] == [], epochs  # a fresh start everywhere
+                assert res["got"] == (0, 0, "none") and res["momenta"] == [], epochs  # a fresh start everywhere
+            elif src == "each":
+                e = epochs[r]
+                assert res["got"] == (e + 1, 10 * e, "each"), (epochs, r)
+                assert res["weights"] == res["momenta"] == [pytest.approx(e + r / 10)], (epochs, r)  # its own
             else:
                 e = epochs[src]
-                assert res["got"] == (e + 1, 10 * e + src), (epochs, r)  # the source's epoch and step, everywhere
+                assert res["got"] == (e + 1, 10 * e + src, f"rank {src}"), (epochs, r)  # the source's, everywhere
                 assert res["weights"] == [float(e)] and res["momenta"] == [float(e)], (epochs, r)
 
 
@@ -250,6 +283,7 @@ def test_every_tf_worker_saves_the_checkpoint_and_the_survivors_resume_with_swap
         start = _last_start(out / f"metrics-rank{rank}.jsonl")
         assert wlmetrics.validate(start) == []
         assert (start["world"], start["start_epoch"], start["start_step"], start["period"]) == (2, 2, 4, 2)
+        assert start["resumed_from"] == "rank 0"
         epochs = [r for r in _records(out / f"metrics-rank{rank}.jsonl") if r["type"] == "epoch"]
         assert [(r["epoch"], r["step"]) for r in epochs] == [(2, 6)]
     s0, s1 = _tf_state(w0), _tf_state(w1)
@@ -260,7 +294,13 @@ def test_every_tf_worker_saves_the_checkpoint_and_the_survivors_resume_with_swap
     _wait_all(_tf_procs(program, [w1, w0], epochs=4, period=3))
     for out, rank in ((w1, 0), (w0, 1)):
         start = _last_start(out / f"metrics-rank{rank}.jsonl")
-        assert (start["start_epoch"], start["start_step"], start["period"]) == (3, 6, 3)
+        assert (start["start_epoch"], start["start_step"], start["period"], start["resumed_from"]) == (3, 6, 3, "rank 1")
     s0, s1 = _tf_state(w0), _tf_state(w1)
     _tf_same(s0, s1)
     assert (int(s1["epoch/.ATTRIBUTES/VARIABLE_VALUE"]), int(s1["step/.ATTRIBUTES/VARIABLE_VALUE"])) == (3, 8)
+    # both hold the same save point now: each restores its own, nothing is sent, and they go on as one
+    _wait_all(_tf_procs(program, [w0, w1], epochs=5, period=4))
+    for out, rank in ((w0, 0), (w1, 1)):
+        start = _last_start(out / f"metrics-rank{rank}.jsonl")
+        assert (start["start_epoch"], start["start_step"], start["resumed_from"]) == (4, 8, "each")
+    _tf_same(_tf_state(w0), _tf_state(w1))
