@@ -184,7 +184,6 @@ class JobSpec:
             args += ["--continues", s["continues"]]
         return [a if isinstance(a, str) else str(a) for a in args]  # a str subclass (render.Raw) stays what it is
 
-
     def carried_over(self) -> list[str]:
         """What `launch --continue` copies from the continued run's folder into the new one on each node:
         the built-in programs' checkpoint, or the folders a user's program declared as its `outputs`."""
