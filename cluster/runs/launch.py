@@ -543,7 +543,7 @@ def _abort_start(record: runs.RunRecord, reason: str, node: str | None = None, *
     pending = record.stop_pending
     confirmed = [n for n in record.node_dirs() if n not in pending]
     said = {"stopped": "stopped while it was starting", "interrupted": "interrupted while it was starting"}
-    head = f"run {record.run_id}: {said.get(cause, reason)}" + (f" ({reason})" if cause == "failed" else "")
+    head = f"run {record.run_id}: {said.get(cause, reason)}"  # a failed step: its reason, once
     parts = []
     if lost:
         parts.append(f"no start reply from {', '.join(lost)}")

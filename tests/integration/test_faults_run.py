@@ -271,7 +271,9 @@ def test_stop_while_starting_wins(flab, tmp_path: Path) -> None:
 
 def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
     state, env = flab
-    python, mark = agent_wrapper(tmp_path, "sleep 8")
+    # node2's start held 30 s: the Ctrl-C below lands while the run is starting even when this machine is so
+    # busy that `clusterctl runs` takes seconds (held 8 s, a loaded CI once saw the run running first)
+    python, mark = agent_wrapper(tmp_path, f"sleep 30; touch {tmp_path / 'mark'}.slept")
     launcher = launch_in_background(env, python)
     try:
         wait_for(lambda: Path(f"{mark}.entered").exists(), 240, "node2's start under way")
@@ -282,11 +284,12 @@ def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
         took = time.monotonic() - t0
         assert launcher.returncode == 130, errs
         assert "interrupted while it was starting" in " ".join(errs.split()) and "nothing of it runs on" in errs
-        time.sleep(8)  # node2's start arrives after the cancel
+        wait_for(lambda: Path(f"{mark}.slept").exists(), 60, "node2's late start")
+        time.sleep(3)  # node2's start arrives after the cancel and is refused
         left = nothing_left(run_id)
         rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
         assert rc == 1 and st["state"] == "stopped" and st["stop_pending"] == [] and st["stopped_by_user"], st
-        ROWS.append(("Ctrl-C while node2's start is slow", "starting", f"{took:.0f} s to exit 130",
+        ROWS.append(("Ctrl-C while node2's start is slow (30 s)", "starting", f"{took:.0f} s to exit 130",
                      f"stopped on both, nothing left ({left:.0f} s after node2's late start)"))
         a_new_launch_works(env, state)
     finally:

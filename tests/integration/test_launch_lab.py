@@ -209,7 +209,10 @@ def test_continue_takes_an_ended_run_further_from_its_checkpoint_and_leaves_it_a
     # no node holds a checkpoint of it any more: the start fails, nothing trains from scratch
     for i in (0, 1):
         (node_run_dir(state, i, rid) / "out" / "checkpoint.pt").unlink()
-    rc, none = clusterctl_json("launch", "--continue", rid, "--set", "epochs=3", env=env, timeout=300)
-    assert rc == 1 and none["state"] == "failed", json.dumps(none)[-3000:]
-    assert "no node of this run holds what run" in none["failure"]["reason"], none["failure"]
+    r = clusterctl("launch", "--continue", rid, "--set", "epochs=3", env=env, timeout=300)
+    said = f"no node of this run holds what run {rid} left (out/checkpoint.pt): nothing to continue from"
+    assert r.returncode == 1 and said in r.stderr and r.stderr.count(said) == 1, r.stderr
+    assert "nothing of it runs on node1, node2" in r.stderr, r.stderr
+    rc, none = clusterctl_json("status", env=env)  # the latest run
+    assert none["state"] == "failed" and said in none["failure"]["reason"], json.dumps(none)[-3000:]
     assert not records(state, none["run_id"])
