@@ -428,7 +428,7 @@ class _Checks:
         if not isinstance(s["code"], str) or not code.is_dir():
             self.fail("code", f"no folder {s['code']!r} on the head", "code: the folder of your training program "
                       "(default: the spec file's folder)")
-        if s["launcher"] not in LAUNCHERS:
+        if not isinstance(s["launcher"], str) or s["launcher"] not in LAUNCHERS:
             self.fail("launcher", f"expected one of {', '.join(LAUNCHERS)}, got {s['launcher']!r}",
                       "launcher: torchrun (PyTorch), tensorflow (TF_CONFIG per worker) or plain (one process per node)")
         if s["framework"] != LAUNCHERS[s["launcher"]]:

@@ -271,9 +271,10 @@ def test_stop_while_starting_wins(flab, tmp_path: Path) -> None:
 
 def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
     state, env = flab
-    # node2's start held 30 s: the Ctrl-C below lands while the run is starting even when this machine is so
-    # busy that `clusterctl runs` takes seconds (held 8 s, a loaded CI once saw the run running first)
-    python, mark = agent_wrapper(tmp_path, f"sleep 30; touch {tmp_path / 'mark'}.slept")
+    # node2's start held 20 s (under launch's 30-s limit on a start command): the Ctrl-C below lands while the
+    # run is starting even when this machine is so busy that `clusterctl runs` takes seconds (held 8 s, a
+    # loaded CI once saw the run running first)
+    python, mark = agent_wrapper(tmp_path, f"sleep 20; touch {tmp_path / 'mark'}.slept")
     launcher = launch_in_background(env, python)
     try:
         wait_for(lambda: Path(f"{mark}.entered").exists(), 240, "node2's start under way")
@@ -289,7 +290,7 @@ def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
         left = nothing_left(run_id)
         rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
         assert rc == 1 and st["state"] == "stopped" and st["stop_pending"] == [] and st["stopped_by_user"], st
-        ROWS.append(("Ctrl-C while node2's start is slow (30 s)", "starting", f"{took:.0f} s to exit 130",
+        ROWS.append(("Ctrl-C while node2's start is slow (20 s)", "starting", f"{took:.0f} s to exit 130",
                      f"stopped on both, nothing left ({left:.0f} s after node2's late start)"))
         a_new_launch_works(env, state)
     finally:

@@ -128,3 +128,4 @@ def test_the_copy_takes_what_the_old_folder_holds_and_skips_what_it_does_not(tmp
     assert (new / "ckpt" / "w.bin").read_bytes() == b"\x00" * 10 and not (new / "ckpt" / "stale").exists()
     assert (new / "results" / "best model.pt").read_text() == "m" and not (new / "missing").exists()
     assert (old / "ckpt" / "w.bin").exists()  # the old run folder is left as it was
+

@@ -139,3 +139,10 @@ def test_localsgd_is_named_in_the_fix_of_an_unknown_scheme() -> None:
         jobs.load("resnet50-ddp", ["grad_compression=local"])
     assert "localsgd" in (e.value.fix or "")
     assert jobs.load("resnet50-ddp", ["grad_compression=localsgd"])["grad_compression"] == "localsgd"
+
+
+def test_a_launcher_that_is_not_a_name_is_refused_by_field(tmp_path: Path) -> None:
+    """Found by test_no_traceback's fuzzing: `launcher: [null]` on a program of one's own was a TypeError."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    with pytest.raises(JobError, match="launcher: expected one of"):
+        jobs.from_command(["python", "train.py"], tmp_path, "torchrun", None, ["launcher=[null]"])
