@@ -15,8 +15,9 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
 2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes from
    the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
    SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it;
-3. **the plan's pick**: `plan --target-acc TARGET`, then `launch --plan` with the job's epochs, as a user
-   runs it; where several nodes end them short of the target, the run is taken further one epoch at a time
+3. **the plan's pick**: `plan --target-acc TARGET` for the job's epochs (its references are then the lab's
+   runs planned for them where it has any: docs/planning.md; `--plan-epochs 3x`: planned for 3x, as before
+   2026-12-05), then `launch --plan` with the job's epochs, as a user runs it; where several nodes end them short of the target, the run is taken further one epoch at a time
    (`launch --continue RUN --set epochs=E+1`) up to 3x the epochs, the time of every run counted
    (`--pick-epochs relaunch`: started again with 3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
 The calibration may go on for 3x the 1-node epochs; a run is stopped (`clusterctl stop`) once an epoch reaches
@@ -162,8 +163,8 @@ def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def predicted(plan: dict[str, Any], nodes: int, compression: str, accumulate: int = 1,
               key: str = "to_target_s") -> float | None:
-    """The plan's figure `key` (to_target_s, run_s) for the candidate with this node count, scheme and
-    accumulation (the recommended one where it is that, else the fastest such)."""
+    """The plan's figure `key` (to_target_s, run_s, epoch_s, restart_s) for the candidate with this node count,
+    scheme and accumulation (the recommended one where it is that, else the fastest such)."""
     c = [x for x in [plan["recommended"], *plan["candidates"]] if len(x["nodes"]) == nodes and x.get(key)
          and x["grad_compression"] == compression and x.get("accumulate", 1) == accumulate]
     return c[0][key] if c and c[0] is plan["recommended"] else (min(x[key] for x in c) if c else None)
@@ -217,6 +218,10 @@ def main() -> int:
                     help="the pick's schedule: the job's epochs, and where several nodes miss the target in them, "
                     "continued one epoch at a time (`launch --continue`) up to 3x, or (relaunch) started again "
                     "with 3x, every run's time counted; 3x: 3x the epochs from the start")
+    ap.add_argument("--plan-epochs", choices=["job", "3x"], default="job",
+                    help="the epochs `plan` is asked for: the job's (the pick's own schedule) or 3x")
+    ap.add_argument("--again", metavar="NAME",
+                    help="another pass: each seed's pick and plan are kept as pick_NAME and plan_NAME, and made anew")
     ap.add_argument("--table", action="store_true", help="print the tables of DIR/runs.json and stop (no lab)")
     ap.add_argument("--name", default="toacc")
     ap.add_argument("--subnet", default="10.233.0.0/24")
@@ -287,8 +292,15 @@ def main() -> int:
             made = "relaunch" if made == "job" else made  # (what `job` did until `continue` came)
             if made and made != a.pick_epochs:  # a pick made the other way is kept beside the new one
                 mine[f"pick_{made}"] = mine.pop("pick")
+            if a.again and "pick" in mine and f"pick_{a.again}" not in mine:
+                mine[f"pick_{a.again}"], mine[f"plan_{a.again}"] = mine.pop("pick"), mine.pop("plan", None)
             if "pick" not in mine:
-                plan = ctl(env, "plan", job, *longer, *scheme_sets, "--target-acc", str(target), timeout=600)
+                planned = seeded if a.plan_epochs == "job" else longer
+                if planned is seeded:  # the calibration's row is priced for its own schedule (3x); first, as
+                    # `launch --plan` takes the plan saved last
+                    mine["plan_long"] = ctl(env, "plan", job, *longer, *scheme_sets, "--target-acc", str(target),
+                                            timeout=600)
+                plan = ctl(env, "plan", job, *planned, *scheme_sets, "--target-acc", str(target), timeout=600)
                 mine["plan"] = plan
                 rec = plan["recommended"]
                 print(f"seed {seed}: the plan's pick: {rec['nodes']} {rec['grad_compression']}, predicted "
@@ -296,7 +308,8 @@ def main() -> int:
                 mine["pick"] = pick(env, state, [job, "--plan", *scheme_sets], seeded, longer, target, a,
                                     alone=len(rec["nodes"]) == 1)
                 mine["pick"].update(nodes=rec["nodes"], scheme=rec["grad_compression"],
-                                    accumulate=rec.get("accumulate", 1), schedule=a.pick_epochs)
+                                    accumulate=rec.get("accumulate", 1), schedule=a.pick_epochs,
+                                    planned_for=a.plan_epochs)
                 save()
     finally:
         lifecycle.down(state.name, tmp / "lab", purge=True)
@@ -335,7 +348,8 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     if ratios:
         lines.append(f"\nmean time-to-target ratio pick / 1 node: {statistics.fmean(ratios):.2f}x (target <= 0.5x); "
                      f"mean end-to-end images/s ratio: {statistics.fmean(e2e):.2f}x (target >= 2x)")
-    lines += ["", "The plan's predictions against the runs (seconds from the training start; the plan of each seed):",
+    lines += ["", "The plan's predictions against the runs (seconds from the training start; the plan of each seed, "
+              "for the calibration's row the one for its 3x epochs where the pick's was for the job's):",
               "", "| seed | run | to target: predicted | measured | error | wall of its epochs: predicted | "
               "measured | error | host load |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     pairs: dict[str, list[tuple[float, float, float, float]]] = {}
@@ -347,7 +361,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     for seed in range(a.seeds):
         m = done.get(f"seed{seed}") or {}
         for name in ("one", "calibration", "pick"):
-            r, plan = m.get(name), m.get("plan")
+            r, plan = m.get(name), m.get("plan_long" if name == "calibration" and "plan_long" in m else "plan")
             if not r or not plan:
                 continue
             nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
@@ -356,7 +370,9 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             # wall time: the plan's epoch (training, evaluation, checkpoint) x the epochs the run trained
             epoch = predicted(plan, nodes, scheme, acc, key="epoch_s")
             pred, meas = predicted(plan, nodes, scheme, acc), r.get("to_target_s")
-            wall, trained = (epoch * r["epochs"] if epoch else None), r.get("trained_s")
+            # ... and each `launch --continue` at the plan's restart (its end, launch and start)
+            again = (len(r.get("runs") or [r]) - 1) * float(predicted(plan, nodes, scheme, acc, key="restart_s") or 0.0)
+            wall, trained = (epoch * r["epochs"] + again if epoch else None), r.get("trained_s")
             if pred and meas and wall and trained:
                 pairs.setdefault(name, []).append((pred, meas, wall, trained))
             lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "

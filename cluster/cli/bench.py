@@ -82,6 +82,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(t)
     said = placement.verdict(choice)
     if said:
-        out.print(escape(said) + " (predicted: training steps only, docs/planning.md)")
+        out.print(escape(said) + " (predicted from the training start: steps and epoch ends; docs/planning.md)")
+    late = placement.continued(choice)
+    if late:
+        out.print(escape(late))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")
     return errors.EXIT_OK

@@ -19,10 +19,17 @@ A collected run that trained all it was given without reaching the target is dat
 samples than it trained (a floor on E_min), so the plan never prices that scheme below what the lab has
 already seen fail (on the emulated room a PowerSGD run that missed 0.979 in 12 epochs was otherwise priced
 as plain, at 31 s against one node's 24).
+
+The plan prices each reference's outcome, not their mean (`outcomes`): a configuration that sometimes
+reaches the target in the job's epochs and sometimes ends a validation image short is either of two whole
+epoch counts, never the mean's one, and the plan's figure is the mean of their times, the continuation's
+restart included (placement.to_target). Where the lab has runs planned for the job's own epochs, those are
+its references: a run planned longer decays its learning rate later and reaches a high target later.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +49,26 @@ class Reference:
     scheme: str  # Convergence.family of its scheme
     samples: float
     reached: bool = True
+    epochs: int | None = None  # the epochs it was planned for: its learning-rate schedule's length
+    nodes: int = 1
+    # what ending it and launching it again would cost: its launch to its start record, plus its last epoch's
+    # record to its end record (the user's own wait between them is not counted)
+    restart_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "global_batch": self.global_batch, "scheme": self.scheme,
-                "samples": self.samples, "reached": self.reached}
+                "samples": self.samples, "reached": self.reached, "epochs": self.epochs, "nodes": self.nodes,
+                "restart_s": self.restart_s}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reference says of a candidate: the samples to the target at its global batch, or, `reached`
+    False, that it needs more than `samples` (a run that trained them without reaching it)."""
+
+    run_id: str
+    samples: float
+    reached: bool
 
 
 def family(scheme: Scheme) -> str:
@@ -88,7 +111,8 @@ def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
 def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
     """Every collected run of this job that ended succeeded or stopped, whose settings match the plan's (all
     but nodes, shares, the wire and accumulation, which the plan varies, and epochs: a run planned longer
-    decays its learning rate later, so reaches a high target later, a pessimistic reference): those that
+    decays its learning rate later, so reaches a high target later, a pessimistic reference, which
+    Convergence.outcomes leaves out where runs of the job's own epochs exist): those that
     reached the target, and (reached False) the succeeded ones that trained all their epochs without. A run
     that continued another (`continues`) did not start from scratch: it never matches."""
     skip = {"nodes", "shares", "accumulate", "epochs", *jobs.WIRE_KEYS}
@@ -105,8 +129,25 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
         if start is None or seen is None or not start.get("global_batch") or not (seen[1] or r.state == "succeeded"):
             continue
         scheme = _scheme_of(r.settings or {}, len(r.nodes))
-        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), *seen))
+        epochs = jobs.with_defaults(r.settings).get("epochs")
+        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), *seen,
+                             epochs=int(epochs) if isinstance(epochs, int) else None, nodes=len(r.nodes),
+                             restart_s=_restart_s(r, lead, start)))
     return out
+
+
+def _restart_s(r: runs.RunRecord, lead: dict[int, list[figures.Record]], start: figures.Record) -> float | None:
+    """Seconds from the run's launch to its first start record, plus from its last epoch's record to the end
+    record after it (none where it was stopped): what a `launch --continue` adds between two epochs."""
+    t = start.get("time")
+    if not isinstance(t, (int, float)) or not isinstance(r.created, (int, float)) or t < r.created:
+        return None
+    recs = [x for k in sorted(lead) for x in lead[k]]
+    last = max((i for i, x in enumerate(recs) if x.get("type") == "epoch"), default=None)
+    end = next((x for x in recs[last:] if x.get("type") == "end"), None) if last is not None else None
+    tail = end["time"] - recs[last]["time"] if end and last is not None and isinstance(end.get("time"), (int, float)) \
+        and isinstance(recs[last].get("time"), (int, float)) else 0.0
+    return float(t - r.created) + max(0.0, float(tail))
 
 
 def fit_noise(refs: list[Reference]) -> float | None:
@@ -143,31 +184,46 @@ class Convergence:
     def _growth(self, batch: int) -> float:
         return 1.0 + batch / self.noise_scale if self.noise_scale else 1.0
 
-    def samples(self, batch: int, scheme: Scheme) -> tuple[float | None, str | None]:
-        """(samples to the target at this global batch and scheme, a warning or None). None where it cannot
-        be predicted: no B_noise and a batch no reference ran."""
+    def outcomes(self, batch: int, scheme: Scheme, epochs: int | None = None) -> tuple[list[Outcome], str | None]:
+        """Each reference's samples to the target at this global batch and scheme, and a warning or None.
+
+        The references are the scheme's family's (plain's, with a warning, where the family has none that
+        reached: raised to the most its runs that missed trained, with that warning), of those planned for
+        `epochs` where there are any (the job's schedule); each brought to `batch` by B_noise. Without
+        B_noise, only references run at `batch` (none: an empty list: it cannot be priced)."""
         fam = family(scheme)
-        base = self.e_min.get(fam, self.e_min.get("plain"))
-        if base is None:
-            return None, None
-        note = None if fam in self.e_min else (f"no collected run with {fam}: assumed to need an uncompressed "
-                                               "run's samples to the target (it usually needs more)")
-        missed = [r for r in self.references if not r.reached and r.scheme == fam]
+        own = [r for r in self.references if r.scheme == fam]
+        pool = own if any(r.reached for r in own) else [r for r in self.references if r.scheme == "plain"]
+        assumed = pool is not own
+        floors = [r for r in own if not r.reached] if assumed else []
+        if epochs is not None and any(r.epochs == epochs for r in pool):
+            pool = [r for r in pool if r.epochs == epochs]
         if not self.noise_scale:
-            same = [r.samples for r in self.references if r.reached and r.global_batch == batch
-                    and r.scheme in (fam, "plain")]
-            floor = max((r.samples for r in missed if r.global_batch == batch), default=0.0)
-            if not same and not floor:
-                return None, None
-            best = min(same, default=0.0)
-        else:
-            best, floor = base * self._growth(batch), self.floor.get(fam, 0.0) * self._growth(batch)
-        if floor > best:
-            worst = max(missed, key=lambda r: r.samples)
-            return floor, (f"a collected run with {fam} ({worst.run_id}) trained {worst.samples:.0f} samples at "
-                           f"global batch {worst.global_batch} without reaching {self.target:g}: at least that "
-                           "many assumed")
-        return best, note
+            pool, floors = ([r for r in rs if r.global_batch == batch] for rs in (pool, floors))
+        at = [Outcome(r.run_id, r.samples / self._growth(r.global_batch) * self._growth(batch), r.reached)
+              for r in pool]
+        note = None if not assumed or not at else (f"no collected run with {fam}: assumed to need an "
+                                                   "uncompressed run's samples to the target (it usually needs more)")
+        if floors:
+            worst = max(floors, key=lambda r: r.samples / self._growth(r.global_batch))
+            floor = worst.samples / self._growth(worst.global_batch) * self._growth(batch)
+            if not at or any(o.samples < floor for o in at):
+                at = [o if o.samples >= floor else Outcome(worst.run_id, floor, False) for o in at] or \
+                    [Outcome(worst.run_id, floor, False)]
+                note = (f"a collected run with {fam} ({worst.run_id}) trained {worst.samples:.0f} samples at "
+                        f"global batch {worst.global_batch} without reaching {self.target:g}: at least that "
+                        "many assumed")
+        return at, note
+
+    def restart_s(self, nodes: int) -> float | None:
+        """What a `launch --continue` costs on `nodes` nodes: the median of the newest three references on
+        that many (the lab's start cost changes with its code and its load), else on the nearest number
+        of nodes (of two as near, the larger: a start waits for its slowest node); None where none says."""
+        known = [r for r in self.references if r.restart_s is not None]
+        if not known:
+            return None
+        near = min({r.nodes for r in known}, key=lambda n: (abs(n - nodes), -n))
+        return statistics.median([r.restart_s for r in known if r.nodes == near and r.restart_s is not None][-3:])
 
 
 def calibrate(spec: jobs.JobSpec, target: float, probe: float | None) -> Convergence:

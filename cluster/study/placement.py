@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,10 @@ class Placement:
     # with a target accuracy (plan --target-acc, convergence.py): samples and seconds of training steps to it
     samples_to_target: float | None = None
     to_target_s: float | None = None
+    # per reference (convergence.outcomes), the whole epochs it puts the target at; those past the job's
+    # epochs are priced with a `launch --continue` of restart_s
+    epochs_to_target: list[int] = field(default_factory=list)
+    restart_s: float | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -109,7 +114,8 @@ class Placement:
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
                 "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
                 "localsgd_period": self.localsgd_period, "samples_to_target": self.samples_to_target,
-                "to_target_s": self.to_target_s}
+                "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
+                "restart_s": self.restart_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -124,7 +130,9 @@ class Placement:
                    None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]),
                    int(d.get("localsgd_period", 8)),
                    None if d.get("samples_to_target") is None else float(d["samples_to_target"]),
-                   None if d.get("to_target_s") is None else float(d["to_target_s"]))
+                   None if d.get("to_target_s") is None else float(d["to_target_s"]),
+                   [int(e) for e in d.get("epochs_to_target") or []],
+                   None if d.get("restart_s") is None else float(d["restart_s"]))
 
 
 @dataclass(frozen=True)
@@ -321,23 +329,41 @@ def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], n
     return first * t_before + (steps - first) * t_plan
 
 
+def _whole(x: float, reached: bool) -> int:
+    """The whole units (epochs, steps) that hold `x`, or where it was not enough (a run that missed), the
+    first past it."""
+    return math.ceil(x - 1e-9) if reached else math.floor(x + 1e-9) + 1
+
+
 def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
               conv: convergence.Convergence) -> None:
-    """Each candidate's samples and seconds to the target accuracy (convergence.py): whole epochs, since a
-    run's accuracy is known at an epoch's end, each with its end (evaluation, checkpoint); its steps at the
-    candidate's own step times (a scheme's start phase included); the model's caveat as a warning."""
+    """Each candidate's seconds to the target accuracy: the mean over the lab's references
+    (convergence.outcomes) of each one's time, in whole epochs since a run's accuracy is known at an epoch's
+    end (a reference that missed: the first epoch past what it trained), each with its end (evaluation,
+    checkpoint), its steps at the candidate's own step times (a scheme's start phase included); an outcome
+    past the job's epochs adds a `launch --continue` (Convergence.restart_s). The model's caveat as a
+    warning."""
     for c in cands:
-        samples, note = conv.samples(c.global_batch, c.scheme)
-        if samples is None:
+        outs, note = conv.outcomes(c.global_batch, c.scheme, work.epochs or None)
+        if not outs:
             continue
-        steps = math.ceil(samples / c.global_batch - 1e-9)  # E_min x growth back at a reference: its own steps
         sp = {n: speeds[n] for n in c.nodes}
         per_epoch = (work.train_samples or 0) // c.global_batch
-        epochs = math.ceil(steps / per_epoch - 1e-9) if per_epoch else 0
-        c.samples_to_target = samples
-        steps = epochs * per_epoch or steps
-        c.to_target_s = (_steps_s(steps, c.shares, sp, network, work, c.scheme, c.step_s)
-                         + epochs * epoch_end(c.shares, sp, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
+        restart = conv.restart_s(len(c.nodes))
+        times, samples, epochs_seen = [], [], []
+        for o in outs:
+            steps = o.samples / c.global_batch  # E_min x growth back at a reference: its own steps
+            epochs = _whole(steps / per_epoch, o.reached) if per_epoch else 0
+            n = epochs * per_epoch or _whole(steps, o.reached)
+            t = (_steps_s(n, c.shares, sp, network, work, c.scheme, c.step_s)
+                 + epochs * epoch_end(c.shares, sp, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
+            if work.epochs and epochs > work.epochs:
+                t += restart or 0.0
+            times.append(t)
+            samples.append(n * c.global_batch)
+            epochs_seen.append(epochs)
+        c.to_target_s, c.samples_to_target = statistics.fmean(times), statistics.fmean(samples)
+        c.epochs_to_target, c.restart_s = epochs_seen, restart
         if note:
             c.warnings.append(note)
 
@@ -410,6 +436,20 @@ def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None
             f"{t1 / t:.1f}x faster than {alone.nodes[0]} alone ({t1:.0f} s)")
 
 
+def continued(choice: PlacementChoice) -> str | None:
+    """Where some of the recommended candidate's references put the target past the job's epochs: how many,
+    and that its time counts continuing those (`launch --continue`); None where none do."""
+    rec, epochs = choice.recommended, (choice.convergence or {}).get("job_epochs")
+    late = [e for e in rec.epochs_to_target if epochs and e > epochs]
+    if not late or not choice.convergence:
+        return None
+    restart = f"{rec.restart_s:.0f} s to end and start again" if rec.restart_s is not None else \
+        "no run on as many nodes to say what ending and starting again costs: 0 s counted"
+    return (f"{len(late)} of the {len(rec.epochs_to_target)} collected runs it is priced from reach validation "
+            f"accuracy {float(choice.convergence['target']):g} only after the job's {epochs} epochs: its time is "
+            f"the mean, theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart})")
+
+
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
@@ -444,7 +484,10 @@ def _cell(x: float | None, fmt: str) -> str:
 
 
 def _epochs(c: Placement, choice: PlacementChoice) -> float | None:
-    """Epochs of the training set the candidate's samples to the target make."""
+    """Epochs to the target: the mean over the references' whole epochs (a plan saved before them: the
+    training sets the samples to the target make)."""
+    if c.epochs_to_target:
+        return statistics.fmean(c.epochs_to_target)
     n = (choice.convergence or {}).get("train_samples")
     return c.samples_to_target / n if c.samples_to_target and n else None
 
@@ -481,7 +524,7 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
     if target_acc is not None:
         model = convergence.calibrate(spec, target_acc, comp.noise_scale)
         to_target(cands, speeds, b.network, work, model)
-        conv = {**model.to_dict(), "train_samples": work.train_samples}
+        conv = {**model.to_dict(), "train_samples": work.train_samples, "job_epochs": work.epochs}
     choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
                              spec["batch"], cands, recommend(cands), conv)
     p = choice_path(inv, spec.name)

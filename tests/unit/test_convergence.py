@@ -4,6 +4,9 @@ the plan's verdict to the target on a slow and a fast link."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,17 +23,28 @@ FIX = ROOT / "tests" / "fixtures" / "convergence"
 PER_EPOCH = 1408  # 44 steps of 32 = 11 of 128: the digits' 1438 training images, whole steps
 
 
-def _run(run_id: str, fixture: str, nodes: int, settings: dict[str, object]) -> None:
-    """A collected, succeeded run of resnet18-ddp whose rank 0 wrote the fixture's records."""
-    names = [f"pc{i}" for i in range(nodes)]
+def _run(run_id: str, fixture: str, nodes: int, settings: dict[str, object], launch_s: float = 20.0,
+         names: list[str] | None = None, text: str | None = None) -> None:
+    """A collected, succeeded run of resnet18-ddp whose rank 0 wrote the fixture's records (or `text`),
+    launched `launch_s` before its start record."""
+    names = names or [f"pc{i}" for i in range(nodes)]
+    text = text or (FIX / f"{fixture}.jsonl").read_text()
+    created = json.loads(text.splitlines()[0])["time"] - launch_s
     records.save(records.RunRecord.from_dict({
-        "run_id": run_id, "job": "resnet18-ddp", "framework": "pytorch", "state": "succeeded", "created": 1.0,
+        "run_id": run_id, "job": "resnet18-ddp", "framework": "pytorch", "state": "succeeded", "created": created,
         "started": 2.0, "ended": 3.0, "world_size": nodes, "settings": settings, "collected": {"time": 4.0},
         "nodes": [{"node": n, "node_rank": i, "nproc": 1, "run_dir": f"/srv/runs/{run_id}"} for i, n in enumerate(names)],
         "inventory": {"hosts": [{"name": n, "address": f"10.0.0.{i + 1}"} for i, n in enumerate(names)]}}))
     out = records.run_path(run_id) / names[0] / "out"
     out.mkdir(parents=True)
-    (out / "metrics-rank0.jsonl").write_text((FIX / f"{fixture}.jsonl").read_text())
+    (out / "metrics-rank0.jsonl").write_text(text)
+
+
+def at(conv: convergence.Convergence, batch: int, scheme: Scheme,
+       epochs: int | None = None) -> tuple[list[tuple[str, float, bool]], str | None]:
+    """convergence.outcomes as (run, samples, reached) tuples."""
+    outs, note = conv.outcomes(batch, scheme, epochs)
+    return [(o.run_id, o.samples, o.reached) for o in outs], note
 
 
 @pytest.fixture
@@ -57,12 +71,19 @@ def test_two_plain_runs_fit_the_noise_scale_and_powersgd_gets_its_own_samples(sp
     assert (by["one"].samples, by["ddp4"].samples, by["p4"].samples) == (4 * PER_EPOCH, 6 * PER_EPOCH, 8 * PER_EPOCH)
     # 1.5x the samples at 4x the batch: (1 + 128/B) / (1 + 32/B) = 1.5 -> B = 160; the runs beat the probe
     assert conv.noise_source == "runs" and conv.noise_scale == pytest.approx(160.0)
-    assert conv.samples(32, Scheme()) == (pytest.approx(4 * PER_EPOCH), None)
-    assert conv.samples(128, Scheme("fp16"))[0] == pytest.approx(6 * PER_EPOCH)  # fp16 trains as plain
-    assert conv.samples(64, Scheme())[0] == pytest.approx(4 * PER_EPOCH * (1 + 64 / 160) / 1.2)
-    assert conv.samples(128, Scheme("powersgd", 4))[0] == pytest.approx(8 * PER_EPOCH)
-    samples, note = conv.samples(128, Scheme("powersgd", 2))  # no run of rank 2: plain's, and it says so
-    assert samples == pytest.approx(6 * PER_EPOCH) and note and "no collected run with powersgd r2" in note
+    # each plain run, brought to the batch asked by B_noise (here both say the same: B_noise is fitted from them)
+    assert at(conv, 32, Scheme()) == ([("one", pytest.approx(4 * PER_EPOCH), True),
+                                       ("ddp4", pytest.approx(4 * PER_EPOCH), True)], None)
+    assert at(conv, 128, Scheme("fp16"))[0][1][1] == pytest.approx(6 * PER_EPOCH)  # fp16 trains as plain
+    assert at(conv, 64, Scheme())[0][0][1] == pytest.approx(4 * PER_EPOCH * (1 + 64 / 160) / 1.2)
+    assert at(conv, 128, Scheme("powersgd", 4)) == ([("p4", pytest.approx(8 * PER_EPOCH), True)], None)
+    outs, note = at(conv, 128, Scheme("powersgd", 2))  # no run of rank 2: plain's, and it says so
+    assert [o[1] for o in outs] == [pytest.approx(6 * PER_EPOCH)] * 2 and note and "no collected run with powersgd r2" in note
+    # a `launch --continue`: the 20 s launch to start, plus the last epoch to the end record (0.455 s, 0.354 s)
+    assert conv.restart_s(4) == pytest.approx(20.0 + (0.455 + 0.354) / 2, abs=1e-3)
+    assert conv.restart_s(1) == pytest.approx(20.313, abs=1e-3)
+    assert conv.restart_s(3) == conv.restart_s(4) and conv.restart_s(2) == conv.restart_s(1)  # the nearest
+    assert convergence.Convergence(0.98, None, "none").restart_s(4) is None
 
 
 def test_one_run_takes_the_probe_and_no_run_at_the_target_is_refused(spec: jobs.JobSpec) -> None:
@@ -70,9 +91,9 @@ def test_one_run_takes_the_probe_and_no_run_at_the_target_is_refused(spec: jobs.
         records.run_path(rid).joinpath("pc0", "out", "metrics-rank0.jsonl").unlink()
     conv = convergence.calibrate(spec, 0.98, probe=1300.0)
     assert conv.noise_source == "probe" and conv.noise_scale == 1300.0
-    assert conv.samples(128, Scheme())[0] == pytest.approx(4 * PER_EPOCH * (1 + 128 / 1300) / (1 + 32 / 1300))
+    assert at(conv, 128, Scheme())[0] == [("one", pytest.approx(4 * PER_EPOCH * (1 + 128 / 1300) / (1 + 32 / 1300)), True)]
     none = convergence.calibrate(spec, 0.98, probe=None)  # neither: only the references' own batch
-    assert none.samples(32, Scheme())[0] == 4 * PER_EPOCH and none.samples(128, Scheme())[0] is None
+    assert at(none, 32, Scheme()) == ([("one", 4 * PER_EPOCH, True)], None) and at(none, 128, Scheme()) == ([], None)
     with pytest.raises(ClusterError) as e:
         convergence.calibrate(spec, 0.999, probe=1300.0)
     assert "no collected run of resnet18-ddp" in str(e.value) and "launch resnet18-ddp --limit" in e.value.fix
@@ -119,14 +140,19 @@ def test_a_run_that_missed_the_target_is_a_floor_for_its_scheme(spec: jobs.JobSp
     assert not by["p4"].reached and by["p4"].samples == 8 * PER_EPOCH and by["one"].reached
     assert conv.noise_source == "runs" and conv.noise_scale == pytest.approx(160.0)
     assert "powersgd r4" not in conv.e_min and conv.floor["powersgd r4"] == pytest.approx(8 * PER_EPOCH / 1.8)
-    samples, note = conv.samples(128, Scheme("powersgd", 4))
-    assert samples == pytest.approx(8 * PER_EPOCH) and note and "p4" in note and "without reaching 0.985" in note
-    assert conv.samples(128, Scheme()) == (pytest.approx(6 * PER_EPOCH), None)  # plain: its own runs
+    outs, note = at(conv, 128, Scheme("powersgd", 4))  # plain's two runs, each raised to what p4 trained
+    assert outs == [("p4", pytest.approx(8 * PER_EPOCH), False)] * 2
+    assert note and "p4" in note and "without reaching 0.985" in note
+    assert at(conv, 128, Scheme()) == ([("one", pytest.approx(6 * PER_EPOCH), True),
+                                        ("ddp4", pytest.approx(6 * PER_EPOCH), True)], None)  # plain: its own runs
     work = Workload(R18, "pytorch", 0.0, (Scheme(), Scheme("powersgd", 4)), 1438, 8, 1.0, 1)
     cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
     placement.to_target(cands, SPEEDS, SLOW, work, conv)
     psgd = next(c for c in cands if len(c.nodes) == 4 and c.grad_compression == "powersgd")
-    assert psgd.to_target_s == pytest.approx(88 * psgd.step_s) and any("at least" in w for w in psgd.warnings)
+    # more than its 8 epochs: the 9th, past the job's 8, so with a `launch --continue` (4-node runs: ~20.4 s)
+    assert psgd.epochs_to_target == [9, 9] and psgd.restart_s == pytest.approx(20.4045, abs=1e-3)
+    assert psgd.to_target_s == pytest.approx(99 * psgd.step_s + psgd.restart_s)
+    assert any("at least" in w for w in psgd.warnings)
     assert placement.recommend(cands).grad_compression == "none"
     # a run stopped before its epochs were done says nothing of a target it did not reach
     r = records.load("p4")
@@ -138,10 +164,10 @@ def test_a_run_that_missed_the_target_is_a_floor_for_its_scheme(spec: jobs.JobSp
 def test_without_a_noise_scale_a_missed_run_prices_its_own_batch_only() -> None:
     refs = [convergence.Reference("a", 32, "plain", 5000.0), convergence.Reference("m", 128, "powersgd r4", 9000.0, False)]
     conv = convergence.Convergence(0.98, None, "none", e_min={"plain": 5000.0}, references=refs)
-    samples, note = conv.samples(128, Scheme("powersgd", 4))
-    assert samples == 9000.0 and note and "(m) trained 9000 samples at global batch 128" in note
-    assert conv.samples(128, Scheme()) == (None, None) and conv.samples(32, Scheme()) == (5000.0, None)
-    assert conv.samples(64, Scheme("powersgd", 4)) == (None, None)
+    outs, note = at(conv, 128, Scheme("powersgd", 4))
+    assert outs == [("m", 9000.0, False)] and note and "(m) trained 9000 samples at global batch 128" in note
+    assert at(conv, 128, Scheme()) == ([], None) and at(conv, 32, Scheme()) == ([("a", 5000.0, True)], None)
+    assert at(conv, 64, Scheme("powersgd", 4)) == ([], None)
 
 
 def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobSpec) -> None:
@@ -183,3 +209,93 @@ def test_a_run_recorded_before_a_setting_existed_is_a_reference_and_a_continued_
     _run("cont", "one", 1, {**spec.settings, "nodes": ["pc0"], "continues": "one"})  # began at a checkpoint
     refs = {r.run_id for r in convergence.references(spec, 0.98)}
     assert "old" in refs and "cont" not in refs
+
+
+def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_outcomes() -> None:
+    """Two 4-node PowerSGD runs planned for the job's 2 epochs: one reached the target in them, one ended
+    short (the digits-aug pick, performance.md). The plan prices neither alone but their mean: 2 epochs, and
+    3 with a `launch --continue` (the median of the newest three 4-node runs' launch and end); a run planned
+    for 6 epochs (it decays later, reached at 4) is left out while runs of the job's own schedule exist."""
+    psgd = Scheme("powersgd", 4)
+    per = 1438 // 128 * 128  # one epoch's samples at global batch 128: 11 steps
+    refs = [convergence.Reference("hit", 128, "powersgd r4", 2 * per, True, epochs=2, nodes=4, restart_s=24.0),
+            convergence.Reference("short", 128, "powersgd r4", 2 * per, False, epochs=2, nodes=4, restart_s=26.0),
+            convergence.Reference("long", 128, "powersgd r4", 4 * per, True, epochs=6, nodes=4, restart_s=40.0),
+            convergence.Reference("one", 32, "plain", 2 * 44 * 32, True, epochs=2, nodes=1, restart_s=15.0)]
+    conv = convergence.Convergence(0.98, 160.0, "runs", references=refs)
+    assert conv.restart_s(4) == 26.0 and conv.restart_s(1) == 15.0
+
+    def priced(epochs: int) -> placement.Placement:
+        work = Workload(R18, "pytorch", 0.0, (Scheme(), psgd), 1438, epochs, 1.0, 1)
+        cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+        placement.to_target(cands, SPEEDS, SLOW, work, conv)
+        return next(c for c in cands if len(c.nodes) == 4 and c.scheme == psgd)
+
+    c = priced(2)
+    sp = {n: SPEEDS[n] for n in c.nodes}
+    end = placement.epoch_end(c.shares, sp, Workload(R18, "pytorch", 0.0, (psgd,), 1438, 2, 1.0, 1))
+    assert c.epochs_to_target == [2, 3] and not c.warnings
+    assert c.to_target_s == pytest.approx(((22 * c.step_s + 2 * end) + (33 * c.step_s + 3 * end + 26.0)) / 2)
+    assert c.samples_to_target == pytest.approx(2.5 * per)
+    assert priced(6).epochs_to_target == [4]  # the job's 6-epoch schedule: the 6-epoch run alone, no continue
+    four = priced(4)  # no run planned for 4: all three, none past the job's 4 epochs
+    assert four.epochs_to_target == [2, 3, 4] and four.to_target_s == pytest.approx(
+        (22 + 33 + 44) * four.step_s / 3 + 3 * end)
+    choice = placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, SLOW, 32, [c], c,
+                                       {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2})
+    said = placement.continued(choice)
+    assert said and said.startswith("1 of the 2 collected runs it is priced from reach validation accuracy 0.98 "
+                                    "only after the job's 2 epochs")
+    assert "launch --continue RUN --set epochs=3` (26 s to end and start again)" in said
+    assert placement.continued(placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict())))) == said
+    c.epochs_to_target = [2, 2]
+    assert placement.continued(choice) is None
+
+
+def _two_epochs(fixture: str, accs: tuple[float, float]) -> str:
+    """The fixture's records up to its second epoch, as a run planned for 2 epochs that scored `accs`, ended."""
+    out, epochs = [], 0
+    for line in (FIX / f"{fixture}.jsonl").read_text().splitlines():
+        x = json.loads(line)
+        if x["type"] == "start":
+            x["epochs"] = 2
+        if x["type"] == "epoch":
+            x["val_acc"], epochs = accs[epochs], epochs + 1
+        out.append(x)
+        if epochs == 2:
+            break
+    out.append({**out[-1], "type": "end", "time": out[-1]["time"] + 0.3})
+    return "".join(json.dumps(x) + "\n" for x in out)
+
+
+def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`clusterctl plan --target-acc` as a user runs it, on a recorded 1 Gbit/s lab bench and the lab's
+    collected runs of the job's 2 epochs: one node reached 0.9 in them; of two 4-node PowerSGD runs one did and
+    one ended short. The pick is priced as their mean, and the plan says one of the two needed a continue."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    names = ["node1", "node2", "node3", "node4"]
+    inv = tmp_path / "room.yaml"
+    inv.write_text("name: room\nhosts:\n" + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in names))
+    lab = json.loads((ROOT / "tests" / "fixtures" / "bench" / "resnet18-fast-links.json").read_text())["1gbit"]
+    doc = {"inventory": str(inv), "time": 1.0, "steps": 10, "network": lab["network"],
+           "compute": {"pytorch": {"job": "resnet18-ddp", "size": 32, "batch": 32, "nodes": lab["nodes"]}}}
+    from cluster.inventory import loader
+    p = bench.bench_path(loader.load(inv, check_files=False))
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(doc))
+    sets = ["epochs=2", "powersgd_rank=4", "powersgd_start_step=1"]
+    s = jobs.load("resnet18-ddp", sets).settings
+    _run("one", "", 1, {**s, "nodes": ["node1"]}, 2.0, names[:1], _two_epochs("one", (0.82, 0.93)))
+    psgd = {**s, "nodes": names, "grad_compression": "powersgd"}
+    _run("hit", "", 4, psgd, 2.0, names, _two_epochs("p4s2", (0.85, 0.91)))
+    _run("short", "", 4, psgd, 2.0, names, _two_epochs("p4s2", (0.85, 0.899)))
+    argv = [sys.executable, "-m", "cluster", "plan", "resnet18-ddp", "-i", str(inv), "--target-acc", "0.9",
+            *(x for k in sets for x in ("--set", k))]
+    r = subprocess.run([*argv, "--json"], capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)["recommended"]
+    assert len(rec["nodes"]) == 4 and rec["grad_compression"] == "powersgd", rec
+    assert rec["epochs_to_target"] == [2, 3] and rec["restart_s"] == pytest.approx(2.3, abs=0.01)
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
+    assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
+        "only after the job's 2 epochs" in " ".join(r.stdout.split()), r.stdout

@@ -236,9 +236,9 @@ def test_an_epochs_end_is_priced_in_the_run_and_to_the_target() -> None:
         assert after[k].e2e_images_per_s == pytest.approx((1438 // (32 * k)) * 4 * 32 * k / after[k].run_s)
         assert after[k].epoch_s == pytest.approx(before[k].epoch_s + end[k])
         assert after[k].step_s == before[k].step_s  # the steady figures do not move
-    conv = convergence.Convergence(0.98, 160.0, "runs", e_min={"plain": 3000.0})
+    conv = convergence.Convergence(0.98, 160.0, "runs", references=[convergence.Reference("r", 32, "plain", 3600.0)])
     placement.to_target(list(after.values()), ended, SLOW, work, conv)
-    # 1 node: 3600 samples = 112.5 steps of 32 -> 3 epochs of 44 steps; 4 nodes: 5400 = 42.2 steps of 128 -> 4 of 11
+    # E_min 3000 at B_noise 160; 1 node: 3600 samples = 112.5 steps of 32 -> 3 epochs of 44 steps; 4 nodes: 5400 = 42.2 steps of 128 -> 4 of 11
     assert after[1].to_target_s == pytest.approx(132 * after[1].step_s + 3 * end[1])
     assert after[4].to_target_s == pytest.approx(44 * after[4].step_s + 4 * end[4])
 
