@@ -139,15 +139,18 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
 def _restart_s(r: runs.RunRecord, lead: dict[int, list[figures.Record]], start: figures.Record) -> float | None:
     """Seconds from the run's launch to its first start record, plus from its last epoch's record to the end
     record after it (none where it was stopped): what a `launch --continue` adds between two epochs."""
-    t = start.get("time")
-    if not isinstance(t, (int, float)) or not isinstance(r.created, (int, float)) or t < r.created:
+    def when(x: figures.Record | None) -> float | None:
+        t = (x or {}).get("time")
+        return float(t) if isinstance(t, (int, float)) else None
+
+    t = when(start)
+    if t is None or not isinstance(r.created, (int, float)) or t < r.created:
         return None
     recs = [x for k in sorted(lead) for x in lead[k]]
-    last = max((i for i, x in enumerate(recs) if x.get("type") == "epoch"), default=None)
-    end = next((x for x in recs[last:] if x.get("type") == "end"), None) if last is not None else None
-    tail = end["time"] - recs[last]["time"] if end and last is not None and isinstance(end.get("time"), (int, float)) \
-        and isinstance(recs[last].get("time"), (int, float)) else 0.0
-    return float(t - r.created) + max(0.0, float(tail))
+    last = max((i for i, x in enumerate(recs) if x.get("type") == "epoch"), default=len(recs))
+    end = next((x for x in recs[last:] if x.get("type") == "end"), None)
+    t_last, t_end = when(recs[last] if last < len(recs) else None), when(end)
+    return t - r.created + (max(0.0, t_end - t_last) if t_last is not None and t_end is not None else 0.0)
 
 
 def fit_noise(refs: list[Reference]) -> float | None:
