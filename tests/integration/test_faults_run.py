@@ -216,9 +216,31 @@ exec {sys.executable} "$@"
 
 
 def launch_in_background(env: dict[str, str], python: str) -> subprocess.Popen[str]:
+    # PYTHONFAULTHANDLER: where a launcher does not end in time, SIGABRT makes it print every thread's stack
     return subprocess.Popen([sys.executable, "-m", "cluster", "launch", "resnet50-ddp", "--host-set",
-                             f"python={python}", *LONG], cwd=ROOT, env={**os.environ, **env},
+                             f"python={python}", *LONG], cwd=ROOT, env={**os.environ, **env, "PYTHONFAULTHANDLER": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def signals_of(pid: int) -> str:
+    """The process's signal masks (/proc): pending, blocked, ignored, caught."""
+    try:
+        return " ".join(x.strip() for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if x.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+    except OSError as e:
+        return str(e)
+
+
+def ended(launcher: subprocess.Popen[str], timeout: float) -> str:
+    """The launcher's stderr once it ends within `timeout`; else an AssertionError with every thread's stack
+    (faulthandler, on SIGABRT) and its signal masks: where it waited."""
+    try:
+        return launcher.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        masks = signals_of(launcher.pid)
+        launcher.send_signal(signal.SIGABRT)
+        _, errs = launcher.communicate(timeout=30)
+        raise AssertionError(f"the launcher did not end within {timeout:g} s ({masks}):\n{errs}") from None
 
 
 def starting_run(env: dict[str, str]) -> str:
@@ -250,7 +272,7 @@ def test_stop_while_starting_wins(flab, tmp_path: Path) -> None:
         t0 = time.monotonic()
         rc, rec = clusterctl_json("stop", run_id, env=env, timeout=120)
         assert rc == 0 and rec["state"] == "stopped" and rec["stop_pending"] == [], rec
-        _, errs = launcher.communicate(timeout=60)
+        errs = ended(launcher, 60)
         took = time.monotonic() - t0
         assert launcher.returncode == 1, errs
         assert "stopped while it was starting" in " ".join(errs.split()), errs
@@ -276,12 +298,13 @@ def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
     # loaded CI once saw the run running first)
     python, mark = agent_wrapper(tmp_path, f"sleep 20; touch {tmp_path / 'mark'}.slept")
     launcher = launch_in_background(env, python)
+    run_id = None
     try:
         wait_for(lambda: Path(f"{mark}.entered").exists(), 240, "node2's start under way")
         run_id = starting_run(env)
         t0 = time.monotonic()
         launcher.send_signal(signal.SIGINT)
-        _, errs = launcher.communicate(timeout=60)
+        errs = ended(launcher, 60)
         took = time.monotonic() - t0
         assert launcher.returncode == 130, errs
         assert "interrupted while it was starting" in " ".join(errs.split()) and "nothing of it runs on" in errs
@@ -296,6 +319,8 @@ def test_ctrl_c_while_starting_cancels_the_launch(flab, tmp_path: Path) -> None:
     finally:
         launcher.kill()
         launcher.wait()
+        if run_id is not None:  # where it failed, the next test finds the nodes free
+            cleanup(env, state, run_id)
 
 
 def test_a_lost_start_reply_is_stopped_or_kept_pending(flab, tmp_path: Path) -> None:
