@@ -215,9 +215,17 @@ exec {sys.executable} "$@"
     return str(w), mark
 
 
+# Ctrl-C reaches a clusterctl started from a terminal, where SIGINT is not ignored. A suite started in the
+# background (`cmd &` in a script, `nohup`) ignores SIGINT, every child inherits that (POSIX: an ignored
+# signal stays ignored across exec) and Python then installs no KeyboardInterrupt: the launcher is started
+# through this, with SIGINT at its default, as a user's shell would.
+AS_FROM_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+
+
 def launch_in_background(env: dict[str, str], python: str) -> subprocess.Popen[str]:
     # PYTHONFAULTHANDLER: where a launcher does not end in time, SIGABRT makes it print every thread's stack
-    return subprocess.Popen([sys.executable, "-m", "cluster", "launch", "resnet50-ddp", "--host-set",
+    return subprocess.Popen([*AS_FROM_A_TERMINAL, "-m", "cluster", "launch", "resnet50-ddp", "--host-set",
                              f"python={python}", *LONG], cwd=ROOT, env={**os.environ, **env, "PYTHONFAULTHANDLER": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
