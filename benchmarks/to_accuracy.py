@@ -16,8 +16,9 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
    the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
    SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it;
 3. **the plan's pick**: `plan --target-acc TARGET` for the job's epochs (its references are then the lab's
-   runs planned for them where it has any: docs/planning.md; `--plan-epochs 3x`: planned for 3x, as before
-   2026-12-05), then `launch --plan` with the job's epochs, as a user runs it; where several nodes end them short of the target, the run is taken further one epoch at a time
+   runs planned for them where it has any: docs/planning.md; `--plan-epochs 3x`: planned for 3x, as until
+   pass 4 of 2026-12-04), then `launch --plan` with the job's epochs, as a user runs it; where several nodes
+   end them short of the target, the run is taken further one epoch at a time
    (`launch --continue RUN --set epochs=E+1`) up to 3x the epochs, the time of every run counted
    (`--pick-epochs relaunch`: started again with 3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
 The calibration may go on for 3x the 1-node epochs; a run is stopped (`clusterctl stop`) once an epoch reaches
@@ -371,7 +372,8 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             epoch = predicted(plan, nodes, scheme, acc, key="epoch_s")
             pred, meas = predicted(plan, nodes, scheme, acc), r.get("to_target_s")
             # ... and each `launch --continue` at the plan's restart (its end, launch and start)
-            again = (len(r.get("runs") or [r]) - 1) * float(predicted(plan, nodes, scheme, acc, key="restart_s") or 0.0)
+            restart = predicted(plan, nodes, scheme, acc, key="restart_s") or 0.0
+            again = (len(r.get("runs") or [r]) - 1) * float(restart)
             wall, trained = (epoch * r["epochs"] + again if epoch else None), r.get("trained_s")
             if pred and meas and wall and trained:
                 pairs.setdefault(name, []).append((pred, meas, wall, trained))

@@ -78,7 +78,8 @@ def test_two_plain_runs_fit_the_noise_scale_and_powersgd_gets_its_own_samples(sp
     assert at(conv, 64, Scheme())[0][0][1] == pytest.approx(4 * PER_EPOCH * (1 + 64 / 160) / 1.2)
     assert at(conv, 128, Scheme("powersgd", 4)) == ([("p4", pytest.approx(8 * PER_EPOCH), True)], None)
     outs, note = at(conv, 128, Scheme("powersgd", 2))  # no run of rank 2: plain's, and it says so
-    assert [o[1] for o in outs] == [pytest.approx(6 * PER_EPOCH)] * 2 and note and "no collected run with powersgd r2" in note
+    assert [o[1] for o in outs] == [pytest.approx(6 * PER_EPOCH)] * 2
+    assert note and "no collected run with powersgd r2" in note
     # a `launch --continue`: the 20 s launch to start, plus the last epoch to the end record (0.455 s, 0.354 s)
     assert conv.restart_s(4) == pytest.approx(20.0 + (0.455 + 0.354) / 2, abs=1e-3)
     assert conv.restart_s(1) == pytest.approx(20.313, abs=1e-3)
@@ -91,7 +92,8 @@ def test_one_run_takes_the_probe_and_no_run_at_the_target_is_refused(spec: jobs.
         records.run_path(rid).joinpath("pc0", "out", "metrics-rank0.jsonl").unlink()
     conv = convergence.calibrate(spec, 0.98, probe=1300.0)
     assert conv.noise_source == "probe" and conv.noise_scale == 1300.0
-    assert at(conv, 128, Scheme())[0] == [("one", pytest.approx(4 * PER_EPOCH * (1 + 128 / 1300) / (1 + 32 / 1300)), True)]
+    at_128 = 4 * PER_EPOCH * (1 + 128 / 1300) / (1 + 32 / 1300)
+    assert at(conv, 128, Scheme())[0] == [("one", pytest.approx(at_128), True)]
     none = convergence.calibrate(spec, 0.98, probe=None)  # neither: only the references' own batch
     assert at(none, 32, Scheme()) == ([("one", 4 * PER_EPOCH, True)], None) and at(none, 128, Scheme()) == ([], None)
     with pytest.raises(ClusterError) as e:
