@@ -344,7 +344,8 @@ def follow(record: records.RunRecord, interval: float = 2.0,
                 on_update(record, statuses)
             if stop_answered(record):
                 settled_at = settled_at or time.monotonic()
-                if not record.stop_pending or time.monotonic() - settled_at >= retry_for:
+                waited = time.monotonic() - settled_at
+                if not record.stop_pending or (waited >= retry_for and not _stop_in_flight(record, statuses, waited)):
                     return record
             if any(s.state in SILENT_STATES for s in statuses.values()):
                 group.close()  # the group remembers dead nodes: a fresh one tries them again
@@ -352,6 +353,15 @@ def follow(record: records.RunRecord, interval: float = 2.0,
             time.sleep(interval)
     finally:
         group.close()
+
+
+def _stop_in_flight(record: records.RunRecord, statuses: dict[str, NodeStatus], waited: float) -> bool:
+    """A node still pending answers and has no stop result yet: another process (the run's watcher) is
+    stopping it now. Its answer is waited for, up to two STOP_RETRY_S (settle retries the stop itself after
+    one), so that a node being stopped is not reported "not confirmed" (exit 3) while it answers."""
+    answered = set(record.stop_results or {})
+    return waited < 2 * STOP_RETRY_S and any(
+        n not in answered and n in statuses and statuses[n].state not in SILENT_STATES for n in record.stop_pending)
 
 
 def stop_nodes(record: records.RunRecord, grace: float = 10.0, only: list[str] | None = None) -> dict[str, Any]:

@@ -322,3 +322,18 @@ def test_the_watcher_survives_a_surprise_and_a_bug_that_repeats_ends_it(home: Pa
     with pytest.raises(KeyError):
         watch.watch("r1", interval=0)
     assert capsys.readouterr().out.count("unexpected error") == watch.MAX_SURPRISES
+
+
+def test_a_foreground_follow_waits_for_a_stop_another_process_is_making() -> None:
+    """A failed run whose watcher is stopping node a (no stop result for it yet) while a answers: the
+    launcher's follow waits (two STOP_RETRY_S at most) instead of calling a "not confirmed" (exit 3).
+    Once a has a result, or a is silent, or the bound has passed, it returns as before. Found in a full
+    suite: a killed training process's launch exited 3 while the watcher was still stopping the others."""
+    rec = _record(state="failed")
+    rec.stop_pending = ["a"]
+    answering = {"a": NodeStatus("a", "running")}
+    assert runstate._stop_in_flight(rec, answering, 0.0)
+    assert not runstate._stop_in_flight(rec, answering, 2 * runstate.STOP_RETRY_S)
+    assert not runstate._stop_in_flight(rec, {"a": NodeStatus("a", "unreachable")}, 0.0)
+    rec.stop_results = {"a": {"ok": False, "error": "the agent did not confirm"}}
+    assert not runstate._stop_in_flight(rec, answering, 0.0)
