@@ -174,8 +174,8 @@ def test_without_a_noise_scale_a_missed_run_prices_its_own_batch_only() -> None:
 
 def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobSpec) -> None:
     """Half-core nodes as bench measured them on three recorded links (tests/fixtures/bench): at 10 Gbit/s
-    the room reaches the target first with plain all-reduce (0.74x one node's time: 1.5x the samples at 4x
-    the batch, tests/fixtures/convergence); at 1 Gbit/s (the all-reduce 3.5x a step on this machine) the
+    the room reaches the target first, with fp16 all-reduce (0.62x one node's time: 1.5x the samples at 4x
+    the batch, tests/fixtures/convergence; 17% before plain all-reduce, so past the 5% tie); at 1 Gbit/s (the all-reduce 3.5x a step on this machine) the
     room and one node come within 10% of each other; at 30 Mbit/s (SLOW) one node is fastest, and the plan
     says so."""
     rec = json.loads((ROOT / "tests" / "fixtures" / "bench" / "resnet18-fast-links.json").read_text())
@@ -196,8 +196,8 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
         four = min(c.to_target_s for c in cands if len(c.nodes) == 4 and c.to_target_s)
         found[link] = (best, one, four, placement.verdict(choice) or "")
     best, one, four, said = found["10gbit"]
-    assert len(best.nodes) == 4 and best.scheme == Scheme() and best.to_target_s < 0.8 * one
-    assert said.startswith("4 nodes (none) reach validation accuracy 0.98")
+    assert len(best.nodes) == 4 and best.scheme == Scheme("fp16") and best.to_target_s < 0.7 * one
+    assert said.startswith("4 nodes (fp16) reach validation accuracy 0.98")
     _, one, four, _ = found["1gbit"]
     assert 0.9 < four / one < 1.1
     best, one, four, said = found["30mbit"]

@@ -264,3 +264,16 @@ def test_local_sgds_epoch_on_the_recorded_tensorflow_room_counts_the_epoch_end_s
     # the whole run: its 9 epochs, every one synced (local SGD from the first step)
     assert abs(cand.run_s / sum(run["epoch_wall_s"]) - 1) < 0.25
     assert commmodel.epoch_sync_s(work.shapes, Scheme(), 4, placement.link(net)) == 0.0
+
+
+def test_with_a_target_the_fastest_to_it_is_recommended_unless_within_five_percent() -> None:
+    """Without a target a scheme that changes training must buy 25% more images/s; with one, its time to the
+    target already counts what it does to training, so 10% faster wins and only a 3% tie goes to the
+    gentler scheme (docs/planning.md)."""
+    def cand(accumulate: int, to_target: float | None, e2e: float) -> placement.Placement:
+        return placement.Placement(["node1", "node2"], 64 * accumulate, {"node1": 32, "node2": 32}, e2e, e2e,
+                                   0.3, 0.1, 10.0, accumulate=accumulate, e2e_images_per_s=e2e,
+                                   to_target_s=to_target)
+    assert placement.recommend([cand(1, None, 100.0), cand(2, None, 120.0)]).accumulate == 1
+    assert placement.recommend([cand(1, 100.0, 100.0), cand(2, 90.0, 120.0)]).accumulate == 2
+    assert placement.recommend([cand(1, 100.0, 100.0), cand(2, 97.0, 120.0)]).accumulate == 1
