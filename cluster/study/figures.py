@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.runs import jobs, records as runs
-from cluster.errors import UsageError
+from cluster.errors import ClusterError, UsageError
 
 # Energy estimate where no power was measured (docs/report.md): an old desktop draws about
 # IDLE_W doing nothing, and up to CPU_LOAD_W more with its CPU busy; a GPU without a power
@@ -134,6 +134,10 @@ class RunFigures:
     # {"why", "at", "period", "came_back", ...})
     periods: list[PeriodFigures] = field(default_factory=list)
     dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    training_start: float | None = None  # rank 0's first start record: where time to the target counts from
+    # a run that continues others (`launch --continue`): the figures of them all as one run, what the user
+    # waited (join_continued); None for a run that continues none
+    joined: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -482,7 +486,7 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
         predicted_images_per_s=(record.prediction or {}).get("planned_images_per_s"),
         cpu_cores_process=_cpu_cores(series), target_acc=target_acc,
         time_to_target_s=time_to_target(epochs, t0, target_acc),
-        periods=_periods(record, series, lead, nodes), dropped=record_dropped(record))
+        periods=_periods(record, series, lead, nodes), dropped=record_dropped(record), training_start=t0)
     fig.trained_samples = run_samples(lead)
     fig.images_per_s_e2e = fig.trained_samples / wall if fig.trained_samples and wall else None
     _communication(fig, start, epochs)
@@ -591,13 +595,17 @@ def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], pric
     """Against a one-node run of the same job and settings (among these runs, else any collected one):
     scaling efficiency, images/s on N nodes / (N x images/s on one), and the communication share; end to
     end, this run's figure / the one-node run's: e2e images/s (above 1: this run trains faster), time and
-    energy to the target accuracy and wall time (below 1: this run needs less; None where either has none)."""
+    energy to the target accuracy and wall time (below 1: this run needs less; None where either has none).
+    A continued run is compared as the runs it continues and it, joined (its first run's settings, their
+    joined figures: `joined` true)."""
     pool = _collected_singles(records)
     singles: dict[str, RunFigures] = {f.run_id: f for f in figs if len(f.nodes) == 1}
     for f in figs:
         if len(f.nodes) < 2 or not f.images_per_s:
             continue
-        cands = [rid for rid, r in pool.items() if len(r.nodes) == 1 and _comparable(r, records[f.run_id])
+        whole = f.joined if f.joined and "error" not in f.joined else {}
+        first = records[f.run_id] if not whole else records.get(whole["runs"][0]) or runs.load(whole["runs"][0])
+        cands = [rid for rid, r in pool.items() if len(r.nodes) == 1 and _comparable(r, first)
                  and r.state == "succeeded"]
         if not cands:
             continue
@@ -609,16 +617,70 @@ def add_scaling(figs: list[RunFigures], records: dict[str, runs.RunRecord], pric
                          "efficiency": f.images_per_s / (len(f.nodes) * one.images_per_s),
                          "baseline_images_per_s_e2e": one.images_per_s_e2e,
                          "baseline_time_to_target_s": one.time_to_target_s,
-                         "e2e_speedup": _ratio(f.images_per_s_e2e, one.images_per_s_e2e),
-                         "time_to_target_ratio": _ratio(f.time_to_target_s, one.time_to_target_s),
-                         "energy_to_target_ratio": _ratio(f.energy_to_target_kwh, one.energy_to_target_kwh),
-                         "wall_ratio": _ratio(f.wall_s, one.wall_s)}
+                         "e2e_speedup": _ratio(whole.get("images_per_s_e2e", f.images_per_s_e2e),
+                                               one.images_per_s_e2e),
+                         "time_to_target_ratio": _ratio(whole.get("time_to_target_s", f.time_to_target_s),
+                                                        one.time_to_target_s),
+                         "energy_to_target_ratio": _ratio(whole.get("energy_to_target_kwh", f.energy_to_target_kwh),
+                                                          one.energy_to_target_kwh),
+                         "wall_ratio": _ratio(whole.get("wall_s", f.wall_s), one.wall_s),
+                         "joined": bool(whole)}
         _comm_share(f, one)
+
+
+def continued_runs(record: runs.RunRecord) -> list[str]:
+    """The runs `record` continues (`launch --continue`, each from the one before it), oldest first."""
+    chain: list[str] = []
+    cur: runs.RunRecord | None = record
+    while cur is not None and isinstance(c := cur.extra.get("continues"), dict) and c.get("run") \
+            and c["run"] != record.run_id and c["run"] not in chain:
+        chain.insert(0, str(c["run"]))
+        try:
+            cur = runs.load(chain[0])
+        except ClusterError:
+            cur = None  # not on this head: join_continued says so
+    return chain
+
+
+def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | None) -> None:
+    """A continued run's figures with the runs before it as one run, timed as one: from the first one's
+    training start to the target and to this run's last record, the ends, collects, launches and starts
+    in between included; samples of every run over that time; energy to the target at this run's draw over
+    the whole time (the PCs stay on between the runs). Where a run before it cannot be read, `joined` says
+    which and why, with no figure."""
+    chain = continued_runs(record)
+    if not chain:
+        return
+    parts: list[RunFigures] = []
+    for rid in chain:
+        try:
+            parts.append(run_figures(runs.load(rid), price_kwh, fig.target_acc))
+        except ClusterError as e:
+            fig.joined = {"runs": [*chain, fig.run_id], "error": f"run {rid}: {e.message}"
+                          + (f" ({e.fix})" if e.fix else "")}
+            return
+    parts.append(fig)
+    t0, end = parts[0].training_start, (fig.training_start or 0.0) + (fig.wall_s or 0.0)
+    if t0 is None or fig.training_start is None or fig.wall_s is None:
+        fig.joined = {"runs": [*chain, fig.run_id], "error": "a run without a start record"}
+        return
+    hit = next((e for p in parts for e in p.epochs if e["val_acc"] >= fig.target_acc), None)
+    wall, to_target = end - t0, (hit["time"] - t0 if hit is not None else None)
+    samples = [p.trained_samples for p in parts]
+    total = sum(x for x in samples if x is not None) if all(x is not None for x in samples) else None
+    fig.joined = {"runs": [p.run_id for p in parts], "epochs": sum(len(p.epochs) for p in parts),
+                  "time_to_target_s": to_target, "wall_s": wall, "trained_samples": total,
+                  "images_per_s_e2e": total / wall if total and wall > 0 else None,
+                  "energy_to_target_kwh": (fig.energy_kwh * to_target / fig.wall_s
+                                           if fig.energy_kwh is not None and to_target is not None and fig.wall_s
+                                           else None)}
 
 
 def build(run_ids: list[str], price_kwh: float | None = None,
           target_acc: float = DEFAULT_TARGET_ACC) -> list[RunFigures]:
     records = {r.run_id: r for r in (runs.load(x) for x in run_ids)}
     figs = [run_figures(r, price_kwh, target_acc) for r in records.values()]
+    for f in figs:
+        join_continued(f, records[f.run_id], price_kwh)
     add_scaling(figs, records, price_kwh)
     return figs

@@ -158,10 +158,38 @@ def _scheme(f: RunFigures) -> str:
     return f.grad_compression + (f" r{f.powersgd_rank}" if f.powersgd_rank else "")
 
 
+def _whole(f: RunFigures) -> tuple[float | None, float | None, float | None, int]:
+    """Time to the target, end-to-end images/s and wall time of what the user ran: a continued run's with
+    the runs it continues (RunFigures.joined), else its own; and how many runs that is."""
+    j = f.joined
+    if j and "error" not in j:
+        return j["time_to_target_s"], j["images_per_s_e2e"], j["wall_s"], len(j["runs"])
+    return f.time_to_target_s, f.images_per_s_e2e, f.wall_s, 1
+
+
 def _reached(f: RunFigures) -> str:
     if not f.epochs:
         return "-"
-    return "not reached" if f.time_to_target_s is None else f"{f.time_to_target_s:.0f}"
+    t, _, _, n = _whole(f)
+    return "not reached" if t is None else f"{t:.0f}" + (f" ({n} runs)" if n > 1 else "")
+
+
+def _e2e(f: RunFigures) -> str:
+    _, e2e, _, n = _whole(f)
+    return _f(e2e) + (f" ({n} runs)" if n > 1 and e2e is not None else "")
+
+
+def _continues(f: RunFigures) -> str:
+    """For a continued run: which runs it continues, and that its figures below are theirs together."""
+    j = f.joined
+    if not j:
+        return ""
+    before = ", ".join(j["runs"][:-1])
+    if "error" in j:
+        return f"It continues {before}; their figures are not joined: {j['error']}. "
+    return (f"It continues {before}: its time to the target and end-to-end figures are the {len(j['runs'])} runs "
+            f"as one, {j['epochs']} epochs from the first one's training start (every end, collect, launch and "
+            "start between them included). ")
 
 
 def _vs_one(f: RunFigures) -> str:
@@ -171,14 +199,14 @@ def _vs_one(f: RunFigures) -> str:
     ratio = f.scaling.get("time_to_target_ratio")
     if ratio is not None:
         return f"{ratio:.2f}x"
-    return "not reached" if f.time_to_target_s is None else "1 node: not reached"
+    return "not reached" if _whole(f)[0] is None else "1 node: not reached"
 
 
 def _summary_row(f: RunFigures) -> list[str]:
     predicted = _f(f.predicted_images_per_s) + (f" ({f.images_per_s / f.predicted_images_per_s - 1:+.0%})"
                                                 if f.predicted_images_per_s and f.images_per_s else "")
     return [f.run_id, f.job, f.framework, str(len(f.nodes)), str(f.world), str(f.global_batch),
-            _f(f.images_per_s), _f(f.images_per_s_e2e), _f(f.cpu_cores_process, "{:.2f}"), predicted, _f(f.epoch_s),
+            _f(f.images_per_s), _e2e(f), _f(f.cpu_cores_process, "{:.2f}"), predicted, _f(f.epoch_s),
             _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"), _reached(f), _vs_one(f),
             _f(f.wall_s, "{:.0f}"),
             _f(f.scaling["efficiency"] if f.scaling else None, "{:.2f}"), _f(f.comm_share, "{:.0%}"),
@@ -207,13 +235,15 @@ SUMMARY_NOTE = ("images/s: steady, the median over the epochs after the first; e
 
 def _end_to_end(f: RunFigures) -> str:
     """The run's end-to-end throughput and, against a one-node run, which is faster to the target: sentences."""
-    if f.images_per_s_e2e is None:
-        return ""
+    to_target, e2e, wall, n = _whole(f)
+    if e2e is None:
+        return _continues(f)
     s = f.scaling or {}
     speedup = s.get("e2e_speedup")
-    out = (f"End to end {f.images_per_s_e2e:.1f} images/s (every trained sample / the {f.wall_s or 0:.0f} s wall "
-           f"time, first epoch and any restart included; steady {_f(f.images_per_s)})"
-           + (f", {speedup:.2f}x one node's" if speedup is not None else "") + ". ")
+    out = _continues(f) + (
+        f"End to end {e2e:.1f} images/s (every trained sample / the {wall or 0:.0f} s wall time, first epoch and "
+        f"any restart included{', of the runs together' if n > 1 else ''}; steady {_f(f.images_per_s)})"
+        + (f", {speedup:.2f}x one node's" if speedup is not None else "") + ". ")
     if not s:
         return out
     rid, target, ratio = s["baseline"], f"{f.target_acc:g}", s.get("time_to_target_ratio")
@@ -224,7 +254,7 @@ def _end_to_end(f: RunFigures) -> str:
                 + (one_faster if ratio > 1 else f": {1 / ratio:.1f}x faster end to end" if ratio < 1
                    else ": as fast as one node")
                 + (f", with {energy:.2f}x its energy" if energy is not None else "") + ". ")
-    elif f.time_to_target_s is not None:
+    elif to_target is not None:
         out += f"One node ({rid}) did not reach {target}; this run did. "
     elif s.get("baseline_time_to_target_s") is not None:
         out += (f"It does not reach {target}; one node ({rid}) does, after {s['baseline_time_to_target_s']:.0f} s"
@@ -245,7 +275,9 @@ def run_line(f: RunFigures) -> str:
             f"{_mb(f.bytes_sent_per_step)} MB sent per step and rank (ring all-reduce of "
             f"{_mb(f.allreduce_payload_bytes)} MB, compression {_scheme(f)}, {f.accumulate or 1} micro-batch(es) "
             "per all-reduce)")
-    reached = ("not reached" if f.time_to_target_s is None else f"reached after {f.time_to_target_s:.0f} s")
+    to_target, _, _, n = _whole(f)
+    reached = ("not reached" if to_target is None else f"reached after {to_target:.0f} s"
+               + (f" (the {n} runs together)" if n > 1 else ""))
     reached += "" if f.epochs else " (no epoch finished)"
     return (f"{f.job} ({f.framework}), {len(f.nodes)} node(s), world size {f.world}, batch {f.batch}/worker, "
             f"dataset {f.dataset}" + (" (synthetic: accuracy is meaningless)" if f.synthetic else "")

@@ -195,6 +195,18 @@ def test_continue_takes_an_ended_run_further_from_its_checkpoint_and_leaves_it_a
         assert next(x for x in recs if x["type"] == "end")["step"] == 8
     assert records(state, rid) == before  # the continued run is left as it was
     assert all((node_run_dir(state, i, rid) / "out" / "checkpoint.pt").read_bytes() == kept[i] for i in (0, 1))
+    # report joins them: one run, timed from the first one's training start, the restart between included
+    for x in (rid, cont["run_id"]):
+        assert clusterctl_json("collect", x, env=env, timeout=600)[0] == 0
+    rc, rep = clusterctl_json("report", rid, cont["run_id"], "--target-acc", "0.01", env=env, timeout=300)
+    assert rc == 0, rep
+    one, two = rep["runs"]
+    j = two["joined"]
+    assert one["joined"] is None and j["runs"] == [rid, cont["run_id"]] and j["epochs"] == 2, j
+    assert j["wall_s"] == pytest.approx(two["training_start"] + two["wall_s"] - one["training_start"])
+    assert j["wall_s"] > one["wall_s"] + two["wall_s"]  # the end, collect, launch and start between them
+    assert j["trained_samples"] == one["trained_samples"] + two["trained_samples"]
+    assert j["time_to_target_s"] == pytest.approx(one["time_to_target_s"])  # reached in the first run's epoch
 
     # nothing to train: the programs refuse, and the run says why
     rc, again = clusterctl_json("launch", "--continue", rid, env=env, timeout=900)

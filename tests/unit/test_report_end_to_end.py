@@ -171,3 +171,67 @@ def test_without_steps_per_epoch_the_samples_are_images_per_s_times_epoch_s(
     path.write_text("".join(json.dumps(x) + "\n" for x in recs))
     f = report.run_figures(records.load("slow"))
     assert f.trained_samples == pytest.approx(10.67 * 30 + 80.0 * 4 + 80.0 * 4)  # the records' rounded figures
+
+
+def _continued(run_id: str, of: str, shift: float, epoch_ends: list[float], val: list[float]) -> None:
+    """A 2-node run that continues `of` (`launch --continue`): records as _run's, `shift` seconds later, its
+    epochs numbered after the 2 that `of` trained."""
+    _run(run_id, 2, [t + shift for t in epoch_ends], [4.0] * len(val), val)
+    r = records.load(run_id)
+    r.extra["continues"] = {"run": of, "copied": ["pc0", "pc1"]}
+    r.settings = {**r.settings, "continues": of}
+    records.save(r)
+    for n in ("pc0", "pc1"):
+        path = next((records.run_path(run_id) / n / "out").glob("metrics-rank*.jsonl"))
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        for x in recs:
+            x["time"] += shift if x["type"] == "start" else 0.0
+            if "epoch" in x:
+                x["epoch"] += 2
+        path.write_text("".join(json.dumps(x) + "\n" for x in recs))
+
+
+def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 epochs that end short of 0.9 (at T0 + 13), 27 s to end, collect and start again, a third epoch that
+    reaches it (T0 + 46): what the user waited is 46 s from the first run's start, not the continuation's 6."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _run("one", 1, [T0 + 12, T0 + 24, T0 + 36], [10.0, 10.0, 10.0], VAL)
+    _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
+    _continued("cont", "first", 40.0, [T0 + 6], [0.92])
+    figs = {f.run_id: f for f in report.build(["one", "first", "cont"], target_acc=0.9)}
+    cont, first = figs["cont"], figs["first"]
+    assert first.joined is None and first.time_to_target_s is None
+    assert cont.time_to_target_s == 6.0 and cont.wall_s == 7.0  # its own, from its start
+    j = cont.joined
+    assert j is not None and j["runs"] == ["first", "cont"] and j["epochs"] == 3
+    assert j["time_to_target_s"] == 46.0 and j["wall_s"] == 47.0 and j["trained_samples"] == 3 * SAMPLES
+    assert j["images_per_s_e2e"] == pytest.approx(960 / 47)
+    assert j["energy_to_target_kwh"] == pytest.approx(2 * WATTS * 46 / 3.6e6)
+    s = cont.scaling
+    assert s is not None and s["baseline"] == "one" and s["joined"] is True  # compared by the first run's settings
+    assert s["time_to_target_ratio"] == pytest.approx(46 / 36) and s["wall_ratio"] == pytest.approx(47 / 37)
+    assert s["e2e_speedup"] == pytest.approx((960 / 47) / (960 / 37))
+    assert s["energy_to_target_ratio"] == pytest.approx(2 * 46 / 36)
+    head, rows = report.summary_rows([figs["one"], first, cont])
+    cells = dict(zip(head, rows[2]))
+    assert cells["s to val acc 0.9"] == "46 (2 runs)" and cells["time to target vs 1 node"] == "1.28x"
+    assert cells["e2e images/s"] == "20.4 (2 runs)" and cells["wall s"] == "7"  # the wall column: its own
+    line = report.run_line(cont)
+    assert "Validation accuracy 0.9 reached after 46 s (the 2 runs together)" in line
+    assert "It continues first: its time to the target and end-to-end figures are the 2 runs as one, 3 epochs" in line
+    assert "End to end 20.4 images/s (every trained sample / the 47 s wall time" in line
+    assert "reaches 0.9 in 1.28x the time of one node (one): one node is faster end to end" in line
+    assert json.loads(json.dumps(cont.to_dict()))["joined"]["time_to_target_s"] == 46.0
+    # the run it continues gone from the head: said, and nothing joined
+    shutil.rmtree(records.run_path("first"))
+    gone = report.build(["cont"], target_acc=0.9)[0]
+    assert gone.joined is not None and "error" in gone.joined and "first" in gone.joined["error"]
+    assert "It continues first; their figures are not joined: run first:" in report.run_line(gone)
+    head, rows = report.summary_rows([gone])
+    assert dict(zip(head, rows[0]))["s to val acc 0.9"] == "6"  # its own time, said as such in the line
+    # collected nowhere: the fix is said
+    _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
+    shutil.rmtree(records.run_path("first") / "pc0")
+    shutil.rmtree(records.run_path("first") / "pc1")
+    line = report.run_line(report.build(["cont"], target_acc=0.9)[0])
+    assert "not joined: run first:" in line and "clusterctl collect first" in line
