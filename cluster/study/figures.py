@@ -660,12 +660,13 @@ def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | N
                           + (f" ({e.fix})" if e.fix else "")}
             return
     parts.append(fig)
-    t0, end = parts[0].training_start, (fig.training_start or 0.0) + (fig.wall_s or 0.0)
+    t0 = parts[0].training_start
     if t0 is None or fig.training_start is None or fig.wall_s is None:
-        fig.joined = {"runs": [*chain, fig.run_id], "error": "a run without a start record"}
+        fig.joined = {"runs": [*chain, fig.run_id], "error": "no training start record (a program without "
+                      "training metrics): nothing to time them by"}
         return
     hit = next((e for p in parts for e in p.epochs if e["val_acc"] >= fig.target_acc), None)
-    wall, to_target = end - t0, (hit["time"] - t0 if hit is not None else None)
+    wall, to_target = fig.training_start + fig.wall_s - t0, (hit["time"] - t0 if hit is not None else None)
     samples = [p.trained_samples for p in parts]
     total = sum(x for x in samples if x is not None) if all(x is not None for x in samples) else None
     fig.joined = {"runs": [p.run_id for p in parts], "epochs": sum(len(p.epochs) for p in parts),

@@ -180,7 +180,7 @@ def _e2e(f: RunFigures) -> str:
 
 
 def _continues(f: RunFigures) -> str:
-    """For a continued run: which runs it continues, and that its figures below are theirs together."""
+    """For a continued run: which runs it continues, and that its figures are theirs together."""
     j = f.joined
     if not j:
         return ""
