@@ -101,6 +101,8 @@ class Placement:
     # epochs are priced with a `launch --continue` of restart_s
     epochs_to_target: list[int] = field(default_factory=list)
     restart_s: float | None = None
+    # the fastest and slowest of those outcomes' times: where they differ, the mean is a gamble between them
+    to_target_range_s: tuple[float, float] | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -115,7 +117,8 @@ class Placement:
                 "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
                 "localsgd_period": self.localsgd_period, "samples_to_target": self.samples_to_target,
                 "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
-                "restart_s": self.restart_s}
+                "restart_s": self.restart_s,
+                "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -132,7 +135,9 @@ class Placement:
                    None if d.get("samples_to_target") is None else float(d["samples_to_target"]),
                    None if d.get("to_target_s") is None else float(d["to_target_s"]),
                    [int(e) for e in d.get("epochs_to_target") or []],
-                   None if d.get("restart_s") is None else float(d["restart_s"]))
+                   None if d.get("restart_s") is None else float(d["restart_s"]),
+                   (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
+                   if d.get("to_target_range_s") else None)
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,7 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
             samples.append(n * c.global_batch)
             epochs_seen.append(epochs)
         c.to_target_s, c.samples_to_target = statistics.fmean(times), statistics.fmean(samples)
-        c.epochs_to_target, c.restart_s = epochs_seen, restart
+        c.epochs_to_target, c.restart_s, c.to_target_range_s = epochs_seen, restart, (min(times), max(times))
         if note:
             c.warnings.append(note)
 
@@ -443,16 +448,20 @@ def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None
 
 def continued(choice: PlacementChoice) -> str | None:
     """Where some of the recommended candidate's references put the target past the job's epochs: how many,
-    and that its time counts continuing those (`launch --continue`); None where none do."""
+    that its time counts continuing those (`launch --continue`), and its best and worst outcome; None where
+    none do."""
     rec, epochs = choice.recommended, (choice.convergence or {}).get("job_epochs")
     late = [e for e in rec.epochs_to_target if epochs and e > epochs]
     if not late or not choice.convergence:
         return None
     restart = f"{rec.restart_s:.0f} s to end and start again" if rec.restart_s is not None else \
         "no run on as many nodes to say what ending and starting again costs: 0 s counted"
+    spread = (f": {rec.to_target_range_s[0]:.0f} s at best, {rec.to_target_range_s[1]:.0f} s at worst"
+              if rec.to_target_range_s else "")
     return (f"{len(late)} of the {len(rec.epochs_to_target)} collected runs it is priced from reach validation "
             f"accuracy {float(choice.convergence['target']):g} only after the job's {epochs} epochs: its time is "
-            f"the mean, theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart})")
+            f"the mean, theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart})"
+            + spread)
 
 
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:

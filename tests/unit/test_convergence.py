@@ -249,6 +249,9 @@ def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_
     assert said and said.startswith("1 of the 2 collected runs it is priced from reach validation accuracy 0.98 "
                                     "only after the job's 2 epochs")
     assert "launch --continue RUN --set epochs=3` (26 s to end and start again)" in said
+    best, worst = 22 * c.step_s + 2 * end, 33 * c.step_s + 3 * end + 26.0
+    assert c.to_target_range_s == pytest.approx((best, worst))
+    assert said.endswith(f": {best:.0f} s at best, {worst:.0f} s at worst")
     assert placement.continued(placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict())))) == said
     c.epochs_to_target = [2, 2]
     assert placement.continued(choice) is None
