@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/powersgd_cost.py [--steps 20] [--cpus 1,2] [--batch 32] [--rank 4]
 
-Issue 26: on the emulated room bench measures PowerSGD's compute at 80-90% of a half-core node's step, a
+Issue 26: on the emulated room bench measures PowerSGD's compute at 72-91% of a half-core node's step, a
 quarter of the plan's pick's step. Here ResNet18 at 32 px (digits' size), batch --batch, one torch thread,
 steps timed in turn (each variant's step after the others', so a change in load hits all alike):
 `no DDP` (the baseline, as train_torch runs one node), `DDP` (world of 1 on gloo: the reducer's copies),
