@@ -51,6 +51,10 @@ DEFAULTS: dict[str, Any] = {
     "bn_recompute": 0,  # BatchNorm's statistics recomputed from this many training samples per rank before
                         # each evaluation (precise BN); 0: the running averages training kept
     "epochs": 4,
+    # train until an accuracy (docs/jobs.md): end at the first epoch whose validation accuracy reaches
+    # target_acc (0: none); short of it after `epochs`, go on one epoch at a time up to max_epochs (0: epochs)
+    "target_acc": 0,
+    "max_epochs": 0,
     "batch": 32,
     "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
     "seed": 0,
@@ -99,6 +103,8 @@ FREE_MAPS = ("env", "shares", "env_from")  # mappings whose keys the user choose
 NUMBERS: dict[str, Range] = {
     "dataset.size": Range(8, 1024, integer=True),  # image side in pixels
     "epochs": Range(1, 10000, integer=True),
+    "target_acc": Range(0, 1),
+    "max_epochs": Range(0, 10000, integer=True),
     "batch": Range(1, 65536, integer=True),  # per worker
     "optimizer.lr": Range(0, 10, low_open=True),
     "optimizer.momentum": Range(0, 1, high_open=True),  # 1: the velocity never decays, the steps grow without end
@@ -173,7 +179,7 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
-        for key in ("model", "bn_recompute", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+        for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
             if key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd":
                 continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
@@ -497,8 +503,14 @@ class _Checks:
 
     def training(self, s: dict[str, Any]) -> None:
         """Epochs, batch, optimizer and the run's counters."""
-        self.number("epochs", s["epochs"])
-        self.number("batch", s["batch"])
+        for field in ("epochs", "target_acc", "max_epochs", "batch"):
+            self.number(field, s[field])
+        if s["max_epochs"] and not s["target_acc"]:
+            self.fail("max_epochs", f"{s['max_epochs']} epochs at most, but no target_acc to train until",
+                      "set target_acc too (e.g. target_acc: 0.98, max_epochs: 12), or leave max_epochs out")
+        if s["max_epochs"] and s["max_epochs"] < s["epochs"]:
+            self.fail("max_epochs", f"{s['max_epochs']} is below epochs ({s['epochs']}): the run trains its epochs "
+                      "first", f"max_epochs: {3 * s['epochs']} (or 0: no epochs past `epochs`)")
         o = s["optimizer"]
         for key in ("lr", "momentum", "weight_decay", "warmup_epochs"):
             self.number(f"optimizer.{key}", o[key])

@@ -110,12 +110,13 @@ def _scheme_of(settings: dict[str, Any], nodes: int) -> Scheme:
 
 def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
     """Every collected run of this job that ended succeeded or stopped, whose settings match the plan's (all
-    but nodes, shares, the wire and accumulation, which the plan varies, and epochs: a run planned longer
+    but nodes, shares, the wire and accumulation, which the plan varies, target_acc and max_epochs, which say
+    where a run ends, not how it trains, and epochs: a run planned longer
     decays its learning rate later, so reaches a high target later, a pessimistic reference, which
     Convergence.outcomes leaves out where runs of the job's own epochs exist): those that
     reached the target, and (reached False) the succeeded ones that trained all their epochs without. A run
     that continued another (`continues`) did not start from scratch: it never matches."""
-    skip = {"nodes", "shares", "accumulate", "epochs", *jobs.WIRE_KEYS}
+    skip = {"nodes", "shares", "accumulate", "epochs", "target_acc", "max_epochs", *jobs.WIRE_KEYS}
     want = {k: v for k, v in spec.settings.items() if k not in skip}
     out = []
     for r in runs.scan()[0]:
@@ -128,6 +129,9 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
         seen = progress(lead, target)
         if start is None or seen is None or not start.get("global_batch") or not (seen[1] or r.state == "succeeded"):
             continue
+        own_target = float(jobs.with_defaults(r.settings).get("target_acc") or 0)
+        if not seen[1] and 0 < own_target < target:
+            continue  # it ended at its own, lower target_acc: not a run that trained all it could
         scheme = _scheme_of(r.settings or {}, len(r.nodes))
         epochs = jobs.with_defaults(r.settings).get("epochs")
         out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), *seen,

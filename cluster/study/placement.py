@@ -158,6 +158,15 @@ class Workload:
     localsgd_start_step: int = 0
     val_samples: int = 0  # what every epoch's end scores (with the training sample: wlcommon.eval_images)
     bn_recompute: int = 0  # and the samples it recomputes BatchNorm's statistics from
+    # the job trains on past `epochs` to target_acc, up to max_epochs (docs/jobs.md "Train until an accuracy")
+    target_acc: float = 0.0
+    max_epochs: int = 0
+
+    def trains_on(self, target: float) -> int:
+        """The epochs a run of the job trains, short of `target`, before it ends: past `epochs` only where
+        its own target_acc is at least that high (a lower one ends it first)."""
+        on = self.max_epochs if self.target_acc and self.target_acc >= target else 0
+        return max(self.epochs or 0, on)
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -346,8 +355,9 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
     (convergence.outcomes) of each one's time, in whole epochs since a run's accuracy is known at an epoch's
     end (a reference that missed: the first epoch past what it trained), each with its end (evaluation,
     checkpoint), its steps at the candidate's own step times (a scheme's start phase included); an outcome
-    past the job's epochs adds a `launch --continue` (Convergence.restart_s). The model's caveat as a
-    warning."""
+    past the epochs a run of the job trains (Workload.trains_on) adds a `launch --continue`
+    (Convergence.restart_s). The model's caveat as a warning."""
+    trains_on = work.trains_on(conv.target)
     for c in cands:
         outs, note = conv.outcomes(c.global_batch, c.scheme, work.epochs or None)
         if not outs:
@@ -362,7 +372,7 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
             n = epochs * per_epoch or _whole(steps, o.reached)
             t = (_steps_s(n, c.shares, sp, network, work, c.scheme, c.step_s)
                  + epochs * epoch_end(c.shares, sp, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
-            if work.epochs and epochs > work.epochs:
+            if work.epochs and epochs > trains_on:
                 t += restart or 0.0
             times.append(t)
             samples.append(n * c.global_batch)
@@ -448,19 +458,26 @@ def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None
 
 def continued(choice: PlacementChoice) -> str | None:
     """Where some of the recommended candidate's references put the target past the job's epochs: how many,
-    that its time counts continuing those (`launch --continue`), and its best and worst outcome; None where
-    none do."""
-    rec, epochs = choice.recommended, (choice.convergence or {}).get("job_epochs")
+    how its time counts those (the run trains on to the target, or a `launch --continue`), and its best and
+    worst outcome; None where none do."""
+    conv = choice.convergence or {}
+    rec, epochs, target = choice.recommended, conv.get("job_epochs"), conv.get("target")
     late = [e for e in rec.epochs_to_target if epochs and e > epochs]
-    if not late or not choice.convergence:
+    if not late or target is None:
         return None
+    on = int(conv.get("job_trains_on") or epochs or 0)
     restart = f"{rec.restart_s:.0f} s to end and start again" if rec.restart_s is not None else \
         "no run on as many nodes to say what ending and starting again costs: 0 s counted"
+    if max(late) <= on:
+        how = f"the job trains on to it (target_acc, max_epochs {on}), no restart"
+    else:
+        how = (f"theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart}); "
+               f"`--set target_acc={float(target):g} --set max_epochs={max(late)}` trains on to it instead, "
+               "without the restart")
     spread = (f": {rec.to_target_range_s[0]:.0f} s at best, {rec.to_target_range_s[1]:.0f} s at worst"
               if rec.to_target_range_s else "")
     return (f"{len(late)} of the {len(rec.epochs_to_target)} collected runs it is priced from reach validation "
-            f"accuracy {float(choice.convergence['target']):g} only after the job's {epochs} epochs: its time is "
-            f"the mean, theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart})"
+            f"accuracy {float(target):g} only after the job's {epochs} epochs: its time is the mean, {how}"
             + spread)
 
 
@@ -538,7 +555,8 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
     if target_acc is not None:
         model = convergence.calibrate(spec, target_acc, comp.noise_scale)
         to_target(cands, speeds, b.network, work, model)
-        conv = {**model.to_dict(), "train_samples": work.train_samples, "job_epochs": work.epochs}
+        conv = {**model.to_dict(), "train_samples": work.train_samples, "job_epochs": work.epochs,
+                "job_trains_on": work.trains_on(target_acc)}
     choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
                              spec["batch"], cands, recommend(cands), conv)
     p = choice_path(inv, spec.name)
@@ -559,7 +577,8 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
                     tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
                                             int(spec["localsgd_period"]))), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
-                    int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]))
+                    int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]),
+                    float(spec["target_acc"]), int(spec["max_epochs"]))
 
 
 def choice_path(inv: Inventory, job: str) -> Path:

@@ -85,6 +85,8 @@ class Trainer:
             self.opt = keras.optimizers.SGD(learning_rate=a.lr, momentum=a.momentum)
             self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+            # the saved epoch's validation accuracy (-1: none), so a resumed run knows whether it reached its target
+            self.val_acc = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         self.bn_keep = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # recompute_bn's momentum, per call
 
@@ -232,7 +234,7 @@ class Trainer:
         newest: everyone takes the values of the one worker called with source=True (a collective: every
         worker calls it, exactly one as the source)."""
         opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
-        variables = self.model.variables + list(opt_vars) + [self.epoch, self.step]
+        variables = self.model.variables + list(opt_vars) + [self.epoch, self.step, self.val_acc]
 
         @compiled
         def bcast() -> Any:
@@ -276,6 +278,7 @@ class Training:
     metrics: wlmetrics.MetricsWriter
     start_epoch: int
     step: int  # optimizer steps done, over the run
+    start_acc: float | None  # the validation accuracy of the epoch it resumed after (None: fresh, or not saved)
 
 
 def refused(a: argparse.Namespace) -> str | None:
@@ -317,9 +320,9 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     tr = Trainer(w.strategy, ds.classes, a.size, a, plan.global_batch, w.options)
     shapes = [tuple(v.shape) for v in tr.model.trainable_variables]
     comp = wlcommon.Compression(a.grad_compression, shapes, w.world)
-    ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step)
+    ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step, val_acc=tr.val_acc)
     resumed = resume_newest(w, tr, ckpt, metrics.dir / "checkpoint") if a.resume == "auto" else "none"
-    start_epoch, step = int(tr.epoch.numpy()) + 1, int(tr.step.numpy())
+    start_epoch, step, acc = int(tr.epoch.numpy()) + 1, int(tr.step.numpy()), float(tr.val_acc.numpy())
     wlcommon.check_continued(a, start_epoch)
     lsgd = a.grad_compression == wlcommon.LOCAL_SGD
     if lsgd:  # resumed: the schedule continues from the steps done
@@ -339,11 +342,12 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   localsgd_period=a.localsgd_period if lsgd else None,
                   localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
                   bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
-    return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step)
+    return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step, acc if acc >= 0 else None)
 
 
-def train_epoch(t: Training, epoch: int) -> None:
-    """One epoch's steps, its evaluation and its record; then every worker writes the checkpoint."""
+def train_epoch(t: Training, epoch: int) -> float:
+    """One epoch's steps, its evaluation and its record; then every worker writes the checkpoint. Returns
+    the validation accuracy."""
     a, w, plan, tr = t.a, t.worker, t.plan, t.trainer
     (xtr, ytr), (xva, yva) = t.train, t.val
     order = wlcommon.epoch_order(len(xtr), a.seed, epoch)
@@ -388,7 +392,9 @@ def train_epoch(t: Training, epoch: int) -> None:
     t.metrics.epoch(epoch, t.step, tally, plan, scores, int(t.comp.volume["bytes_sent_per_step_ring"]))
     tr.epoch.assign(epoch)
     tr.step.assign(t.step)
+    tr.val_acc.assign(val_acc)
     save_checkpoint(t.ckpt, t.metrics.dir / "checkpoint")
+    return float(val_acc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,9 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     w = setup_worker(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), w.rank, "tensorflow")
     t = build_training(a, w, metrics)
-    for epoch in range(t.start_epoch, a.epochs):
-        train_epoch(t, epoch)
-    metrics.finish(a, t.ds, w.world, t.plan, t.start_epoch, t.step, cpu)
+    epoch, acc = t.start_epoch, t.start_acc
+    while wlcommon.trains(a, epoch, acc):
+        t.plan = t.plan.lasting(max(a.epochs, epoch + 1))
+        acc = train_epoch(t, epoch)
+        epoch += 1
+    metrics.finish(a, t.ds, w.world, t.plan, epoch - t.start_epoch, t.step, cpu, acc)
     wait_for_all_workers(w.world)
     return 0
 

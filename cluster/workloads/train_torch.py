@@ -194,6 +194,7 @@ class Training:
     ckpt: Path
     start_epoch: int
     step: int  # optimizer steps done, over the run
+    start_acc: float | None  # the validation accuracy of the epoch it resumed after (None: fresh, or not saved)
 
 
 def refused(a: argparse.Namespace) -> str | None:
@@ -250,10 +251,10 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
     if proc.cuda:
         model = model.to(memory_format=torch.channels_last)
     opt = make_optimizer(model, a)
-    start_epoch, step, resumed = 0, 0, "none"
+    start_epoch, step, acc, resumed = 0, 0, None, "none"
     ckpt = metrics.dir / "checkpoint.pt"
     if a.resume == "auto" and (proc.world > 1 or ckpt.exists()):  # a collective when distributed
-        start_epoch, step, resumed = _resume(model, opt, ckpt, proc.rank, proc.world)
+        start_epoch, step, acc, resumed = _resume(model, opt, ckpt, proc.rank, proc.world)
     wlcommon.check_continued(a, start_epoch)
     # DDP broadcasts rank 0's weights and buffers at wrap time, unless every rank holds them already
     synced = proc.distributed and same_weights(model, proc.world)
@@ -285,11 +286,12 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
                   localsgd_start_step=lsgd_start if lsgd else None,
                   **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, bn_recompute=a.bn_recompute, **comp.volume)
     return Training(a, proc, data, model, ddp, opt, torch.amp.GradScaler("cuda") if amp else None, plan,
-                    wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step)
+                    wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step, acc)
 
 
-def train_epoch(t: Training, epoch: int) -> None:
-    """One epoch's steps, its evaluation and its record; then LOCAL_RANK 0 of every node saves the
+def train_epoch(t: Training, epoch: int) -> float:
+    """One epoch's steps, its evaluation and its record (returns its validation accuracy); then LOCAL_RANK 0
+    of every node saves the
     checkpoint (all ranks hold the same model and optimizer state after the step's all-reduce; with
     local SGD after the sync that ends its last step, torchcomm.LocalSGD)."""
     a, proc, data, plan = t.a, t.proc, t.data, t.plan
@@ -330,7 +332,8 @@ def train_epoch(t: Training, epoch: int) -> None:
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), _train_acc(t, mine), val_loss, val_acc)
     t.metrics.epoch(epoch, t.step, tally, plan, scores, tally.mean_bytes_sent(plan.steps_per_epoch))
     if proc.local_rank == 0:  # each node's own disk: whichever node survives a failure can resume
-        _save(t.model, t.opt, epoch, t.step, t.ckpt)
+        _save(t.model, t.opt, epoch, t.step, val_acc, t.ckpt)
+    return val_acc
 
 
 def noise_probe(t: Training, k: int, steps: int) -> None:
@@ -371,9 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.noise_probe:
         noise_probe(t, a.noise_probe, a.max_steps or 8)
         return 0
-    for epoch in range(t.start_epoch, a.epochs):
-        train_epoch(t, epoch)
-    metrics.finish(a, t.data.ds, proc.world, t.plan, t.start_epoch, t.step, cpu)
+    epoch, acc = t.start_epoch, t.start_acc
+    while wlcommon.trains(a, epoch, acc):
+        t.plan = t.plan.lasting(max(a.epochs, epoch + 1))
+        acc = train_epoch(t, epoch)
+        epoch += 1
+    metrics.finish(a, t.data.ds, proc.world, t.plan, epoch - t.start_epoch, t.step, cpu, acc)
     if proc.distributed:
         dist.destroy_process_group()
     return 0
@@ -409,17 +415,20 @@ def _train_acc(t: Training, mine: np.ndarray) -> float:
     return acc
 
 
-def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: int, path: Path) -> None:
+def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: int, val_acc: float,
+          path: Path) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step}, tmp)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
+                "val_acc": val_acc}, tmp)
     os.replace(tmp, path)  # a crash mid-save never leaves a half checkpoint
 
 
 def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank: int,
-            world: int) -> tuple[int, int, str]:
+            world: int) -> tuple[int, int, float | None, str]:
     """The newest checkpoint any rank holds (nodes don't share disks, and a c10d rendezvous or the head's
     restart after a node died may give rank 0 to another node), read by every rank: (start epoch, step,
-    where it came from: "none", "each" or "rank R").
+    the validation accuracy it saved (None in a checkpoint older than that), where it came from: "none",
+    "each" or "rank R").
 
     Every rank joins the all-gather, with or without a file: its (epoch, step) ((-1, -1): none); the source
     is the rank with the highest epoch, the lowest such rank on a tie (the ranks of one node read the same
@@ -440,10 +449,11 @@ def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank
             dist.broadcast_object_list(box, src=src)
             state, source = box[0], f"rank {src}"
     if state is None:
-        return 0, 0, source
+        return 0, 0, None, source
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
-    return int(state["epoch"]) + 1, int(state["step"]), source
+    acc = state.get("val_acc")
+    return int(state["epoch"]) + 1, int(state["step"]), None if acc is None else float(acc), source
 
 
 def same_weights(model: torch.nn.Module, world: int) -> bool:

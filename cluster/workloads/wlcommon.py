@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -45,6 +46,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--continues", metavar="RUN",
                     help="this run continues RUN (`clusterctl launch --continue`): its checkpoint, copied into "
                     "--out, must be there and end before --epochs")
+    ap.add_argument("--target-acc", type=float, default=0.0,
+                    help="end the run at the first epoch whose validation accuracy reaches this (0: train "
+                    "--epochs); with --max-epochs, go on past --epochs until it does")
+    ap.add_argument("--max-epochs", type=int, default=0,
+                    help="with --target-acc: while short of it after --epochs, train on, one epoch at a time "
+                    "with the schedule of a run that long (as `launch --continue --set epochs=E+1`), up to "
+                    "this many epochs in all; 0: --epochs")
     ap.add_argument("--log-every", type=int, default=10, help="steps between step records")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps per epoch (tests)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per process (0: cores / local processes)")
@@ -97,13 +105,22 @@ def check_continued(a: argparse.Namespace, start_epoch: int) -> None:
     if start_epoch == 0:
         problem = (f"--continues {a.continues}: no checkpoint of it in {a.out} on any node (was it copied? "
                    "clusterctl launch --continue copies it from the nodes that ran it)")
-    elif start_epoch >= a.epochs:
+    elif not trains(a, start_epoch, None):
         problem = (f"--continues {a.continues}: its checkpoint ends epoch {start_epoch} and --epochs is "
                    f"{a.epochs}: nothing to train (--set epochs={start_epoch + 1} or more: the epochs in all, "
                    "the schedule is that of a run of that many)")
     if problem:
         print(f"error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
+
+
+def trains(a: argparse.Namespace, epoch: int, acc: float | None) -> bool:
+    """Whether the run trains epoch `epoch` (0-based) after one that scored `acc` (None: none scored yet):
+    its --epochs, ended early once --target-acc is reached; past them, while short of it, up to --max-epochs
+    (docs/jobs.md "Train until an accuracy")."""
+    if a.target_acc and acc is not None and acc >= a.target_acc:
+        return False
+    return epoch < max(int(a.epochs), int(a.max_epochs) if a.target_acc else 0)
 
 
 def parse_args(doc: str | None, argv: list[str] | None,
@@ -115,6 +132,8 @@ def parse_args(doc: str | None, argv: list[str] | None,
     add_args(ap)
     a = ap.parse_args(argv)
     problem = refused(a)
+    if not problem and not (0 <= a.target_acc <= 1 and a.max_epochs >= 0):
+        problem = "--target-acc must be within 0-1 (0: none), --max-epochs >= 0"
     if not problem and a.grad_compression == LOCAL_SGD and not local_sgd:
         problem = (f"--grad-compression {LOCAL_SGD} is implemented for PyTorch only (train_torch.py: torch's "
                    "post-local SGD); use none or fp16 here")
@@ -190,6 +209,10 @@ class BatchPlan:
     def step_batches(self) -> list[int]:
         """Every rank's samples per optimizer step: its k micro-batches are consecutive in the order."""
         return [self.accumulate * b for b in self.batches]
+
+    def lasting(self, epochs: int) -> BatchPlan:
+        """The plan whose schedule is that of a run of `epochs` (an epoch past --epochs: trains())."""
+        return self if epochs == self.epochs else dataclasses.replace(self, epochs=epochs)
 
     def lr(self, step: int) -> float:
         return lr_at(step, self.steps_per_epoch, self.epochs, self.peak_lr, self.warmup_epochs, self.schedule)

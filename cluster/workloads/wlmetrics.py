@@ -70,11 +70,12 @@ class MetricsWriter:
         self.history.append(rec)
         return rec
 
-    def finish(self, a: argparse.Namespace, ds: Dataset, world: int, plan: BatchPlan, start_epoch: int, step: int,
-               cpu: CpuMeter) -> None:
-        """The end record (`cpu`: the whole process's use); rank 0 also writes summary.json. Closes the file."""
-        self.write("end", epochs_done=a.epochs - start_epoch, step=step, wall_s=round(time.time() - self.run_start, 3),
-                   **cpu.read())
+    def finish(self, a: argparse.Namespace, ds: Dataset, world: int, plan: BatchPlan, epochs_done: int, step: int,
+               cpu: CpuMeter, acc: float | None = None) -> None:
+        """The end record (`cpu`: the whole process's use; `acc`: the last epoch's validation accuracy, for
+        the target); rank 0 also writes summary.json. Closes the file."""
+        self.write("end", epochs_done=epochs_done, step=step, wall_s=round(time.time() - self.run_start, 3),
+                   **end_fields(a, acc), **cpu.read())
         if self.rank == 0:
             write_summary(self.dir, summary(self.framework, a, world, plan.steps_per_epoch, self.history,
                                             time.time() - self.run_start, ds))
@@ -82,6 +83,13 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+def end_fields(a: argparse.Namespace, acc: float | None) -> dict[str, Any]:
+    """What the end record says of the target (docs/metrics.md): nothing where the run had none."""
+    if not a.target_acc:
+        return {}
+    return {"target_acc": a.target_acc, "target_reached": acc is not None and acc >= a.target_acc}
 
 
 def run_fields(a: argparse.Namespace, ds: Dataset, plan: BatchPlan, start_epoch: int, *, world: int,
@@ -94,7 +102,9 @@ def run_fields(a: argparse.Namespace, ds: Dataset, plan: BatchPlan, start_epoch:
     return {"world": world, "local_rank": local_rank, "device": device, "amp": amp, "dataset": ds.name,
             "synthetic": ds.synthetic, "train_samples": len(ds.x_train), "val_samples": len(ds.x_val),
             "batch": plan.batch, "batches": plan.batches, "global_batch": plan.global_batch,
-            "steps_per_epoch": plan.steps_per_epoch, "epochs": a.epochs, "peak_lr": plan.peak_lr,
+            "steps_per_epoch": plan.steps_per_epoch, "epochs": a.epochs,
+            **({"target_acc": a.target_acc, "max_epochs": max(a.epochs, a.max_epochs)} if a.target_acc else {}),
+            "peak_lr": plan.peak_lr,
             "momentum": a.momentum, "weight_decay": a.weight_decay, "schedule": a.schedule,
             "warmup_epochs": a.warmup_epochs, "start_epoch": start_epoch, "start_step": start_step,
             "period": int(os.environ.get("CLUSTER_PERIOD") or 1)}

@@ -167,6 +167,24 @@ def test_bad_job_settings_name_the_field(plab) -> None:
     assert r.returncode == 2 and "command line (--set): optimizer.lr: expected a number > 0, got -1" in r.stderr, r.stderr
 
 
+def test_a_run_with_a_target_trains_on_past_its_epochs_on_every_node_and_ends_at_max_epochs(plab) -> None:
+    """target_acc and max_epochs reach both nodes' programs through launch: short of an accuracy it cannot
+    reach, every rank trains on past the job's 1 epoch, together, and ends at max_epochs; the run succeeds
+    and every end record says the target was not reached."""
+    state, env = plab
+    tiny = [a if a != "epochs=2" else "epochs=1" for a in TINY]
+    rc, rec = clusterctl_json("launch", "resnet18-ddp", *tiny, "--set", "target_acc=1.0", "--set", "max_epochs=2",
+                              env=env, timeout=900)
+    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+    by_rank = records(state, rec["run_id"])
+    assert sorted(by_rank) == [0, 1]
+    for recs in by_rank.values():
+        start, end = recs[0], recs[-1]
+        assert (start["epochs"], start["target_acc"], start["max_epochs"]) == (1, 1.0, 2)
+        assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0, 1]
+        assert (end["type"], end["step"], end["epochs_done"], end["target_reached"]) == ("end", 8, 2, False)
+
+
 def test_continue_takes_an_ended_run_further_from_its_checkpoint_and_leaves_it_as_it_was(plab) -> None:
     """`launch --continue RUN --set epochs=N`: RUN's job, settings and nodes; each node's checkpoint copied
     into the new run folder; the program resumes after it. RUN's folders and record are not touched."""

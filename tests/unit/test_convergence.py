@@ -257,6 +257,37 @@ def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_
     assert placement.continued(choice) is None
 
 
+def test_a_job_that_trains_on_to_the_target_is_priced_without_the_restart() -> None:
+    """The same references as above, for a job with target_acc and max_epochs: the outcome past its 2 epochs
+    is that epoch in the same run, no `launch --continue`; a job whose own target is lower ends before the
+    plan's and pays the restart as before; the plan's sentence says which."""
+    psgd = Scheme("powersgd", 4)
+    per = 1438 // 128 * 128
+    refs = [convergence.Reference("hit", 128, "powersgd r4", 2 * per, True, epochs=2, nodes=4, restart_s=24.0),
+            convergence.Reference("short", 128, "powersgd r4", 2 * per, False, epochs=2, nodes=4, restart_s=26.0)]
+    conv = convergence.Convergence(0.98, 160.0, "runs", references=refs)
+
+    def priced(target_acc: float, max_epochs: int) -> tuple[placement.Placement, Workload]:
+        work = Workload(R18, "pytorch", 0.0, (Scheme(), psgd), 1438, 2, 1.0, 1, target_acc=target_acc,
+                        max_epochs=max_epochs)
+        cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+        placement.to_target(cands, SPEEDS, SLOW, work, conv)
+        return next(c for c in cands if len(c.nodes) == 4 and c.scheme == psgd), work
+
+    (on, work), (lower, low_work) = priced(0.98, 6), priced(0.97, 6)
+    assert (work.trains_on(0.98), low_work.trains_on(0.98), Workload(R18).trains_on(0.98)) == (6, 2, 0)
+    end = placement.epoch_end(on.shares, {n: SPEEDS[n] for n in on.nodes}, work)
+    assert on.to_target_s == pytest.approx(((22 * on.step_s + 2 * end) + (33 * on.step_s + 3 * end)) / 2)
+    assert lower.to_target_s == pytest.approx(on.to_target_s + 25.0 / 2)  # the restart: the median, 25 s
+    conv_doc = {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2, "job_trains_on": 6}
+    said = placement.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
+                                                         SLOW, 32, [on], on, conv_doc))
+    assert said and "the job trains on to it (target_acc, max_epochs 6), no restart" in said
+    said = placement.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
+                                                         SLOW, 32, [lower], lower, {**conv_doc, "job_trains_on": 2}))
+    assert said and "`--set target_acc=0.98 --set max_epochs=3` trains on to it instead" in said
+
+
 def _two_epochs(fixture: str, accs: tuple[float, float]) -> str:
     """The fixture's records up to its second epoch, as a run planned for 2 epochs that scored `accs`, ended."""
     out, epochs = [], 0
@@ -304,3 +335,18 @@ def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monke
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
         "only after the job's 2 epochs" in " ".join(r.stdout.split()), r.stdout
+
+
+def test_where_a_run_ends_is_not_how_it_trains_but_a_run_ended_by_its_own_lower_target_is_no_floor(
+        spec: jobs.JobSpec) -> None:
+    """target_acc and max_epochs do not change a run's training before its end: a run with them matches a
+    plan without. A run that ended at its own target, below the plan's, did not train all it could: it is
+    no floor under the samples the plan's target needs (a run without a target that missed it is)."""
+    _run("until", "one", 1, {**spec.settings, "nodes": ["pc0"], "target_acc": 0.98, "max_epochs": 12})
+    _run("plain", "one", 1, {**spec.settings, "nodes": ["pc0"]})
+    _run("low", "one", 1, {**spec.settings, "nodes": ["pc0"], "target_acc": 0.9})
+    mine = ("until", "plain", "low")
+    hit = {r.run_id: r.reached for r in convergence.references(spec, 0.98) if r.run_id in mine}
+    assert hit == {"until": True, "plain": True, "low": True}
+    missed = {r.run_id: r.reached for r in convergence.references(spec, 0.9999) if r.run_id in mine}
+    assert missed == {"plain": False}  # "until" and "low" would end at their own 0.98 and 0.9 first

@@ -75,6 +75,8 @@ def test_unknown_job_lists_the_known_ones() -> None:
     ("accumulate=1025", "accumulate: expected a whole number <= 1024, got 1025"),
     ("procs_per_node=.nan", "procs_per_node: expected auto or a whole number >= 1 and <= 64, got nan"),
     ("shares={pc1: .nan}", "shares.pc1: expected a whole number >= 1 and <= 65536"),
+    ("target_acc=1.5", "target_acc: expected a number <= 1, got 1.5"),
+    ("max_epochs=-1", "max_epochs: expected a whole number >= 0"),
 ])
 def test_numbers_must_be_finite_and_within_their_bounds(override: str, message: str) -> None:
     """NaN compared false with every bound and passed `launch --dry-run`; infinity or 10^22 reached the nodes."""
@@ -146,3 +148,18 @@ def test_a_launcher_that_is_not_a_name_is_refused_by_field(tmp_path: Path) -> No
     (tmp_path / "train.py").write_text("print(1)\n")
     with pytest.raises(JobError, match="launcher: expected one of"):
         jobs.from_command(["python", "train.py"], tmp_path, "torchrun", None, ["launcher=[null]"])
+
+
+def test_training_until_a_target_needs_the_target_and_room_past_epochs_and_reaches_the_program() -> None:
+    """max_epochs means nothing without target_acc and cannot be below epochs: refused with the fix. Given,
+    both reach the built-in program's command line (only then: the defaults pass nothing)."""
+    with pytest.raises(JobError, match="max_epochs: 6 epochs at most, but no target_acc") as e:
+        jobs.load("resnet50-ddp", ["max_epochs=6"])
+    assert "target_acc: 0.98" in e.value.fix
+    with pytest.raises(JobError, match=r"max_epochs: 3 is below epochs \(4\)") as e:
+        jobs.load("resnet50-ddp", ["target_acc=0.9", "max_epochs=3"])
+    assert "max_epochs: 12" in e.value.fix
+    args = jobs.load("resnet50-ddp", ["target_acc=0.98", "max_epochs=12"]).program_args("d.npz", "out")
+    assert args[args.index("--target-acc") + 1] == "0.98" and args[args.index("--max-epochs") + 1] == "12"
+    plain = jobs.load("resnet50-ddp").program_args("d.npz", "out")
+    assert "--target-acc" not in plain and "--max-epochs" not in plain

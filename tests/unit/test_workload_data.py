@@ -160,7 +160,7 @@ def test_the_step_loop_times_every_step_and_logs_the_first_every_nth_and_the_las
     assert tally.elapsed_s >= tally.data_s + tally.compute_s > 0 and "cpu_cores_process" in tally.cpu_use
     ds = wldata.synthetic(n=20, size=4)
     w.epoch(1, step, tally, plan, wlmetrics.EpochScores(2.0, 0.5, 2.1, 0.4), tally.mean_bytes_sent(5))
-    w.finish(argparse.Namespace(**vars(a), batch=3, grad_compression="none"), ds, 2, plan, 1, step,
+    w.finish(argparse.Namespace(**vars(a), batch=3, grad_compression="none", target_acc=0.0), ds, 2, plan, 1, step,
              wlmetrics.CpuMeter())
     recs = [json.loads(line) for line in w.path.read_text().splitlines()]
     steps = [r for r in recs if r["type"] == "step"]

@@ -227,3 +227,32 @@ def test_tf_recompute_bn_is_the_plain_average_and_two_workers_match_one(tmp_path
         assert len(stats) == 2 * 53
         for k in stats:
             assert np.allclose(one[k], two[k], rtol=1e-9, atol=1e-12), k
+
+
+def test_tf_trains_on_to_its_target_with_a_continued_runs_schedule_and_ends_there(tmp_path: Path) -> None:
+    """As train_torch.py (wlcommon.trains): short of --target-acc after --epochs, one more epoch at the rates
+    of a 2-epoch run's second, then the end; restarted, the checkpoint says the run is done. A reachable
+    target ends the run at the first epoch that reaches it."""
+    from cluster.workloads import wlcommon
+
+    def records(d: Path) -> list[dict]:
+        return [json.loads(x) for x in (d / "metrics-rank0.jsonl").read_text().splitlines()]
+
+    on = ("--epochs", "1", "--target-acc", "1.0", "--max-epochs", "2")
+    r = _tf_program(tmp_path / "on", True, *on)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = records(tmp_path / "on")
+    start = recs[0]
+    assert (start["epochs"], start["target_acc"], start["max_epochs"], start["steps_per_epoch"]) == (1, 1.0, 2, 3)
+    assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0, 1]
+    want = [wlcommon.lr_at(s, 3, 2, start["peak_lr"], start["warmup_epochs"], start["schedule"]) for s in (3, 4, 5)]
+    assert [x["lr"] for x in recs if x["type"] == "step" and x["epoch"] == 1] == pytest.approx(want, rel=1e-9)
+    assert (recs[-1]["epochs_done"], recs[-1]["target_reached"]) == (2, False)
+    again = _tf_program(tmp_path / "on", True, *on)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (records(tmp_path / "on")[-1]["epochs_done"], records(tmp_path / "on")[-1]["target_reached"]) == (0, False)
+    hit = _tf_program(tmp_path / "hit", True, "--target-acc", "0.01")
+    assert hit.returncode == 0, hit.stderr[-2000:]
+    recs = records(tmp_path / "hit")
+    assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0]
+    assert (recs[-1]["epochs_done"], recs[-1]["target_reached"]) == (1, True)

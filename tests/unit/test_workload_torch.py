@@ -219,3 +219,47 @@ def test_the_program_recomputes_batchnorm_before_each_evaluation(tmp_path: Path)
     assert recs[0]["bn_recompute"] == 64 and any(x["type"] == "epoch" for x in recs)
     bad = run_program(tmp_path / "neg", "--bn-recompute", "-1")
     assert bad.returncode != 0 and "--bn-recompute must be >= 0" in bad.stderr
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics-rank0.jsonl").read_text().splitlines()]
+
+
+def test_a_run_trains_on_to_its_target_with_a_continued_runs_schedule_and_ends_there(tmp_path: Path) -> None:
+    """--target-acc with --max-epochs: short of the target after --epochs it trains on, each epoch with the
+    schedule of a run that long (the rates of a 2-epoch run's second epoch), then ends; restarted in its
+    folder it trains nothing more. A reachable target ends the run at the first epoch that reaches it, and a
+    restart knows from the checkpoint that it did."""
+    r18 = ("--model", "resnet18")
+    whole = run_program(tmp_path / "whole", *r18)  # 2 epochs
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    on = run_program(tmp_path / "on", *r18, "--epochs", "1", "--target-acc", "1.0", "--max-epochs", "2")
+    assert on.returncode == 0, on.stderr[-2000:]
+    recs = _records(tmp_path / "on")
+    import wlmetrics
+
+    assert all(wlmetrics.validate(x) == [] for x in recs)
+    assert (recs[0]["epochs"], recs[0]["target_acc"], recs[0]["max_epochs"]) == (1, 1.0, 2)
+    assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0, 1]
+    assert [x["lr"] for x in recs if x["type"] == "step" and x["epoch"] == 1] == \
+           [x["lr"] for x in _records(tmp_path / "whole") if x["type"] == "step" and x["epoch"] == 1]
+    end = recs[-1]
+    assert (end["type"], end["epochs_done"], end["target_reached"]) == ("end", 2, False)
+    again = run_program(tmp_path / "on", *r18, "--epochs", "1", "--target-acc", "1.0", "--max-epochs", "2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (_records(tmp_path / "on")[-1]["epochs_done"], len([x for x in _records(tmp_path / "on")
+                                                                if x["type"] == "epoch"])) == (0, 2)
+
+    early = ("--epochs", "3", "--target-acc", "0.01")
+    hit = run_program(tmp_path / "hit", *r18, *early)
+    assert hit.returncode == 0, hit.stderr[-2000:]
+    recs = _records(tmp_path / "hit")
+    assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0]
+    assert (recs[-1]["epochs_done"], recs[-1]["target_reached"]) == (1, True)
+    assert torch.load(tmp_path / "hit" / "checkpoint.pt", weights_only=False)["val_acc"] >= 0.01
+    again = run_program(tmp_path / "hit", *r18, *early)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (_records(tmp_path / "hit")[-1]["epochs_done"], _records(tmp_path / "hit")[-1]["target_reached"]) == \
+           (0, True)
+    bad = run_program(tmp_path / "bad", "--target-acc", "1.5")
+    assert bad.returncode == 2 and "--target-acc must be within 0-1" in bad.stderr
