@@ -18,9 +18,11 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
 3. **the plan's pick**: `plan --target-acc TARGET` for the job's epochs (its references are then the lab's
    runs planned for them where it has any: docs/planning.md; `--plan-epochs 3x`: planned for 3x, as until
    pass 4 of 2026-12-04), then `launch --plan` with the job's epochs, as a user runs it; where several nodes
-   end them short of the target, the run is taken further one epoch at a time
-   (`launch --continue RUN --set epochs=E+1`) up to 3x the epochs, the time of every run counted
-   (`--pick-epochs relaunch`: started again with 3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
+   end them short of the target, the run trains on to it by itself, one epoch at a time up to 3x the epochs
+   (`target_acc`, `max_epochs`: docs/jobs.md "Train until an accuracy"; the plan is asked with them, so it
+   prices no restart; since 2026-12-04 evening), or (`--pick-epochs continue`) it is taken further by
+   `launch --continue RUN --set epochs=E+1`, the time of every run counted (`relaunch`: started again with
+   3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
 The calibration may go on for 3x the 1-node epochs; a run is stopped (`clusterctl stop`) once an epoch reaches
 the target; every run is collected. Measured per run from rank 0's records: time from the training start to
 the target, images/s end to end (every sample trained / the time from the start to the last epoch), the
@@ -132,6 +134,8 @@ def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seed
     (`launch --continue RUN --set epochs=E+1`, until the target or 3x the epochs), `relaunch` starts it again
     with 3x the epochs; every run's time is counted, what the user waited in between included.
     `3x`: several nodes run 3x the epochs from the start, as before 2026-12-04."""
+    if a.pick_epochs == "on":  # the run trains on to the target by itself (target_acc, max_epochs: no restart)
+        return run(env, state, [*launch, *seeded, *until(target, a)], target, 3 * a.epochs)
     if a.pick_epochs == "3x" and not alone:
         return run(env, state, [*launch, *longer], target, 3 * a.epochs)
     parts = [run(env, state, [*launch, *seeded], target, a.epochs)]
@@ -146,6 +150,12 @@ def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seed
             print(f"  {parts[-1]['final_acc']:.3f} after {epochs - 1} epochs: continued to {epochs}", file=sys.stderr)
             parts.append(run(env, state, ["--continue", parts[-1]["run_id"], "--set", f"epochs={epochs}"], target, 1))
     return joined(parts)
+
+
+def until(target: float, a: argparse.Namespace) -> list[str]:
+    """The job settings that make a run end at the target, or train on to it up to 3x the epochs
+    (docs/jobs.md "Train until an accuracy")."""
+    return ["--set", f"target_acc={target}", "--set", f"max_epochs={3 * a.epochs}"]
 
 
 def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -215,10 +225,11 @@ def main() -> int:
     ap.add_argument("--bn-recompute", type=int, default=512,
                     help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
                     "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
-    ap.add_argument("--pick-epochs", choices=["continue", "relaunch", "3x"], default="continue",
-                    help="the pick's schedule: the job's epochs, and where several nodes miss the target in them, "
-                    "continued one epoch at a time (`launch --continue`) up to 3x, or (relaunch) started again "
-                    "with 3x, every run's time counted; 3x: 3x the epochs from the start")
+    ap.add_argument("--pick-epochs", choices=["on", "continue", "relaunch", "3x"], default="on",
+                    help="the pick's schedule: the job's epochs, and where it misses the target in them, (on) "
+                    "trained on in the same run to the target (target_acc, max_epochs 3x; the plan asked with "
+                    "them), continued one epoch at a time (`launch --continue`) up to 3x, or (relaunch) started "
+                    "again with 3x, every run's time counted; 3x: 3x the epochs from the start")
     ap.add_argument("--plan-epochs", choices=["job", "3x"], default="job",
                     help="the epochs `plan` is asked for: the job's (the pick's own schedule) or 3x")
     ap.add_argument("--again", metavar="NAME",
@@ -301,7 +312,8 @@ def main() -> int:
                     # `launch --plan` takes the plan saved last
                     mine["plan_long"] = ctl(env, "plan", job, *longer, *scheme_sets, "--target-acc", str(target),
                                             timeout=600)
-                plan = ctl(env, "plan", job, *planned, *scheme_sets, "--target-acc", str(target), timeout=600)
+                ends = until(target, a) if a.pick_epochs == "on" else []
+                plan = ctl(env, "plan", job, *planned, *scheme_sets, *ends, "--target-acc", str(target), timeout=600)
                 mine["plan"] = plan
                 rec = plan["recommended"]
                 print(f"seed {seed}: the plan's pick: {rec['nodes']} {rec['grad_compression']}, predicted "
