@@ -98,8 +98,9 @@ ACTIVE = ("starting", "running", "restarting", "stopping", "unknown")
 
 
 def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target: float | None,
-        max_epochs: int) -> dict[str, Any]:
-    """`launch` detached; stopped once an epoch reaches the target (if any), else left to finish; collected."""
+        max_epochs: int, stop: bool = True) -> dict[str, Any]:
+    """`launch` detached; stopped once an epoch reaches the target (if any; `stop` False: a run that ends there
+    by itself, target_acc, is left to), else left to finish; collected."""
     t0 = time.time()
     rid = ctl(env, "launch", *args, "--detach", timeout=1800)["run_id"]
     load: list[float] = []
@@ -107,7 +108,7 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
         load.append(os.getloadavg()[0])
         recs = rank0(state, rid)
         ep = [r for r in recs if r["type"] == "epoch"]
-        if target is not None and any(e["val_acc"] >= target for e in ep):
+        if stop and target is not None and any(e["val_acc"] >= target for e in ep):
             subprocess.run([PY, "-m", "cluster", "stop", rid], cwd=ROOT, env=env, capture_output=True, timeout=600)
             break
         if status(env, rid) not in ACTIVE or len(ep) >= max_epochs:
@@ -135,7 +136,7 @@ def pick(env: dict[str, str], state: lifecycle.LabState, launch: list[str], seed
     with 3x the epochs; every run's time is counted, what the user waited in between included.
     `3x`: several nodes run 3x the epochs from the start, as before 2026-12-04."""
     if a.pick_epochs == "on":  # the run trains on to the target by itself (target_acc, max_epochs: no restart)
-        return run(env, state, [*launch, *seeded, *until(target, a)], target, 3 * a.epochs)
+        return run(env, state, [*launch, *seeded, *until(target, a)], target, 3 * a.epochs, stop=False)
     if a.pick_epochs == "3x" and not alone:
         return run(env, state, [*launch, *longer], target, 3 * a.epochs)
     parts = [run(env, state, [*launch, *seeded], target, a.epochs)]
