@@ -439,7 +439,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
                                   f"[red]not confirmed stopped: {escape(str(r.get('error') or r.get('left')))}[/]")
                       + (f" (terminated {len(r.get('terminated') or [])}, killed {len(r.get('killed') or [])})"
                          if r.get("ok") else ""))
-        out.print(f"run {record.run_id}: {record.state}; logs and metrics stay on the nodes"
+        ended = ": every node's program had ended by itself before the stop reached it" \
+            if record.state == "succeeded" else ""
+        out.print(f"run {record.run_id}: {record.state}{ended}; logs and metrics stay on the nodes"
                   + (f"; run `clusterctl stop {record.run_id}` again when {', '.join(record.stop_pending)} "
                      "can be reached" if record.stop_pending else ""))
     if record.stop_pending:  # exit 3 when a node could not be reached, 1 when a reachable one kept processes

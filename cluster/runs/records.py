@@ -33,13 +33,16 @@ from cluster.inventory.model import Host
 ACTIVE = ("starting", "running", "restarting", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
 # The only moves a run's state makes (RunRecord.move is the one place that changes it): a final state is
-# never left, and a stop the user asked for (`stopping`) only ends `stopped`, whatever a later step finds.
+# never left, and a stop the user asked for (`stopping`) ends `stopped`, whatever a later step finds, unless
+# every node's program had ended by itself with exit 0 before the stop reached it (its agent then says
+# `succeeded`: it writes no stop where the program had ended; a run that ends at its target_acc meets a stop
+# sent when its last epoch was seen): the run succeeded, the stop found nothing to stop.
 MOVES: dict[str, tuple[str, ...]] = {
     "starting": ("running", "stopping", "failed", "stopped"),
     "running": ("restarting", "stopping", "succeeded", "failed", "stopped"),
     # continuing without a lost node (cluster/runs/elastic.py): the survivors are stopped and started again
     "restarting": ("running", "stopping", "failed", "stopped"),
-    "stopping": ("stopped",),
+    "stopping": ("stopped", "succeeded"),
 }
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # What a run folder on the head holds besides one folder per node (node names must differ from these).

@@ -251,6 +251,8 @@ def _apply(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
     _remember(record, polled)
     if not record.move(state):
         return
+    if state == "succeeded":  # every member's program ended by itself, exit 0: nothing is left to stop
+        record.stop_pending = [n for n in record.stop_pending if n not in record.members()]
     if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
         record.stop_pending = sorted(set(record.stop_pending) | {
             n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
@@ -288,7 +290,8 @@ def stop_and_record(record: records.RunRecord, nodes: list[str], grace: float = 
             r.last_status = {**(r.last_status or {}),
                              **{n: statuses[n].to_dict() for n in confirmed if n in statuses}}
         if r.stopped_by_user and not set(r.stop_pending) & set(r.members()):  # a dropped node does not hold it
-            r.move("stopped")
+            ended = bool(statuses) and all(n in statuses and statuses[n].state == "succeeded" for n in r.members())
+            r.move("succeeded" if ended else "stopped")  # succeeded: every program had ended by itself, exit 0
 
     return records.update(record.run_id, change)
 

@@ -169,13 +169,23 @@ def test_bad_job_settings_name_the_field(plab) -> None:
 
 def test_a_run_with_a_target_trains_on_past_its_epochs_on_every_node_and_ends_at_max_epochs(plab) -> None:
     """target_acc and max_epochs reach both nodes' programs through launch: short of an accuracy it cannot
-    reach, every rank trains on past the job's 1 epoch, together, and ends at max_epochs; the run succeeds
-    and every end record says the target was not reached."""
+    reach, every rank trains on past the job's 1 epoch, together, and ends at max_epochs; every end record
+    says the target was not reached. Detached, nobody watching: a `stop` sent after both programs ended by
+    themselves finds nothing to stop, and the run is recorded succeeded (exit 0)."""
     state, env = plab
     tiny = [a if a != "epochs=2" else "epochs=1" for a in TINY]
     rc, rec = clusterctl_json("launch", "resnet18-ddp", *tiny, "--set", "target_acc=1.0", "--set", "max_epochs=2",
-                              env=env, timeout=900)
-    assert rc == 0 and rec["state"] == "succeeded", json.dumps(rec)[-3000:]
+                              "--detach", env=env, timeout=900)
+    assert rc == 0 and rec["state"] == "running", json.dumps(rec)[-3000:]
+    exits = [node_run_dir(state, i, rec["run_id"]) / "exit.json" for i in (0, 1)]
+    deadline = time.monotonic() + 600
+    while not all(f.exists() for f in exits) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(json.loads(f.read_text())["code"] == 0 for f in exits)
+    r = clusterctl("stop", rec["run_id"], env=env, timeout=300)
+    assert r.returncode == 0 and "succeeded: every node's program had ended by itself" in r.stdout, r.stdout + r.stderr
+    rc, st = clusterctl_json("status", rec["run_id"], env=env)
+    assert st["state"] == "succeeded", json.dumps(st)[-3000:]
     by_rank = records(state, rec["run_id"])
     assert sorted(by_rank) == [0, 1]
     for recs in by_rank.values():

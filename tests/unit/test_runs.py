@@ -222,7 +222,7 @@ def test_a_final_or_stopping_state_is_never_overwritten() -> None:
     """RunRecord.move is the one place a state changes: a late step cannot undo a stop or a verdict."""
     r = _record(state="starting")
     assert r.move("stopping") and r.state == "stopping" and r.ended is None
-    assert not r.move("running") and not r.move("failed") and not r.move("succeeded") and r.state == "stopping"
+    assert not r.move("running") and not r.move("failed") and r.state == "stopping"
     assert r.move("stopped") and r.ended is not None
     for later in ("running", "starting", "stopping", "failed", "succeeded"):
         assert not r.move(later) and r.state == "stopped"
@@ -232,6 +232,39 @@ def test_a_final_or_stopping_state_is_never_overwritten() -> None:
 
 def _statuses(**states: str) -> dict[str, NodeStatus]:
     return {n: NodeStatus(n, s) for n, s in states.items()}
+
+
+@pytest.mark.parametrize("after, final", [(("succeeded", "succeeded"), "succeeded"),
+                                          (("succeeded", "stopped"), "stopped"),
+                                          (("stopped", "stopped"), "stopped")])
+def test_a_stop_that_finds_every_program_ended_by_itself_leaves_the_run_succeeded(
+        home: Path, monkeypatch: pytest.MonkeyPatch, after: tuple[str, str], final: str) -> None:
+    """The nodes' agents write no stop where the program had ended (nodeagent.stop), so after the stop they
+    say `succeeded` only for a program that ended by itself with exit 0. Every node so: the run succeeded
+    (a run that ended at its target_acc, stopped by a script that saw its last epoch); any node stopped:
+    the run is stopped."""
+    runs.save(_record())
+    monkeypatch.setattr(runstate, "stop_nodes", lambda record, grace=10.0, only=None: {n: {"ok": True}
+                                                                                      for n in only or []})
+    monkeypatch.setattr(runstate, "poll", lambda record, group=None, lines=20: _statuses(a=after[0], b=after[1]))
+    rec = runstate.stop(runs.load("r1"))
+    assert (rec.state, rec.stop_pending, rec.stopped_by_user) == (final, [], True) and rec.ended is not None
+    assert runs.load("r1").state == final
+
+
+def test_a_pending_stop_whose_nodes_turn_out_to_have_succeeded_ends_succeeded_with_nothing_pending(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node b unreachable when the user stopped; it answers again: its program had ended by itself, exit 0,
+    as had a's. Nothing is left to stop: the run succeeded and no node stays pending (which would refuse
+    the next launch there)."""
+    rec = _record(state="stopping")
+    rec.stopped_by_user, rec.stop_pending, rec.stop_tried = True, ["b"], time.time() - 60
+    runs.save(rec)
+    monkeypatch.setattr(runstate, "stop_nodes", lambda record, grace=10.0, only=None: {n: {"ok": True}
+                                                                                      for n in only or []})
+    monkeypatch.setattr(runstate, "poll", lambda record, group=None, lines=20: _statuses(a="succeeded", b="succeeded"))
+    rec = runstate.settle(rec, _statuses(a="succeeded", b="succeeded"))
+    assert (rec.state, rec.stop_pending) == ("succeeded", [])
 
 
 def test_a_users_stop_is_retried_on_the_pending_nodes_that_answer_again(home: Path,
