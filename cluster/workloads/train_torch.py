@@ -332,7 +332,7 @@ def train_epoch(t: Training, epoch: int) -> float:
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), _train_acc(t, mine), val_loss, val_acc)
     t.metrics.epoch(epoch, t.step, tally, plan, scores, tally.mean_bytes_sent(plan.steps_per_epoch))
     if proc.local_rank == 0:  # each node's own disk: whichever node survives a failure can resume
-        _save(t.model, t.opt, epoch, t.step, val_acc, t.ckpt)
+        _save(t.model, t.opt, epoch, t.step, t.ckpt, val_acc)
     return val_acc
 
 
@@ -415,8 +415,8 @@ def _train_acc(t: Training, mine: np.ndarray) -> float:
     return acc
 
 
-def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: int, val_acc: float,
-          path: Path) -> None:
+def _save(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int, step: int, path: Path,
+          val_acc: float | None = None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
                 "val_acc": val_acc}, tmp)

@@ -177,7 +177,8 @@ def _resume_rank(rank: int, world: int, init: str, tmp: str) -> None:
                 for s in opt.state.values():
                     s["momentum_buffer"].fill_(epochs[rank] + (rank / 10 if same else 0))
             path.parent.mkdir(parents=True, exist_ok=True)
-            train_torch._save(model, opt, epochs[rank], 10 * epochs[rank] + (0 if same else rank), path)
+            train_torch._save(model, opt, epochs[rank], 10 * epochs[rank] + (0 if same else rank), path,
+                              val_acc=epochs[rank] / 10)
         fresh = nn.Linear(3, 2)
         fresh_opt = train_torch.make_optimizer(fresh, _tiny_args())
         got = train_torch._resume(fresh, fresh_opt, path, rank, world)
@@ -195,20 +196,21 @@ def _tiny_args():  # noqa: ANN202 - an argparse.Namespace
 
 
 def test_resume_takes_the_newest_checkpoint_any_rank_holds(tmp_path: Path) -> None:
-    """Some ranks without a file, the newest on a rank other than 0, ties (the lowest rank), none at all."""
+    """Some ranks without a file, the newest on a rank other than 0, ties (the lowest rank), none at all; the
+    validation accuracy the source saved comes with it (what a run with target_acc decides by)."""
     world = 3
     mp.spawn(_resume_rank, args=(world, f"file://{tmp_path / 'rdzv'}", str(tmp_path)), nprocs=world, join=True)
     for r in range(world):
         for (epochs, src), res in zip(RESUME_CASES, torch.load(tmp_path / f"results.{r}")):
             if src is None:
-                assert res["got"] == (0, 0, "none") and res["momenta"] == [], epochs  # a fresh start everywhere
+                assert res["got"] == (0, 0, None, "none") and res["momenta"] == [], epochs  # a fresh start everywhere
             elif src == "each":
                 e = epochs[r]
-                assert res["got"] == (e + 1, 10 * e, "each"), (epochs, r)
+                assert res["got"] == (e + 1, 10 * e, e / 10, "each"), (epochs, r)
                 assert res["weights"] == res["momenta"] == [pytest.approx(e + r / 10)], (epochs, r)  # its own
             else:
                 e = epochs[src]
-                assert res["got"] == (e + 1, 10 * e + src, f"rank {src}"), (epochs, r)  # the source's, everywhere
+                assert res["got"] == (e + 1, 10 * e + src, e / 10, f"rank {src}"), (epochs, r)  # the source's
                 assert res["weights"] == [float(e)] and res["momenta"] == [float(e)], (epochs, r)
 
 
