@@ -45,6 +45,12 @@ def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:
         raise AssertionError(f"no JSON (exit {r.returncode}):\n{r.stdout}\n{r.stderr}") from None
 
 
+def why(rec: Any) -> str:
+    """A run record's verdict in full, for an assertion message (pytest cuts a dict's repr to one line)."""
+    keys = ("run_id", "state", "failure", "left_out", "stop_pending", "last_status")
+    return json.dumps({k: rec.get(k) for k in keys} if isinstance(rec, dict) else rec, indent=1, default=str)
+
+
 @contextmanager
 def lab_up(tmp_path_factory: pytest.TempPathFactory, tag: str, nodes: int, offset: int,
            **up: Any) -> Iterator[tuple[lifecycle.LabState, Path]]:

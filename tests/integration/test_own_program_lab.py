@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark, why  # noqa: F401
 
 OWN = ROOT / "tests" / "fixtures" / "own"
 PUBLIC = ROOT / "tests" / "fixtures" / "public_ddp" / "aws-cpu-ddp"
@@ -40,7 +40,7 @@ def test_own_torchrun_program_ships_only_what_changed(olab, tmp_path: Path) -> N
     code = tmp_path / "mine"
     shutil.copytree(OWN, code)
     rc, rec = launch_in(code, env, "--", "python", "train.py", "--steps", "3", "--out", "results")
-    assert rc == 0 and rec["state"] == "succeeded", rec
+    assert rc == 0 and rec["state"] == "succeeded", why(rec)
     for i in range(2):
         got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"rank{i}.json").read_text())
         assert got["world"] == 2 and got["sum"] == 9.0 and got["argv"] == ["--steps", "3", "--out", "results"]
@@ -60,7 +60,7 @@ def test_own_torchrun_program_ships_only_what_changed(olab, tmp_path: Path) -> N
 def test_plain_and_module_forms(olab) -> None:
     state, env = olab
     rc, rec = launch_in(OWN, env, "--launcher", "plain", "--outputs", "results", "--", "python", "plain_job.py")
-    assert rc == 0 and rec["state"] == "succeeded", rec
+    assert rc == 0 and rec["state"] == "succeeded", why(rec)
     (node_program(state, 1, rec["run_id"]) / "scratch.bin").write_bytes(b"not an output")
     rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
     got = Path(env["CLUSTERCTL_HOME"]) / "runs" / rec["run_id"] / "node2"
@@ -74,14 +74,14 @@ def test_plain_and_module_forms(olab) -> None:
     assert {t["CLUSTER_NODE_ADDRS"] for t in told} == {addrs}
     assert {t["CLUSTER_COORDINATOR"] for t in told} == {f"{state.nodes[0].address}:{told[0]['MASTER_PORT']}"}
     rc, rec = launch_in(OWN, env, "--", "python", "-m", "pkg.hello")
-    assert rc == 0 and rec["state"] == "succeeded", rec
+    assert rc == 0 and rec["state"] == "succeeded", why(rec)
 
 
 def test_a_public_ddp_program_written_by_others_runs_as_is(olab) -> None:
     """aws-samples' CPU DDP example, unmodified: torchrun, gloo, its own checkpoint (snapshot.pt), collected."""
     state, env = olab
     rc, rec = launch_in(PUBLIC, env, "--", "python", "ddp.py", "2", "1", timeout=600)
-    assert rc == 0 and rec["state"] == "succeeded", rec
+    assert rc == 0 and rec["state"] == "succeeded", why(rec)
     assert (node_program(state, 0, rec["run_id"]) / "snapshot.pt").stat().st_size > 0
     rc, res = clusterctl_json("collect", rec["run_id"], env=env, timeout=300)
     assert rc == 0, res
