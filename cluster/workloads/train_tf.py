@@ -323,7 +323,7 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step, val_acc=tr.val_acc)
     resumed = resume_newest(w, tr, ckpt, metrics.dir / "checkpoint") if a.resume == "auto" else "none"
     start_epoch, step, acc = int(tr.epoch.numpy()) + 1, int(tr.step.numpy()), float(tr.val_acc.numpy())
-    wlcommon.check_continued(a, start_epoch)
+    wlcommon.check_continued(a, start_epoch, acc if acc >= 0 else None)
     lsgd = a.grad_compression == wlcommon.LOCAL_SGD
     if lsgd:  # resumed: the schedule continues from the steps done
         comp = wlcommon.LocalSteps(shapes, w.world, a.localsgd_period,

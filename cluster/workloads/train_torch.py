@@ -255,7 +255,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
     ckpt = metrics.dir / "checkpoint.pt"
     if a.resume == "auto" and (proc.world > 1 or ckpt.exists()):  # a collective when distributed
         start_epoch, step, acc, resumed = _resume(model, opt, ckpt, proc.rank, proc.world)
-    wlcommon.check_continued(a, start_epoch)
+    wlcommon.check_continued(a, start_epoch, acc)
     # DDP broadcasts rank 0's weights and buffers at wrap time, unless every rank holds them already
     synced = proc.distributed and same_weights(model, proc.world)
     ddp = DistributedDataParallel(model, device_ids=[proc.local_rank] if proc.cuda else None,

@@ -96,15 +96,20 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "coordination service's heartbeat timeout); 0: the framework's default")
 
 
-def check_continued(a: argparse.Namespace, start_epoch: int) -> None:
+def check_continued(a: argparse.Namespace, start_epoch: int, acc: float | None) -> None:
     """A continued run that would silently train from scratch, or train nothing, ends here instead (exit
-    status 2, as argparse's errors): every rank reaches the same verdict, having agreed on the checkpoint."""
+    status 2, as argparse's errors): every rank reaches the same verdict, having agreed on the checkpoint
+    (`acc`: the validation accuracy it was saved with, None where it has none)."""
     if a.continues is None:
         return
     problem = None
     if start_epoch == 0:
         problem = (f"--continues {a.continues}: no checkpoint of it in {a.out} on any node (was it copied? "
                    "clusterctl launch --continue copies it from the nodes that ran it)")
+    elif a.target_acc and acc is not None and acc >= a.target_acc:
+        problem = (f"--continues {a.continues}: its checkpoint (epoch {start_epoch}) has validation accuracy "
+                   f"{acc:.4f}, already at --target-acc {a.target_acc:g}: nothing to train (--set target_acc=0 "
+                   "to train its epochs, or a higher target)")
     elif not trains(a, start_epoch, None):
         problem = (f"--continues {a.continues}: its checkpoint ends epoch {start_epoch} and --epochs is "
                    f"{a.epochs}: nothing to train (--set epochs={start_epoch + 1} or more: the epochs in all, "

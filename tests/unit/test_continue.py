@@ -54,6 +54,11 @@ def test_a_copied_checkpoint_goes_on_with_the_longer_schedule_and_nothing_to_tra
     steps = [r for r in recs if r["type"] == "step"]
     assert steps and all(r["lr"] == pytest.approx(lr[r["step"]]) for r in steps)
 
+    # a checkpoint already at the target (a few steps score well above 1%): nothing to train, though epochs remain
+    reached = _program(entry, tmp_path / "b", 3, "--continues", "job-a", "--target-acc", "0.01")
+    assert reached.returncode == 2 and "already at --target-acc 0.01: nothing to train" in reached.stderr
+    assert "--set target_acc=0" in reached.stderr and [r["epoch"] for r in _epochs(tmp_path / "b")
+                                                       if r["type"] == "epoch"] == [1]  # nothing trained, none lost
     again = _program(entry, tmp_path / "b", 2, "--continues", "job-a")  # its checkpoint ends epoch 2 now
     assert again.returncode == 2 and "nothing to train" in again.stderr and "--set epochs=3" in again.stderr
     empty = _program(entry, tmp_path / "c", 2, "--continues", "job-a")
