@@ -83,8 +83,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     said = placement.verdict(choice)
     if said:
         out.print(escape(said) + " (predicted from the training start: steps and epoch ends; docs/planning.md)")
-    late = placement.continued(choice)
-    if late:
-        out.print(escape(late))
+    for line in (placement.uncalibrated(choice), placement.continued(choice)):
+        if line:
+            out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")
     return errors.EXIT_OK

@@ -197,7 +197,10 @@ class Convergence:
         The references are the scheme's family's (plain's, with a warning, where the family has none that
         reached: raised to the most its runs that missed trained, with that warning), of those planned for
         `epochs` where there are any (the job's schedule); each brought to `batch` by B_noise. Without
-        B_noise, only references run at `batch` (none: an empty list: it cannot be priced)."""
+        B_noise, only references run at `batch` (none: an empty list: it cannot be priced). A batch above
+        every reference's, where B_noise is the probe's, is priced with a warning: the probe reads the noise
+        at the run's start, a floor, so it undercounts a larger batch's samples (a new lab's first plan was
+        44% short of a 4x larger batch's time, docs/performance.md); runs at two batches fit it instead."""
         fam = family(scheme)
         own = [r for r in self.references if r.scheme == fam]
         pool = own if any(r.reached for r in own) else [r for r in self.references if r.scheme == "plain"]
@@ -220,6 +223,11 @@ class Convergence:
                 note = (f"a collected run with {fam} ({worst.run_id}) trained {worst.samples:.0f} samples at "
                         f"global batch {worst.global_batch} without reaching {self.target:g}: at least that "
                         "many assumed")
+        top = max((r.global_batch for r in pool if r.reached), default=0)
+        if note is None and at and self.noise_source == "probe" and batch > top:
+            note = (f"priced beyond the lab's runs: the largest global batch of a collected run with {fam} that "
+                    f"reached {self.target:g} is {top}, and what {batch} needs more comes from bench's noise "
+                    "probe alone, which undercounts it (docs/planning.md)")
         return at, note
 
     def restart_s(self, nodes: int) -> float | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -449,11 +450,35 @@ def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None
     alone = min(one, key=lambda c: seconds(c) or 0.0)
     best = min(many, key=lambda c: seconds(c) or 0.0)
     if len(rec.nodes) == 1:
-        return (f"one node is {fastest}: {rec.nodes[0]} alone {t:.0f} s{per}, "
-                f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {seconds(best) or 0.0:.0f} s")
+        b = seconds(best) or 0.0
+        several = f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {b:.0f} s"
+        if b >= t:
+            return f"one node is {fastest}: {rec.nodes[0]} alone {t:.0f} s{per}, {several}"
+        why = ("with a warning (marked ! in the table)" if best.warnings else
+               "within the plan's margin, and it changes training more")  # recommend()
+        return f"one node is recommended: {rec.nodes[0]} alone {t:.0f} s{per}, {several}, {why}"
     t1 = seconds(alone) or 0.0
     return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}){lead} {t:.0f} s{per}, "
             f"{t1 / t:.1f}x faster than {alone.nodes[0]} alone ({t1:.0f} s)")
+
+
+def uncalibrated(choice: PlacementChoice) -> str | None:
+    """Where a candidate priced faster to the target than the recommended one was passed over for its warning
+    (its scheme or its global batch beyond the lab's runs: convergence.outcomes): which, why, and the run
+    that would calibrate it, since a plan of this lab learns a configuration's accuracy only from a run of
+    it. None where there is none."""
+    rec = choice.recommended
+    if not rec.to_target_s or rec.warnings:
+        return None
+    faster = [c for c in choice.candidates if c.warnings and c.to_target_s
+              and c.to_target_s < NEAR_BEST_TO_TARGET * rec.to_target_s]
+    if not faster:
+        return None
+    c = min(faster, key=lambda c: c.to_target_s or 0.0)
+    sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
+    return (f"{len(c.nodes)} nodes ({c.scheme.label()}) are priced faster, {c.to_target_s:.0f} s, but not "
+            f"recommended: {'; '.join(c.warnings)}. One run of it calibrates the plan: clusterctl launch {choice.job} "
+            f"{sets} (and the plan's other --set), then clusterctl collect")
 
 
 def continued(choice: PlacementChoice) -> str | None:
@@ -600,8 +625,12 @@ def load_recommended(inv: Inventory, job: str) -> Placement:
 def overrides_for(inv: Inventory, job: str) -> list[str]:
     """`launch --plan`: the recommended nodes, their shares and communication scheme, as job settings
     (settings given after them, `--set`, still win)."""
-    rec = load_recommended(inv, job)
-    return ([f"nodes=[{', '.join(rec.nodes)}]"] + [f"shares.{n}={b}" for n, b in rec.shares.items()]
-            + [f"grad_compression={rec.grad_compression}", f"powersgd_rank={rec.powersgd_rank}",
-               f"accumulate={rec.accumulate}"]
-            + ([f"localsgd_period={rec.localsgd_period}"] if rec.scheme.local else []))
+    return settings_of(load_recommended(inv, job))
+
+
+def settings_of(c: Placement) -> list[str]:
+    """A candidate's nodes, shares and communication scheme as job settings (`--set`)."""
+    return ([f"nodes=[{', '.join(c.nodes)}]"] + [f"shares.{n}={b}" for n, b in c.shares.items()]
+            + [f"grad_compression={c.grad_compression}", f"powersgd_rank={c.powersgd_rank}",
+               f"accumulate={c.accumulate}"]
+            + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else []))

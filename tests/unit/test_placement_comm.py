@@ -213,13 +213,23 @@ def test_end_to_end_the_recorded_slow_lab_says_one_node() -> None:
     assert len(rec.nodes) == 1 and rec.grad_compression == "none"
     choice = placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0, RECORDED_NODES, SLOW, 32,
                                        cands, rec)
-    assert placement.verdict(choice).startswith(f"one node is fastest end to end: {rec.nodes[0]} alone")
+    said = placement.verdict(choice)  # 4 nodes with 4 micro-batches a step are sooner, with an accuracy warning
+    assert said.startswith(f"one node is recommended: {rec.nodes[0]} alone") and "powersgd r2 x4" in said, said
+    assert said.endswith("with a warning (marked ! in the table)") and by[4, "powersgd", 4].warnings
     fast = bench.NetworkBench(4, 1000.0, 0.02, {}, 0.0001, R18_ELEMENTS * 4)  # the same room on a fast link
     quick = placement.candidates(RECORDED_NODES, 32, fast, work=work)
     assert len(placement.recommend(quick).nodes) == 4
     assert "faster than" in placement.verdict(placement.PlacementChoice(
         "resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0, RECORDED_NODES, fast, 32, quick,
         placement.recommend(quick)))
+    # one node taken over a sooner set of several without a warning (recommend()'s margin): not "fastest"
+    alone, four = next(c for c in quick if len(c.nodes) == 1), next(
+        c for c in quick if len(c.nodes) == 4 and c.scheme == Scheme() and not c.warnings)
+    assert four.run_s is not None and alone.run_s is not None and four.run_s < alone.run_s
+    said = placement.verdict(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0,
+                                                       RECORDED_NODES, fast, 32, [alone, four], alone))
+    assert said and said.startswith("one node is recommended") and said.endswith(
+        "within the plan's margin, and it changes training more"), said
 
 
 def test_an_epochs_end_is_priced_in_the_run_and_to_the_target() -> None:
