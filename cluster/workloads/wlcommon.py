@@ -106,7 +106,7 @@ def check_continued(a: argparse.Namespace, start_epoch: int, acc: float | None) 
     if start_epoch == 0:
         problem = (f"--continues {a.continues}: no checkpoint of it in {a.out} on any node (was it copied? "
                    "clusterctl launch --continue copies it from the nodes that ran it)")
-    elif a.target_acc and acc is not None and acc >= a.target_acc:
+    elif reached(a, acc):
         problem = (f"--continues {a.continues}: its checkpoint (epoch {start_epoch}) has validation accuracy "
                    f"{acc:.4f}, already at --target-acc {a.target_acc:g}: nothing to train (--set target_acc=0 "
                    "to train its epochs, or a higher target)")
@@ -123,9 +123,14 @@ def trains(a: argparse.Namespace, epoch: int, acc: float | None) -> bool:
     """Whether the run trains epoch `epoch` (0-based) after one that scored `acc` (None: none scored yet):
     its --epochs, ended early once --target-acc is reached; past them, while short of it, up to --max-epochs
     (docs/jobs.md "Train until an accuracy")."""
-    if a.target_acc and acc is not None and acc >= a.target_acc:
+    if reached(a, acc):
         return False
     return epoch < max(int(a.epochs), int(a.max_epochs) if a.target_acc else 0)
+
+
+def reached(a: argparse.Namespace, acc: float | None) -> bool:
+    """Whether a validation accuracy (None: none scored yet) is at the run's --target-acc (0: none)."""
+    return bool(a.target_acc) and acc is not None and acc >= a.target_acc
 
 
 def parse_args(doc: str | None, argv: list[str] | None,
