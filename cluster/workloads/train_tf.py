@@ -386,7 +386,7 @@ def train_epoch(t: Training, epoch: int) -> float:
         few = min(a.bn_recompute, len(mine))
         tr.recompute_bn(xtr[mine[:few]], plan.batch, few)
     val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
-    n = wlcommon.TRAIN_ACC_SAMPLES
+    n = wlcommon.train_acc_samples(w.world)  # this worker's share of the training accuracy's sample
     _, tr_acc = tr.evaluate(xtr[mine[:n]], ytr[mine[:n]], max_len=min(n, len(mine)))
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), tr_acc, val_loss, val_acc)
     t.metrics.epoch(epoch, t.step, tally, plan, scores, int(t.comp.volume["bytes_sent_per_step_ring"]))

@@ -407,9 +407,9 @@ def init_distributed(backend: str, timeout_s: float) -> None:
 
 
 def _train_acc(t: Training, mine: np.ndarray) -> float:
-    """Accuracy on (up to) TRAIN_ACC_SAMPLES of this epoch's training samples per rank, in eval mode,
-    all-reduced."""
-    idx = torch.from_numpy(mine[:wlcommon.TRAIN_ACC_SAMPLES])
+    """Accuracy on (up to) TRAIN_ACC_SAMPLES of this epoch's training samples, each rank scoring its share
+    of them (wlcommon.train_acc_samples) in eval mode, all-reduced."""
+    idx = torch.from_numpy(mine[:wlcommon.train_acc_samples(t.proc.world)])
     dev = t.proc.device
     _, acc = evaluate(t.ddp, t.data.xtr[idx].to(dev), t.data.ytr[idx].to(dev), 256, t.proc.world)
     return acc

@@ -240,7 +240,7 @@ def test_an_epochs_end_is_priced_in_the_run_and_to_the_target() -> None:
     ended = {n: NodeSpeed(0.05, 0.009, 0.0, 0.001, 0.3) for n in SPEEDS}
     before = {len(c.nodes): c for c in placement.candidates(SPEEDS, 32, SLOW, work=work)}
     after = {len(c.nodes): c for c in placement.candidates(ended, 32, SLOW, work=work)}
-    end = {1: 0.001 * (512 + 359) + 0.3, 4: 0.001 * (359 + 90) + 0.3}
+    end = {1: 0.001 * (512 + 359) + 0.3, 4: 0.001 * (128 + 90) + 0.3}  # 512 training samples over the ranks
     for k in (1, 4):
         assert after[k].run_s == pytest.approx(before[k].run_s + 4 * end[k])
         assert after[k].e2e_images_per_s == pytest.approx((1438 // (32 * k)) * 4 * 32 * k / after[k].run_s)

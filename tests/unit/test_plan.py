@@ -99,8 +99,10 @@ def test_bench_measures_an_epochs_end_from_the_runs_own_records() -> None:
 
 def test_eval_images_shrink_with_the_ranks_down_to_the_training_sample() -> None:
     assert wlcommon.eval_images(1438, 359, 1) == 512 + 359
-    assert wlcommon.eval_images(1438, 359, 4) == 359 + 90  # the 4-node shard (359) is under 512
-    assert wlcommon.eval_images(11_496, 360, 4) == 512 + 90
+    assert wlcommon.eval_images(1438, 359, 4) == 128 + 90  # the training accuracy's 512 split over 4 ranks
+    assert wlcommon.eval_images(1438, 359, 8) == 64 + 45
+    assert wlcommon.eval_images(300, 359, 4) == 75 + 90  # a shard under its share: all of it
+    assert wlcommon.eval_images(11_496, 360, 3) == 171 + 120  # 512 / 3 rounded up: every rank the same count
 
 
 # A benchmark file as `clusterctl bench` wrote it before the results were typed: node a with the two-size fit,
