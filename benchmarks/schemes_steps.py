@@ -130,7 +130,7 @@ def train(setup: Setup, a: argparse.Namespace, data: wldata.Dataset) -> tuple[li
             step += 1
             if setup.kind == "local" and (step % setup.period == 0 or s == per_epoch - 1):
                 _average_models(models, anchor, psgd)
-        if a.bn_recompute:  # as train_torch does before its evaluation (one rank's samples here)
+        if a.bn_recompute:  # as train_torch does before its evaluation (all of them through one model here)
             idx = order[:a.bn_recompute]
             train_torch.recompute_bn(models[0], tensor(data.x_train[idx]), a.batch, 1)
         accs.append(_accuracy(models[0], xv, yv))

@@ -48,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "outputs": None,  # what collect brings of the program's folder: these paths; default everything it wrote
     "dataset": {"name": "digits", "path": None, "size": 32},
     "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
-    "bn_recompute": 0,  # BatchNorm's statistics recomputed from this many training samples per rank before
-                        # each evaluation (precise BN); 0: the running averages training kept
+    "bn_recompute": 0,  # BatchNorm's statistics recomputed from this many training samples in all (each rank
+                        # its share) before each evaluation (precise BN); 0: the running averages training kept
     "epochs": 4,
     # train until an accuracy (docs/jobs.md): end at the first epoch whose validation accuracy reaches
     # target_acc (0: none); short of it after `epochs`, go on one epoch at a time up to max_epochs (0: epochs)

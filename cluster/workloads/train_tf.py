@@ -383,7 +383,7 @@ def train_epoch(t: Training, epoch: int) -> float:
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
     if a.bn_recompute:
-        few = min(a.bn_recompute, len(mine))
+        few = min(wlcommon.bn_samples(a.bn_recompute, w.world), len(mine))
         tr.recompute_bn(xtr[mine[:few]], plan.batch, few)
     val_loss, val_acc = tr.evaluate(xva, yva, max_len=-(-len(t.ds.x_val) // w.world))
     n = wlcommon.train_acc_samples(w.world)  # this worker's share of the training accuracy's sample

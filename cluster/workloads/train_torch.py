@@ -204,7 +204,7 @@ def refused(a: argparse.Namespace) -> str | None:
     if a.localsgd_period < 2 or a.localsgd_start_step < 0:
         return "--localsgd-period must be >= 2 (1 is plain DDP at more bytes), --localsgd-start-step >= 0"
     if a.bn_recompute < 0:
-        return "--bn-recompute must be >= 0 (samples per rank; 0: off)"
+        return "--bn-recompute must be >= 0 (samples in all; 0: off)"
     if a.noise_probe == 1 or a.noise_probe < 0 or (a.noise_probe and int(os.environ.get("WORLD_SIZE", 1)) > 1):
         return "--noise-probe needs K >= 2 micro-batches and one process (not under torchrun with several)"
     return None
@@ -326,7 +326,7 @@ def train_epoch(t: Training, epoch: int) -> float:
     if proc.world > 1:
         dist.all_reduce(train_loss)
     if a.bn_recompute:
-        idx = torch.from_numpy(mine[:a.bn_recompute])
+        idx = torch.from_numpy(mine[:wlcommon.bn_samples(a.bn_recompute, proc.world)])
         recompute_bn(t.model, data.xtr[idx].to(proc.device), plan.batch, proc.world)
     val_loss, val_acc = evaluate(t.ddp, data.xva, data.yva, 256, proc.world)
     scores = wlmetrics.EpochScores(float(train_loss[0] / train_loss[1]), _train_acc(t, mine), val_loss, val_acc)

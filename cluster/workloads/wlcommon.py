@@ -77,8 +77,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "0: the learning-rate warm-up's steps, at least 1")
     ap.add_argument("--bn-recompute", type=int, default=0,
                     help="before each evaluation, BatchNorm's statistics recomputed from this many of the "
-                    "epoch's training samples per rank, averaged over the ranks (precise BN); 0: the running "
-                    "averages training kept, which lag where an epoch has few steps")
+                    "epoch's training samples in all (each rank passes its share, the ranks' averages are "
+                    "averaged: precise BN); 0: the running averages training kept, which lag where an epoch "
+                    "has few steps")
     ap.add_argument("--noise-probe", type=int, default=0,
                     help="K >= 2: measure the gradient noise scale instead of training (one process; clusterctl "
                     "bench): --max-steps steps of K micro-batches of --batch at the same weights each")
@@ -257,18 +258,28 @@ def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epoc
 
 
 def eval_images(train_samples: int, val_samples: int, world: int, bn_recompute: int = 0) -> int:
-    """Images one rank passes through the model at an epoch's end: its share of the validation split, its
-    share of the training accuracy's sample (train_acc_samples) and, with --bn-recompute, up to that many
-    more for BatchNorm's statistics. What `plan` prices an epoch's evaluation by: it shrinks with more ranks."""
+    """Images one rank passes through the model at an epoch's end: its share of the validation split, of
+    the training accuracy's sample (train_acc_samples) and, with --bn-recompute, of BatchNorm's
+    (bn_samples). What `plan` prices an epoch's evaluation by: it shrinks with more ranks."""
     shard = (train_samples - train_samples % world) // world
-    return min(train_acc_samples(world), shard) + min(bn_recompute, shard) + -(-val_samples // world)
+    return (min(train_acc_samples(world), shard) + min(bn_samples(bn_recompute, world), shard)
+            + -(-val_samples // world))
 
 
 def train_acc_samples(world: int) -> int:
     """Training samples one rank scores for the epoch's training accuracy: TRAIN_ACC_SAMPLES split over the
     ranks, so that the figure has the same sample on any number of nodes and its cost shrinks with them as
-    the training does (512 a rank was 6% of a 4-node epoch of digits-aug at half a core, 2% of one node's)."""
+    the training does (512 a rank was ~4% of a 4-node epoch of digits-aug at half a core, 2% of one node's)."""
     return -(-TRAIN_ACC_SAMPLES // max(1, world))
+
+
+def bn_samples(bn_recompute: int, world: int) -> int:
+    """Training samples one rank passes for precise BatchNorm: --bn-recompute split over the ranks. The
+    ranks' statistics are averaged, each the mean over its batches of the job's size, so n in all over W
+    ranks is the same estimate as n on one node (the mean over n / batch batches), at 1/W of the time; n a
+    rank was ~4% of a 4-node epoch of digits-aug at half a core. At least 2 (training-mode BatchNorm needs
+    two samples; with none passed the statistics would stay reset); 0: off."""
+    return 0 if bn_recompute <= 0 else max(2, -(-bn_recompute // max(1, world)))
 
 
 def threads_per_process(requested: int, local_processes: int) -> int:

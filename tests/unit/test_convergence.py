@@ -176,8 +176,8 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
     """Half-core nodes as bench measured them on three recorded links (tests/fixtures/bench): at 10 Gbit/s
     the room reaches the target first, with fp16 all-reduce (0.62x one node's time: 1.5x the samples at 4x
     the batch, tests/fixtures/convergence; 17% before plain all-reduce, so past the 5% tie); at 1 Gbit/s (the all-reduce 3.5x a step on this machine) the
-    room and one node come within 10% of each other; at 30 Mbit/s (SLOW) one node is fastest, and the plan
-    says so."""
+    room and one node come close (0.88x: within 10% until each rank's share of the epoch-end evaluation
+    shrank with the ranks); at 30 Mbit/s (SLOW) one node is fastest, and the plan says so."""
     rec = json.loads((ROOT / "tests" / "fixtures" / "bench" / "resnet18-fast-links.json").read_text())
     conv = convergence.calibrate(spec, 0.98, probe=None)  # plain at 32 and 128, PowerSGD r4 at 128: their runs
     work = Workload(R18, "pytorch", 0.0, (Scheme(), Scheme("fp16"), Scheme("powersgd", 4)), 1438, 8, 1.0, 1,
@@ -199,7 +199,7 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
     assert len(best.nodes) == 4 and best.scheme == Scheme("fp16") and best.to_target_s < 0.7 * one
     assert said.startswith("4 nodes (fp16) reach validation accuracy 0.98")
     _, one, four, _ = found["1gbit"]
-    assert 0.9 < four / one < 1.1
+    assert 0.8 < four / one < 1.0
     best, one, four, said = found["30mbit"]
     assert len(best.nodes) == 1 and best.to_target_s == pytest.approx(one) and four > 1.5 * one
     assert said.startswith("one node is fastest to validation accuracy 0.98")

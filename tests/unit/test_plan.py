@@ -105,6 +105,17 @@ def test_eval_images_shrink_with_the_ranks_down_to_the_training_sample() -> None
     assert wlcommon.eval_images(11_496, 360, 3) == 171 + 120  # 512 / 3 rounded up: every rank the same count
 
 
+def test_precise_batchnorms_samples_are_split_over_the_ranks_as_the_training_accuracys() -> None:
+    """bn_recompute is a total: each rank passes its share (the ranks' statistics are averaged, so n over W
+    ranks is n on one node: test_workload_torch's two ranks against one), never under 2 (training-mode
+    BatchNorm needs two samples), none where it is off."""
+    assert [wlcommon.bn_samples(512, w) for w in (1, 2, 3, 4)] == [512, 256, 171, 128]
+    assert wlcommon.bn_samples(0, 4) == 0 and wlcommon.bn_samples(3, 4) == 2
+    assert wlcommon.eval_images(11_496, 360, 1, 512) == 512 + 512 + 360
+    assert wlcommon.eval_images(11_496, 360, 4, 512) == 128 + 128 + 90  # 1,114 a rank until 2026-12-05
+    assert wlcommon.eval_images(300, 359, 4, 512) == 75 + 75 + 90  # a shard under its share: all of it
+
+
 # A benchmark file as `clusterctl bench` wrote it before the results were typed: node a with the two-size fit,
 # node b from before the fit (images/s only), and the network. Loading and saving must keep it to the byte.
 OLD_BENCH = {
