@@ -70,8 +70,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
     choice = placement.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
-    if args.json:
-        emit_json(choice.to_dict())
+    said = {"verdict": placement.verdict(choice), "uncalibrated": placement.uncalibrated(choice),
+            "continued": placement.continued(choice)}
+    if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
+        emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
     head, rows = placement.summary_rows(choice)
     t = table(f"plan {choice.job} on {inv.name} (model: docs/planning.md)", head, overflow="fold")
@@ -80,10 +82,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         shown = escape(nodes.removesuffix(RECOMMENDED)) + (" [green](recommended)[/]" if mark else "")
         t.add_row(shown, *(escape(c) for c in rest))
     out.print(t)
-    said = placement.verdict(choice)
-    if said:
-        out.print(escape(said) + " (predicted from the training start: steps and epoch ends; docs/planning.md)")
-    for line in (placement.uncalibrated(choice), placement.continued(choice)):
+    if said["verdict"]:
+        out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
+                  "docs/planning.md)")
+    for line in (said["uncalibrated"], said["continued"]):
         if line:
             out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")

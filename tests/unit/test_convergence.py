@@ -340,8 +340,10 @@ def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monke
             *(x for k in sets for x in ("--set", k))]
     r = subprocess.run([*argv, "--json"], capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     assert r.returncode == 0, r.stderr
-    rec = json.loads(r.stdout)["recommended"]
+    doc = json.loads(r.stdout)
+    rec = doc["recommended"]
     assert len(rec["nodes"]) == 4 and rec["grad_compression"] == "powersgd", rec
+    assert "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " in doc["continued"]
     assert rec["epochs_to_target"] == [2, 3] and rec["restart_s"] == pytest.approx(2.3, abs=0.01)
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
@@ -391,6 +393,8 @@ def test_a_batch_the_probe_alone_prices_is_not_recommended_and_the_plan_says_whi
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     rec, cands = doc["recommended"], doc["candidates"]
+    assert doc["verdict"].startswith("one node is recommended: node4 alone") and doc["continued"] is None
+    assert doc["uncalibrated"].startswith("4 nodes (") and "One run of it calibrates the plan" in doc["uncalibrated"]
     assert not rec["warnings"] and rec["nodes"] == ["node4"], rec  # of the calibrated, one node is fastest here
     paper = min((c for c in cands if c["to_target_s"]), key=lambda c: c["to_target_s"])
     assert paper["grad_compression"] in ("none", "fp16") and len(paper["nodes"]) == 4
@@ -399,6 +403,7 @@ def test_a_batch_the_probe_alone_prices_is_not_recommended_and_the_plan_says_whi
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     said = " ".join(r.stdout.split())
     assert r.returncode == 0 and "one node is recommended: node4 alone" in said, r.stdout
+    assert " ".join(doc["verdict"].split()) in said and " ".join(doc["uncalibrated"].split()) in said
     assert f"the best of several (4 nodes, {label}) {paper['to_target_s']:.0f} s, with a warning" in said
     assert f"4 nodes ({label}) are priced faster, {paper['to_target_s']:.0f} s, but not recommended: " in said
     assert "priced beyond the lab's runs: the largest global batch of a collected run with plain" in said
