@@ -274,6 +274,8 @@ def main() -> int:
                        timeout=3600)
 
         done["bench"] = bench()
+        if a.bandwidth and "link" not in done:  # the table, and a resume without --bandwidth, read it here
+            done["link"] = {"rate": rate}
         if not a.bandwidth and "link" not in done:
             new, measured = balanced_rate(done["bench"], rate, a.balance)
             print(f"links: {rate} gave a balance of {measured:.0f}x, {a.balance:g}x wants {new}", file=sys.stderr)
