@@ -215,6 +215,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32, help="per node")
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank of the calibration run")
     ap.add_argument("--period", type=int, default=8, help="local SGD's steps between averagings")
+    ap.add_argument("--wire", choices=["float32", "bfloat16"],
+                    help="PowerSGD's all-reduces (the job's powersgd_wire; kept in DIR): default float32")
     ap.add_argument("--bandwidth", help="the links' rate, fixed (e.g. 26mbit); default: from --balance")
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
@@ -249,7 +251,12 @@ def main() -> int:
         a.model = "resnet50"
     a.scheme = a.scheme or ("localsgd" if job.endswith("-tf") else "powersgd")
     # the scheme's settings on every 4-node run and the plan: from the first step, no warm phase
-    scheme_sets = (["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"] if a.scheme == "powersgd"
+    given, a.wire = a.wire, done.get("wire") or ("float32" if "bench" in done else a.wire or "float32")
+    if given and given != a.wire:  # a DIR measured before --wire came sent float32
+        ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
+    done["wire"] = a.wire
+    scheme_sets = (["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"]
+                   + (["--set", f"powersgd_wire={a.wire}"] if a.wire != "float32" else []) if a.scheme == "powersgd"
                    else ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"])
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
               "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}"]
@@ -340,6 +347,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     balance = (done.get("link") or {}).get("balance")
     lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
              f"{a.cpu_quota} core, links {rate}"
+             + (f", PowerSGD's wire {done['wire']}" if done.get("wire", "float32") != "float32" else "")
              + (f" (plain all-reduce {balance:.0f}x a step)" if balance else ""),
              "", "| seed | target | 1 node: s to target | pick | pick: s to target | ratio | e2e img/s 1 node | "
              "e2e img/s pick | e2e ratio | plan's predicted s (error) | pick's epochs |",

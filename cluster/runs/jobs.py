@@ -72,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only) | localsgd (model averaging)
     "powersgd_rank": 2,
     "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
+    "powersgd_wire": "float32",  # powersgd: P, Q and the uncompressed tensors all-reduced as float32 | bfloat16
     "localsgd_period": 8,  # localsgd: steps between two averagings of the model
     "localsgd_start_step": 0,  # localsgd: steps of gradient all-reduce first; 0: the warm-up's steps (at least 1)
     "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
@@ -90,9 +91,11 @@ DEFAULTS: dict[str, Any] = {
     # new run folders, and the built-in programs resume from them with this run's epochs (docs/jobs.md)
     "continues": None,
 }
-COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "localsgd_period", "localsgd_start_step",
-             "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
+COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire", "localsgd_period",
+             "localsgd_start_step", "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack",
+             "collective_timeout_s")
 LOCALSGD_KEYS = ("localsgd_period", "localsgd_start_step")  # passed to the program only with grad_compression: localsgd
+POWERSGD_WIRES = ("float32", "bfloat16")
 # what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
 # run whatever they say (accumulate is not among them: it changes the optimizer's steps)
 WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
@@ -180,7 +183,8 @@ class JobSpec:
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
         for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
-            if key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd":
+            if (key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd"
+                    or key == "powersgd_wire" and s["grad_compression"] != "powersgd"):
                 continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
                 args += ["--" + key.replace("_", "-"), s[key]]
@@ -531,6 +535,10 @@ class _Checks:
                       "use grad_compression: fp16 with tensorflow, or framework: pytorch")
         self.number("powersgd_rank", s["powersgd_rank"])
         self.number("powersgd_start_step", s["powersgd_start_step"])
+        if s["powersgd_wire"] not in POWERSGD_WIRES:
+            self.fail("powersgd_wire", f"expected float32 or bfloat16, got {s['powersgd_wire']!r}",
+                      "powersgd_wire: bfloat16 halves PowerSGD's bytes (its products stay float32); float32 is "
+                      "torch's own hook")
         self.number("localsgd_period", s["localsgd_period"])
         self.number("localsgd_start_step", s["localsgd_start_step"])
         self.number("accumulate", s["accumulate"])

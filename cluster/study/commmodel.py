@@ -1,6 +1,7 @@
 """What a training step costs on the wire, per communication scheme (docs/planning.md "Communication").
 
-A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (local SGD: x `localsgd_period`).
+A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (local SGD: x `localsgd_period`;
+PowerSGD: x `powersgd_wire`, the job's own: the plan does not choose it).
 Bytes come from the model's real parameter shapes (wlcommon.comm_volume, the figure the training programs
 record); time from the link bench measured (latency per all-reduce + seconds per byte each rank sends);
 overlap from DDP's buckets: gradients all-reduce while backward still computes, all but the last bucket.
@@ -37,13 +38,14 @@ class Scheme:
     powersgd_rank: int = 2
     accumulate: int = 1
     localsgd_period: int = 8  # with localsgd: optimizer steps between two averagings of the model
+    powersgd_wire: str = "float32"  # with powersgd: the dtype of its all-reduces (wlcommon.POWERSGD_WIRES)
 
     @property
     def local(self) -> bool:
         return self.grad_compression == wlcommon.LOCAL_SGD
 
     def label(self) -> str:
-        c = {"powersgd": f"powersgd r{self.powersgd_rank}",
+        c = {"powersgd": f"powersgd r{self.powersgd_rank}" + (" bf16" if self.powersgd_wire == "bfloat16" else ""),
              wlcommon.LOCAL_SGD: f"localsgd H{self.localsgd_period}"}.get(self.grad_compression, self.grad_compression)
         return c + (f" x{self.accumulate}" if self.accumulate > 1 else "")
 
@@ -124,13 +126,15 @@ def buckets(shapes: list[Shape], bucket_mb: float = 0.0, elem_bytes: int = 4) ->
 
 
 def _payload(shapes: list[Shape], scheme: Scheme) -> float:
-    return wlcommon.comm_volume(shapes, 2, scheme.grad_compression, scheme.powersgd_rank)["allreduce_payload_bytes"]
+    return wlcommon.comm_volume(shapes, 2, scheme.grad_compression, scheme.powersgd_rank,
+                                powersgd_wire=scheme.powersgd_wire)["allreduce_payload_bytes"]
 
 
 def wire_bytes(shapes: list[Shape], scheme: Scheme, world: int) -> int:
     """Bytes each rank sends per optimizer step (ring all-reduce, 2(W-1)/W of the payload; local SGD: one
     float32 model's every H steps, per step, as torchcomm.LocalSGD records it)."""
-    vol = wlcommon.comm_volume(shapes, world, scheme.grad_compression, scheme.powersgd_rank)
+    vol = wlcommon.comm_volume(shapes, world, scheme.grad_compression, scheme.powersgd_rank,
+                               powersgd_wire=scheme.powersgd_wire)
     if scheme.local:
         return round(vol["bytes_sent_per_step_ring_uncompressed"] / scheme.localsgd_period)
     return int(vol["bytes_sent_per_step_ring"])
@@ -210,9 +214,11 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
 
 
 def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
-            localsgd_period: int = 8) -> list[Scheme]:
+            localsgd_period: int = 8, powersgd_wire: str = "float32") -> list[Scheme]:
     """Every scheme the plan weighs: TensorFlow has no PowerSGD (jobs.py refuses it); local SGD at the job's
-    period, without accumulation (its period already is a number of steps between syncs)."""
+    period, without accumulation (its period already is a number of steps between syncs); PowerSGD on the
+    job's wire."""
     kinds = ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS
-    return ([Scheme(c, powersgd_rank, k) for c in kinds for k in accumulates]
+    return ([Scheme(c, powersgd_rank, k, powersgd_wire=powersgd_wire if c == "powersgd" else "float32")
+             for c in kinds for k in accumulates]
             + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)])

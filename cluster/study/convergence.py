@@ -72,8 +72,11 @@ class Outcome:
 
 
 def family(scheme: Scheme) -> str:
-    """Schemes that train alike: plain and fp16 are one; PowerSGD per rank, local SGD per period."""
-    return "plain" if scheme.grad_compression in ("none", "fp16") else scheme.label().split(" x")[0]
+    """Schemes that train alike: plain and fp16 are one; PowerSGD per rank (its wire's bfloat16 rounding is
+    far below the rank's approximation: docs/planning.md), local SGD per period."""
+    if scheme.grad_compression in ("none", "fp16"):
+        return "plain"
+    return Scheme(scheme.grad_compression, scheme.powersgd_rank, 1, scheme.localsgd_period).label()
 
 
 def progress(lead: dict[int, list[figures.Record]], target: float) -> tuple[float, bool] | None:

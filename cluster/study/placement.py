@@ -104,10 +104,12 @@ class Placement:
     restart_s: float | None = None
     # the fastest and slowest of those outcomes' times: where they differ, the mean is a gamble between them
     to_target_range_s: tuple[float, float] | None = None
+    powersgd_wire: str = "float32"
 
     @property
     def scheme(self) -> Scheme:
-        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate, self.localsgd_period)
+        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate, self.localsgd_period,
+                      self.powersgd_wire)
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "global_batch": self.global_batch, "shares": dict(self.shares),
@@ -119,7 +121,8 @@ class Placement:
                 "localsgd_period": self.localsgd_period, "samples_to_target": self.samples_to_target,
                 "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
                 "restart_s": self.restart_s,
-                "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None}
+                "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None,
+                "powersgd_wire": self.powersgd_wire}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -138,7 +141,7 @@ class Placement:
                    [int(e) for e in d.get("epochs_to_target") or []],
                    None if d.get("restart_s") is None else float(d["restart_s"]),
                    (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
-                   if d.get("to_target_range_s") else None)
+                   if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")))
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,8 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
                      scheme.grad_compression, scheme.powersgd_rank, scheme.accumulate, sent,
                      commmodel.warnings(scheme, total, work.train_samples, base),
-                     run[0] if run else None, run[1] if run else None, scheme.localsgd_period)
+                     run[0] if run else None, run[1] if run else None, scheme.localsgd_period,
+                     powersgd_wire=scheme.powersgd_wire)
 
 
 def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Workload) -> float:
@@ -600,7 +604,7 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
                     tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
-                                            int(spec["localsgd_period"]))), samples,
+                                            int(spec["localsgd_period"]), str(spec["powersgd_wire"]))), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
                     int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]),
                     float(spec["target_acc"]), int(spec["max_epochs"]))
@@ -633,4 +637,5 @@ def settings_of(c: Placement) -> list[str]:
     return ([f"nodes=[{', '.join(c.nodes)}]"] + [f"shares.{n}={b}" for n, b in c.shares.items()]
             + [f"grad_compression={c.grad_compression}", f"powersgd_rank={c.powersgd_rank}",
                f"accumulate={c.accumulate}"]
-            + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else []))
+            + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else [])
+            + ([f"powersgd_wire={c.powersgd_wire}"] if c.powersgd_wire != "float32" else []))

@@ -32,7 +32,8 @@ else:
 def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str, powersgd_rank: int = 2,
                       powersgd_start: int = 2, done_steps: int = 0, bucket_mb: float = 0.0,
                       max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0, localsgd_period: int = 8,
-                      localsgd_start: int = 1, powersgd_from_first: bool = False) -> wlcommon.Compression:
+                      localsgd_start: int = 1, powersgd_from_first: bool = False,
+                      powersgd_wire: str = "float32") -> wlcommon.Compression:
     """Register the DDP communication hook for `kind` (none: DDP's own float32 all-reduce; localsgd:
     LocalSGD, whose averaging the training loop runs after each optimizer step). `done_steps`: the
     optimizer steps a resumed run has done.
@@ -47,7 +48,7 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     for it). Buckets still all-reduce while backward computes the next ones, which a single huge bucket
     (the other known workaround) would lose. NCCL orders collectives on its stream: one group. Before
     PowerSGD starts, every backend sends fp16 (_powersgd_hook); `powersgd_from_first`: PowerSGD instead,
-    without memory (below)."""
+    without memory (below). `powersgd_wire` bfloat16: PowerSGD's all-reduces in bfloat16 (WireCast)."""
     shapes = [tuple(p.shape) for p in ddp.parameters() if p.requires_grad]
     if kind == "none" or (world == 1 and not isinstance(ddp, DistributedDataParallel)):
         return wlcommon.Compression(kind if world > 1 else "none", shapes, world, powersgd_rank)
@@ -76,13 +77,68 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
         return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=0,
                                   use_error_feedback=False, warm_start=False, random_seed=seed)
 
+    if powersgd_wire != "float32":
+        WireCast.install(psgd, getattr(torch, powersgd_wire))
     n_groups = 0  # NCCL orders collectives on its stream: the default group
     if backend == "gloo":
         elem = next(ddp.parameters()).element_size()
         cap = int((bucket_mb or 25.0) * 2**20)
         n_groups = max(1, min(max_groups, sum(math.prod(s) for s in shapes) * elem // cap + 2))
     ddp.register_comm_hook(state, _powersgd_hook(n_groups, timeout_s, first if powersgd_from_first else None))
-    return wlcommon.Compression(kind, shapes, world, powersgd_rank, state, from_first=powersgd_from_first)
+    return wlcommon.Compression(kind, shapes, world, powersgd_rank, state, from_first=powersgd_from_first,
+                                powersgd_wire=powersgd_wire)
+
+
+class WireCast:
+    """torch.distributed as torch's powerSGD_hook sees it, but its all-reduces cast to a narrower dtype on
+    the wire and back: P, Q and the uncompressed tensors cross the network in bfloat16 (half the bytes),
+    while the hook's products, orthogonalisation and error feedback stay float32 (bfloat16 keeps float32's
+    range, so no gradient underflows as in fp16; its 8-bit mantissa is far finer than the rank-r
+    approximation the hook sends). The hook calls `dist.all_reduce(t, group=..., async_op=True)` and reads
+    `.get_future()`'s value as [t]: this gives it the same, `t` holding the sum. Installed in place of the
+    hook module's `dist` for the process (a training program uses one wire); refused where that module
+    does not call through a `dist` (another torch): a run would otherwise send float32 while recording
+    bfloat16."""
+
+    def __init__(self, real: object, dtype: torch.dtype) -> None:
+        self.real, self.dtype = real, dtype
+
+    @classmethod
+    def install(cls, module: object, dtype: torch.dtype) -> WireCast:
+        real = getattr(module, "dist", None)
+        if isinstance(real, WireCast):
+            real = real.real
+        if real is not dist:
+            raise RuntimeError(f"this torch ({torch.__version__})'s powerSGD_hook does not all-reduce through "
+                               "torch.distributed: powersgd_wire cannot narrow its bytes; leave it float32")
+        wire = cls(real, dtype)
+        setattr(module, "dist", wire)
+        return wire
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                   group: dist.ProcessGroup | None = None, async_op: bool = False) -> _Sent:
+        work = dist.all_reduce(tensor.to(self.dtype), op, group=group, async_op=True)
+        sent = _Sent(work.get_future().then(lambda f: [tensor.copy_(f.value()[0])]))
+        if not async_op:
+            sent.wait()
+        return sent
+
+
+class _Sent:
+    """What WireCast.all_reduce returns: the work's future, whose value is the caller's own tensor."""
+
+    def __init__(self, fut: torch.futures.Future[list[torch.Tensor]]) -> None:
+        self.fut = fut
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self.fut
+
+    def wait(self) -> bool:
+        self.fut.wait()
+        return True
 
 
 def _powersgd_hook(n_groups: int, timeout_s: float,

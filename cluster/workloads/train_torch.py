@@ -272,7 +272,8 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
     comp = torchcomm.setup_compression(ddp, a.grad_compression, proc.world, proc.backend, a.powersgd_rank, psgd_start,
                              step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s,
                              localsgd_period=a.localsgd_period, localsgd_start=lsgd_start,
-                             powersgd_from_first=a.powersgd_start_step == wlcommon.FROM_FIRST)
+                             powersgd_from_first=a.powersgd_start_step == wlcommon.FROM_FIRST,
+                             powersgd_wire=a.powersgd_wire)
     psgd, lsgd = comp.kind == "powersgd", comp.kind == wlcommon.LOCAL_SGD
     metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
                                          device=str(proc.device), amp=amp, start_step=step),
@@ -281,7 +282,7 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
                   resumed_from=resumed, weights_sent=proc.distributed and not synced,
                   collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
                   powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
-                  powersgd_from_first=comp.from_first if psgd else None,
+                  powersgd_from_first=comp.from_first if psgd else None, powersgd_wire=a.powersgd_wire if psgd else None,
                   localsgd_period=a.localsgd_period if lsgd else None,
                   localsgd_start_step=lsgd_start if lsgd else None,
                   **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, bn_recompute=a.bn_recompute, **comp.volume)

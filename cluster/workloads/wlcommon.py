@@ -70,6 +70,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
                     "warm-up and after 1000 steps (torch's default), capped at half the run; 1: PowerSGD from "
                     "the first step (its first two without error feedback or warm start)")
+    ap.add_argument("--powersgd-wire", default="float32", choices=list(POWERSGD_WIRES),
+                    help="powersgd: the dtype its all-reduces send (P, Q, the uncompressed tensors); bfloat16 "
+                    "halves the bytes, its matrix products stay float32")
     ap.add_argument("--localsgd-period", type=int, default=8,
                     help="localsgd: optimizer steps between two averagings of the model (>= 2)")
     ap.add_argument("--localsgd-start-step", type=int, default=0,
@@ -389,6 +392,7 @@ def noise_scale(records: list[dict[str, Any]]) -> float | None:
     return tr / g2 if g2 > 0 and tr > 0 else None
 
 
+POWERSGD_WIRES = {"float32": 4, "bfloat16": 2}  # --powersgd-wire: bytes an element
 FROM_FIRST = 1  # powersgd_start_step 1: PowerSGD from the first step (torchcomm: its first two without memory)
 
 
@@ -411,11 +415,12 @@ def powersgd_elements(shapes: list[tuple[int, ...]], rank: int, min_compression_
 
 
 def comm_volume(shapes: list[tuple[int, ...]], world: int, compression: str, powersgd_rank: int = 2,
-                elem_bytes: int = 4) -> dict[str, float]:
+                elem_bytes: int = 4, powersgd_wire: str = "float32") -> dict[str, float]:
     """Bytes one rank all-reduces and sends per optimizer step, exactly from the gradients' shapes.
 
     `allreduce_payload_bytes`: what is handed to the all-reduce(s) (float32: 4 bytes per element,
-    fp16: 2, powersgd: P, Q and the uncompressed tensors in float32). `bytes_sent_per_step_ring`: what a
+    fp16: 2, powersgd: P, Q and the uncompressed tensors in float32, or bfloat16 with that
+    `powersgd_wire`). `bytes_sent_per_step_ring`: what a
     ring all-reduce sends per rank for that payload, 2 (world - 1) / world times it (reduce-scatter then
     all-gather); with PowerSGD before its start step the fp16 figure applies (Compression). Buffers DDP broadcasts
     (BatchNorm statistics) are not gradients and are not counted."""
@@ -423,7 +428,7 @@ def comm_volume(shapes: list[tuple[int, ...]], world: int, compression: str, pow
     if compression == "fp16":
         payload = elements * 2
     elif compression == "powersgd":
-        payload = powersgd_elements(shapes, powersgd_rank) * elem_bytes
+        payload = powersgd_elements(shapes, powersgd_rank) * POWERSGD_WIRES[powersgd_wire]
     else:
         payload = elements * elem_bytes
     ring = 2.0 * (world - 1) / world if world > 1 else 0.0
@@ -443,9 +448,9 @@ class Compression:
     """The gradient compression in effect and what it puts on the wire, per optimizer step."""
 
     def __init__(self, kind: str, shapes: list[tuple[int, ...]], world: int, powersgd_rank: int = 2,
-                 state: StartsLate | None = None, from_first: bool = False) -> None:
+                 state: StartsLate | None = None, from_first: bool = False, powersgd_wire: str = "float32") -> None:
         self.kind, self.state, self.from_first = kind, state, from_first
-        self.volume = comm_volume(shapes, world, kind, powersgd_rank)
+        self.volume = comm_volume(shapes, world, kind, powersgd_rank, powersgd_wire=powersgd_wire)
         # PowerSGD before its start step: fp16 (train_torch's hook; wlcommon.powersgd_start)
         self.before_start = comm_volume(shapes, world, "fp16" if kind == "powersgd" else "none")
 

@@ -411,3 +411,51 @@ def test_powersgd_from_the_first_step_sends_no_fp16_and_keeps_the_ranks_equal(tm
     assert a["iter"] == 4 and a["memories"] > 0  # the real state counted every step, its error feedback runs
     for pa, pb in zip(a["params"], b["params"]):  # the memoryless steps too applied the same update on both
         assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def _wire_rank(rank: int, world: int, init: str, tmp: str, steps: int, wire: str) -> None:
+    """PowerSGD from the first step on gloo's several buckets, with `wire`: every tensor handed to gloo's
+    all-reduce is recorded (dtype, elements), after the same seeded start as the other wire."""
+    _init(rank, world, init)
+    torch.manual_seed(0)
+    ddp = _ddp(tiny(), 1 / 1024)
+    real, seen = dist.all_reduce, []
+
+    def recording(tensor, *args, **kwargs):
+        seen.append((str(tensor.dtype), tensor.numel()))
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = recording  # what gloo is handed, under the hook's own calls
+    comp = torchcomm.setup_compression(ddp, "powersgd", world, "gloo", powersgd_rank=2, powersgd_start=2,
+                                       powersgd_from_first=True, powersgd_wire=wire)
+    sent = _train_counting_bytes(ddp, comp, rank, steps)
+    dist.all_reduce = real
+    torch.save({"sent": sent, "volume": comp.volume, "seen": seen,
+                "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/{wire}{rank}.pt")
+    del ddp, comp
+    _leave()
+
+
+def test_powersgd_bfloat16_wire_sends_half_the_bytes_and_trains_as_float32(tmp_path: Path) -> None:
+    steps = 4
+    for wire in ("float32", "bfloat16"):
+        mp.spawn(_wire_rank, args=(2, f"file://{tmp_path / wire}", str(tmp_path), steps, wire), nprocs=2, join=True)
+    f32, b16 = (torch.load(tmp_path / f"{w}0.pt", weights_only=False) for w in ("float32", "bfloat16"))
+    # gloo was handed bfloat16 only, the same elements as float32's all-reduces, so half the bytes
+    assert {d for d, _ in f32["seen"]} == {"torch.float32"} and {d for d, _ in b16["seen"]} == {"torch.bfloat16"}
+    assert sorted(n for _, n in b16["seen"]) == sorted(n for _, n in f32["seen"])
+    per_step = sum(n for _, n in b16["seen"]) * 2 / steps
+    assert b16["volume"]["allreduce_payload_bytes"] == per_step == f32["volume"]["allreduce_payload_bytes"] / 2
+    assert b16["sent"] == [f32["sent"][0] // 2] * steps  # what the records say it sent
+    other = torch.load(tmp_path / "bfloat161.pt", weights_only=False)
+    for pa, pb, pf in zip(b16["params"], other["params"], f32["params"]):
+        assert torch.allclose(pa, pb, atol=1e-6)  # both ranks applied the same update
+        assert torch.allclose(pa, pf, rtol=0.02, atol=2e-4)  # and float32's, to bfloat16's rounding
+    assert any(not torch.equal(pa, pf) for pa, pf in zip(b16["params"], f32["params"]))  # the wire rounded
+
+
+def test_powersgd_wire_is_refused_where_the_hook_does_not_all_reduce_through_dist() -> None:
+    import types
+
+    with pytest.raises(RuntimeError, match="leave it float32"):
+        torchcomm.WireCast.install(types.SimpleNamespace(), torch.bfloat16)
