@@ -118,6 +118,7 @@ class RunFigures:
     allreduce_payload_bytes: int | None = None  # handed to the all-reduce per step, after compression
     grad_compression: str | None = None  # the one in effect (start record); None: not recorded
     powersgd_rank: int | None = None
+    powersgd_wire: str | None = None  # PowerSGD's all-reduces: float32 | bfloat16 (None: not PowerSGD, or before it)
     accumulate: int | None = None  # micro-batches per optimizer step (one all-reduce per step)
     comm_share: float | None = None  # of the step time: all-reduce and waiting for other nodes
     comm_share_source: str | None = None  # how comm_share was obtained; None: it could not be
@@ -440,6 +441,7 @@ def _communication(fig: RunFigures, start: Record, epochs: list[Record]) -> None
     fig.allreduce_payload_bytes = int(payload) if payload is not None else None
     fig.grad_compression = start.get("grad_compression")
     fig.powersgd_rank = start.get("powersgd_rank") if fig.grad_compression == "powersgd" else None
+    fig.powersgd_wire = start.get("powersgd_wire") if fig.grad_compression == "powersgd" else None
     fig.accumulate = int(start["accumulate"]) if start.get("accumulate") is not None else None
     if fig.world == 1:  # one process: nothing is all-reduced, the step is all computation
         fig.comm_share, fig.comm_share_source = 0.0, "one process: no all-reduce"

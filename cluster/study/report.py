@@ -152,10 +152,12 @@ def _mb(x: int | None) -> str:
 
 
 def _scheme(f: RunFigures) -> str:
-    """The gradient compression in effect, as a table cell: 'none', 'fp16', 'powersgd r2'; '-' unrecorded."""
+    """The gradient compression in effect, as a table cell: 'none', 'fp16', 'powersgd r2' ('powersgd r2 bf16'
+    on a bfloat16 wire); '-' unrecorded."""
     if f.grad_compression is None:
         return "-"
-    return f.grad_compression + (f" r{f.powersgd_rank}" if f.powersgd_rank else "")
+    return (f.grad_compression + (f" r{f.powersgd_rank}" if f.powersgd_rank else "")
+            + (" bf16" if f.powersgd_wire == "bfloat16" else ""))
 
 
 def _whole(f: RunFigures) -> tuple[float | None, float | None, float | None, int]:

@@ -242,6 +242,7 @@ def test_a_target_not_reached_and_compression_in_the_pages(tmp_path: Path, monke
     row = dict(zip(head, rows[0]))
     assert (row["compression"], row["accumulate"]) == ("powersgd r2", "4")
     assert "compression powersgd r2, 4 micro-batch(es) per all-reduce" in report.run_line(psgd)
+    assert "compression powersgd r2 bf16," in report.run_line(replace(psgd, powersgd_wire="bfloat16"))
 
 
 def test_recorded_runs_markdown_page_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -155,6 +155,34 @@ def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.Monk
     assert any(r[1] == "none x4 !" for r in rows)  # every scheme of the recommended node set, warnings marked
 
 
+def test_a_bfloat16_wire_halves_powersgds_bytes_and_wait_and_its_launch_line_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """powersgd_wire is the job's: the plan prices PowerSGD's payload at 2 bytes an element, nothing else
+    moves, and `launch --plan` sets it (a plan made with it, launched without the --set, still sends it)."""
+    f32, b16 = Scheme("powersgd", 4), Scheme("powersgd", 4, powersgd_wire="bfloat16")
+    assert commmodel.wire_bytes(R18, b16, 4) * 2 == pytest.approx(commmodel.wire_bytes(R18, f32, 4), abs=1)
+    link = placement.link(SLOW)
+    c32, c16 = commmodel.comm(R18, f32, 4, link), commmodel.comm(R18, b16, 4, link)
+    calls = 3 * len(commmodel.buckets(R18)) * link.latency_s
+    assert c16.total_s - calls == pytest.approx((c32.total_s - calls) / 2)
+    assert b16.label() == "powersgd r4 bf16" and convergence.family(b16) == convergence.family(f32) == "powersgd r4"
+    wire = {w: Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes("pytorch", 4, powersgd_wire=w)),
+                        train_samples=1438) for w in ("float32", "bfloat16")}
+    assert {s.powersgd_wire for s in wire["bfloat16"].schemes if s.grad_compression != "powersgd"} == {"float32"}
+    by = {w: {(len(c.nodes), c.grad_compression, c.accumulate): c
+              for c in placement.candidates(SPEEDS, 32, SLOW, work=wire[w])} for w in wire}
+    for key, c in by["bfloat16"].items():
+        if key[1] == "powersgd" and key[0] > 1:
+            assert c.step_s < by["float32"][key].step_s and c.powersgd_wire == "bfloat16"
+            assert c.bytes_per_step == pytest.approx(by["float32"][key].bytes_per_step / 2, abs=1)
+        else:
+            assert c.step_s == by["float32"][key].step_s, key
+    pick = by["bfloat16"][4, "powersgd", 1]
+    assert placement.Placement.from_dict(json.loads(json.dumps(pick.to_dict()))) == pick
+    assert placement.settings_of(pick)[-1] == "powersgd_wire=bfloat16"
+    assert not any(x.startswith("powersgd_wire") for x in placement.settings_of(by["float32"][4, "powersgd", 1]))
+
+
 def test_powersgd_compute_measured_by_bench_is_added_to_its_steps_only() -> None:
     """bench's PowerSGD run prices the hook's own products and orthogonalisation: added, once per optimizer
     step, to PowerSGD's candidates on several nodes (the slowest node's, with its compute); nothing else moves."""

@@ -36,6 +36,11 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
            ("powersgd", 4, 3, 50.0, 300.0)
     assert "--bn-recompute" not in args and ap.parse_args(jobs.load("resnet18-ddp", ["bn_recompute=256"]).program_args(
         "/d/x.npz", "out")).bn_recompute == 256  # passed only where set
+    assert jobs.POWERSGD_WIRES == tuple(wlcommon.POWERSGD_WIRES)
+    wired = ["grad_compression=powersgd", "powersgd_wire=bfloat16"]
+    assert ap.parse_args(jobs.load("resnet18-ddp", wired).program_args("/d/x.npz", "out")).powersgd_wire == "bfloat16"
+    assert "--powersgd-wire" not in jobs.load("resnet18-ddp", ["grad_compression=fp16", "powersgd_wire=bfloat16"]
+                                               ).program_args("/d/x.npz", "out")  # PowerSGD's only
     tf = jobs.load("resnet50-tf", ["grad_compression=fp16", "tf_implementation=ring", "tf_bytes_per_pack=4194304"])
     a = ap.parse_args(tf.program_args("/d/x.npz", "out"))
     assert (a.grad_compression, a.tf_implementation, a.tf_bytes_per_pack) == ("fp16", "ring", 4194304)
@@ -52,6 +57,7 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
     ("resnet50-ddp", "collective_timeout_s=5", "collective_timeout_s", "shorter than a slow step's all-reduce"),
     ("resnet50-ddp", "collective_timeout_s=soon", "collective_timeout_s", "expected a number >= 0"),
     ("resnet50-ddp", "bn_recompute=-1", "bn_recompute", "expected a whole number >= 0"),
+    ("resnet50-ddp", "powersgd_wire=fp16", "powersgd_wire", "expected float32 or bfloat16, got 'fp16'"),
 ])
 def test_bad_communication_settings_name_the_field_and_a_fix(job: str, override: str, field: str,
                                                               message: str) -> None:
