@@ -95,12 +95,12 @@ def test_ddp_alone_runs_the_powersgd_hook_on_one_process(tmp_path: Path) -> None
     """What bench uses to price PowerSGD's compute: CLUSTER_DDP_ALONE=1 wraps the lone process in DDP over a
     one-rank gloo group and registers the hook; nothing crosses a network. Without it, alone means no DDP."""
     psgd = ["--grad-compression", "powersgd", "--powersgd-start-step", "2", "--epochs", "1"]
-    r = run_program(tmp_path / "alone", *psgd, env={"CLUSTER_DDP_ALONE": "1"})
+    r = run_program(tmp_path / "alone", *psgd, "--powersgd-wire", "bfloat16", env={"CLUSTER_DDP_ALONE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     recs = [json.loads(x) for x in (tmp_path / "alone" / "metrics-rank0.jsonl").read_text().splitlines()]
     start = next(x for x in recs if x["type"] == "start")
-    assert (start["world"], start["backend"], start["grad_compression"], start["powersgd_rank"]) == (1, "gloo",
-                                                                                                    "powersgd", 2)
+    assert (start["world"], start["backend"], start["grad_compression"], start["powersgd_rank"],
+            start["powersgd_wire"]) == (1, "gloo", "powersgd", 2, "bfloat16")
     assert len([x for x in recs if x["type"] == "step"]) >= 2  # it trained
     plain = run_program(tmp_path / "plain", *psgd)
     assert plain.returncode == 0, plain.stderr[-2000:]
