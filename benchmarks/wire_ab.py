@@ -8,7 +8,7 @@ back: one node plain, 4 nodes with PowerSGD r4 from the first step on a float32 
 bfloat16 wire (`powersgd_wire`), each one epoch of --steps steps of 32 per node (digits-aug, ResNet18,
 threads 1, as to_accuracy's runs), on the emulated room (4 nodes at half a core, links at --bandwidth).
 The figure is the epoch record's images/s (the steps only, no epoch end, no start-up); the table gives each
-round's figures, the medians, and the ratios to one node and between the wires within each round. Not a
+round's figures and ratios (to one node, between the wires, within the round), then the medians of both. Not a
 test; contacts only the lab it starts and removes it at the end.
 """
 from __future__ import annotations
@@ -78,11 +78,16 @@ def main() -> int:
           "images/s of the steps, each round's three runs back to back\n")
     print("| round | " + " | ".join(names) + " | f32 / 1 node | bf16 / 1 node | bf16 / f32 |")
     print("|---:|" + "---:|" * (len(names) + 3))
-    for i, row in enumerate(rows + [{n: statistics.median(r[n] for r in rows) for n in names}]):
+    def ratios(row: dict[str, float]) -> list[float]:
         one, f32, b16 = (row[n] for n in names)
-        label = "median" if i == len(rows) else str(i)
-        print(f"| {label} | " + " | ".join(f"{row[n]:.1f}" for n in names)
-              + f" | {f32 / one:.2f}x | {b16 / one:.2f}x | {b16 / f32:.2f}x |")
+        return [f32 / one, b16 / one, b16 / f32]
+
+    for i, row in enumerate(rows):
+        print(f"| {i} | " + " | ".join(f"{row[n]:.1f}" for n in names) + " | "
+              + " | ".join(f"{x:.2f}x" for x in ratios(row)) + " |")
+    med = [statistics.median(r[n] for r in rows) for n in names]  # the ratios: each round's, their median
+    print("| median | " + " | ".join(f"{x:.1f}" for x in med) + " | "
+          + " | ".join(f"{statistics.median(c):.2f}x" for c in zip(*(ratios(r) for r in rows))) + " |")
     return 0
 
 
