@@ -255,9 +255,11 @@ def main() -> int:
     if given and given != a.wire:  # a DIR measured before --wire came sent float32
         ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
     done["wire"] = a.wire
-    scheme_sets = (["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"]
-                   + (["--set", f"powersgd_wire={a.wire}"] if a.wire != "float32" else []) if a.scheme == "powersgd"
-                   else ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"])
+    if a.scheme == "powersgd":
+        wire = ["--set", f"powersgd_wire={a.wire}"] if a.wire != "float32" else []
+        scheme_sets = ["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1", *wire]
+    else:
+        scheme_sets = ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"]
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
               "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}"]
     sets = [x for s in common for x in ("--set", s)]
