@@ -1,7 +1,9 @@
 """Where clusterctl keeps its own state on the head node."""
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # cluster/: in the clone, or in site-packages once installed
@@ -35,3 +37,25 @@ def inventory_key(name: str, path: Path | str) -> str:
 
     where = str(Path(path).expanduser().resolve()) if str(path) else ""
     return f"{name}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace PATH whole: a reader (another clusterctl, a test polling it) sees the old text or the new,
+    never an empty or half file. A unique temporary name (two writers never share one), fsync, rename,
+    fsync the folder."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

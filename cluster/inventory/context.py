@@ -27,9 +27,7 @@ def current() -> Path | None:
 def set_current(inventory: Path) -> Path:
     p = inventory.resolve()
     _file().parent.mkdir(parents=True, exist_ok=True)
-    tmp = _file().with_suffix(".tmp")
-    tmp.write_text(json.dumps({"inventory": str(p)}) + "\n")
-    os.replace(tmp, _file())
+    paths.write_atomic(_file(), json.dumps({"inventory": str(p)}) + "\n")
     return p
 
 

@@ -81,7 +81,7 @@ def load_state(name: str, directory: Path | None = None) -> LabState | None:
 
 
 def save_state(state: LabState) -> None:
-    (Path(state.dir) / "lab.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
+    paths.write_atomic(Path(state.dir) / "lab.json", json.dumps(asdict(state), indent=2) + "\n")
 
 
 @dataclass

@@ -62,9 +62,7 @@ def record(inv: Inventory, node_facts: dict[str, Any]) -> dict[str, str]:
     if now:
         p = record_path(inv)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"inventory": str(inv.path), "nodes": nodes}, indent=1, sort_keys=True) + "\n")
-        tmp.replace(p)
+        paths.write_atomic(p, json.dumps({"inventory": str(inv.path), "nodes": nodes}, indent=1, sort_keys=True) + "\n")
     return now
 
 

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -249,41 +248,13 @@ def launch_lock() -> Any:
     return file_lock(runs_dir() / ".launch.lock", "starting a run", wait=600)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """A unique temporary name (two writers never share one), fsync, rename, fsync the folder."""
-    fd, tmp = tempfile.mkstemp(prefix=".run.json.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with _suppress_oserror():
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-@contextmanager
-def _suppress_oserror() -> Iterator[None]:
-    try:
-        yield
-    except OSError:
-        pass
-
-
 def save(record: RunRecord) -> Path:
     """Write the whole record (under its lock). Prefer `update` when another process may have written since."""
     d = run_path(record.run_id)
     runs_dir().mkdir(mode=0o700, parents=True, exist_ok=True)  # records may name secrets' sources
     d.mkdir(mode=0o700, exist_ok=True)
     with lock(record.run_id):
-        _write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
+        paths.write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
     return d / "run.json"
 
 
@@ -293,7 +264,7 @@ def update(run_id: str, change: Callable[[RunRecord], None]) -> RunRecord:
     with lock(run_id):
         record = _read(d / "run.json")
         change(record)
-        _write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
+        paths.write_atomic(d / "run.json", json.dumps(record.to_dict(), indent=1, default=str) + "\n")
     return record
 
 
