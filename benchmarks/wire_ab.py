@@ -30,11 +30,16 @@ from benchmarks.to_accuracy import rank0, run  # noqa: E402
 from cluster.lab import lifecycle  # noqa: E402
 
 PY = sys.executable
+PSGD = ["--set", "grad_compression=powersgd", "--set", "powersgd_rank=4", "--set", "powersgd_start_step=1"]
 CONFIGS = {"1 node": ["--set", "nodes=[node1]"],
-           "4 x psgd f32": ["--set", "grad_compression=powersgd", "--set", "powersgd_rank=4",
-                            "--set", "powersgd_start_step=1"],
-           "4 x psgd bf16": ["--set", "grad_compression=powersgd", "--set", "powersgd_rank=4",
-                             "--set", "powersgd_start_step=1", "--set", "powersgd_wire=bfloat16"]}
+           "4 x psgd f32": PSGD,
+           "4 x psgd bf16": [*PSGD, "--set", "powersgd_wire=bfloat16"]}
+
+
+def ratios(row: dict[str, float]) -> list[float]:
+    """Within one round: each wire to one node, then bfloat16 to float32."""
+    one, f32, b16 = (row[n] for n in CONFIGS)
+    return [f32 / one, b16 / one, b16 / f32]
 
 
 def main() -> int:
@@ -78,10 +83,6 @@ def main() -> int:
           "images/s of the steps, each round's three runs back to back\n")
     print("| round | " + " | ".join(names) + " | f32 / 1 node | bf16 / 1 node | bf16 / f32 |")
     print("|---:|" + "---:|" * (len(names) + 3))
-    def ratios(row: dict[str, float]) -> list[float]:
-        one, f32, b16 = (row[n] for n in names)
-        return [f32 / one, b16 / one, b16 / f32]
-
     for i, row in enumerate(rows):
         print(f"| {i} | " + " | ".join(f"{row[n]:.1f}" for n in names) + " | "
               + " | ".join(f"{x:.2f}x" for x in ratios(row)) + " |")
