@@ -78,7 +78,7 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
                                   use_error_feedback=False, warm_start=False, random_seed=seed)
 
     if powersgd_wire != "float32":
-        WireCast.install(psgd, getattr(torch, powersgd_wire))
+        WireCast.install(psgd, getattr(torch, powersgd_wire), next(ddp.parameters()).device)
     n_groups = 0  # NCCL orders collectives on its stream: the default group
     if backend == "gloo":
         elem = next(ddp.parameters()).element_size()
@@ -98,13 +98,19 @@ class WireCast:
     `.get_future()`'s value as [t]: this gives it the same, `t` holding the sum. Installed in place of the
     hook module's `dist` for the process (a training program uses one wire); refused where that module
     does not call through a `dist` (another torch): a run would otherwise send float32 while recording
-    bfloat16."""
+    bfloat16; and on a GPU where torch cannot make a bfloat16 tensor. Before Ampere (a GTX 10xx) torch
+    emulates bfloat16 (torch.cuda.is_bf16_supported), which is all a cast needs, and NCCL builds its
+    bfloat16 all-reduce for every architecture from CUDA 11 (NVIDIA/nccl src/device/generate.py)."""
 
     def __init__(self, real: object, dtype: torch.dtype) -> None:
         self.real, self.dtype = real, dtype
 
     @classmethod
-    def install(cls, module: object, dtype: torch.dtype) -> WireCast:
+    def install(cls, module: object, dtype: torch.dtype, device: torch.device | None = None) -> WireCast:
+        if (device is not None and device.type == "cuda" and dtype == torch.bfloat16
+                and not torch.cuda.is_bf16_supported(including_emulation=True)):
+            raise RuntimeError(f"{device} cannot hold bfloat16 tensors (torch {torch.__version__}): "
+                               "powersgd_wire bfloat16 cannot run here; set powersgd_wire=float32")
         real = getattr(module, "dist", None)
         if isinstance(real, WireCast):
             real = real.real

@@ -459,3 +459,25 @@ def test_powersgd_wire_is_refused_where_the_hook_does_not_all_reduce_through_dis
 
     with pytest.raises(RuntimeError, match="leave it float32"):
         torchcomm.WireCast.install(types.SimpleNamespace(), torch.bfloat16)
+
+
+def test_powersgd_wire_is_refused_on_a_gpu_that_cannot_hold_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own answer decides (no GPU here: its answer for one that has no bfloat16, even emulated); a
+    GTX 10xx, emulated, passes; the CPU is never asked."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    asked: list[bool] = []
+
+    def answer(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", answer)
+    with pytest.raises(RuntimeError, match="cannot hold bfloat16.*powersgd_wire=float32"):
+        torchcomm.WireCast.install(psgd, torch.bfloat16, torch.device("cuda", 0))
+    assert asked == [True] and psgd.dist is torch.distributed  # asked with emulation; nothing installed
+    monkeypatch.setattr(psgd, "dist", psgd.dist)  # restored after the test
+    wire = torchcomm.WireCast.install(psgd, torch.bfloat16, torch.device("cpu"))
+    assert psgd.dist is wire and asked == [True]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert isinstance(torchcomm.WireCast.install(psgd, torch.bfloat16, torch.device("cuda", 0)), torchcomm.WireCast)
