@@ -174,11 +174,12 @@ def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def predicted(plan: dict[str, Any], nodes: int, compression: str, accumulate: int = 1,
-              key: str = "to_target_s") -> float | None:
+              key: str = "to_target_s", wire: str = "float32") -> float | None:
     """The plan's figure `key` (to_target_s, run_s, epoch_s, restart_s) for the candidate with this node count,
-    scheme and accumulation (the recommended one where it is that, else the fastest such)."""
+    scheme, accumulation and (PowerSGD) wire (the recommended one where it is that, else the fastest such)."""
     c = [x for x in [plan["recommended"], *plan["candidates"]] if len(x["nodes"]) == nodes and x.get(key)
-         and x["grad_compression"] == compression and x.get("accumulate", 1) == accumulate]
+         and x["grad_compression"] == compression and x.get("accumulate", 1) == accumulate
+         and (compression != "powersgd" or x.get("powersgd_wire", "float32") == wire)]
     return c[0][key] if c and c[0] is plan["recommended"] else (min(x[key] for x in c) if c else None)
 
 
@@ -216,7 +217,8 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank of the calibration run")
     ap.add_argument("--period", type=int, default=8, help="local SGD's steps between averagings")
     ap.add_argument("--wire", choices=["float32", "bfloat16"],
-                    help="PowerSGD's all-reduces (the job's powersgd_wire; kept in DIR): default float32")
+                    help="PowerSGD's all-reduces in the calibration run (its powersgd_wire; kept in DIR): default "
+                         "float32. The plan weighs both wires for the pick (until 2026-12-05: this wire too)")
     ap.add_argument("--bandwidth", help="the links' rate, fixed (e.g. 26mbit); default: from --balance")
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
@@ -255,9 +257,9 @@ def main() -> int:
     if given and given != a.wire:  # a DIR measured before --wire came sent float32
         ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
     done["wire"] = a.wire
+    wire = ["--set", f"powersgd_wire={a.wire}"] if a.scheme == "powersgd" and a.wire != "float32" else []
     if a.scheme == "powersgd":
-        wire = ["--set", f"powersgd_wire={a.wire}"] if a.wire != "float32" else []
-        scheme_sets = ["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1", *wire]
+        scheme_sets = ["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"]
     else:
         scheme_sets = ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"]
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
@@ -311,7 +313,7 @@ def main() -> int:
             if (seed == 0 or a.calibrate == "every") and "calibration" not in mine:
                 print(f"seed {seed}: calibration, {a.scheme} from the first step, to {target}", file=sys.stderr)
                 mine["calibration"] = run(env, state, [job, *longer, "--set", f"grad_compression={a.scheme}",
-                                                       *scheme_sets], target, 3 * a.epochs)
+                                                       *scheme_sets, *wire], target, 3 * a.epochs)
                 save()
             made = mine.get("pick") and mine["pick"].get("schedule", "job" if len(mine["pick"]["nodes"]) == 1 else "3x")
             made = "relaunch" if made == "job" else made  # (what `job` did until `continue` came)
@@ -334,7 +336,8 @@ def main() -> int:
                 mine["pick"] = pick(env, state, [job, "--plan", *scheme_sets], seeded, longer, target, a,
                                     alone=len(rec["nodes"]) == 1)
                 mine["pick"].update(nodes=rec["nodes"], scheme=rec["grad_compression"],
-                                    accumulate=rec.get("accumulate", 1), schedule=a.pick_epochs,
+                                    accumulate=rec.get("accumulate", 1), wire=rec.get("powersgd_wire", "float32"),
+                                    schedule=a.pick_epochs,
                                     planned_for=a.plan_epochs)
                 save()
     finally:
@@ -344,12 +347,20 @@ def main() -> int:
     return 0
 
 
+def bf16(r: dict[str, Any], done: dict[str, Any]) -> str:
+    """" bf16" where a 4-node PowerSGD run sent bfloat16: the pick's own wire (the plan's), else the DIR's
+    (the calibration's, and every pick's until the plan weighed the wire)."""
+    wire = r.get("wire") or done.get("wire", "float32")
+    return " bf16" if wire == "bfloat16" and r.get("scheme", "powersgd") == "powersgd" else ""
+
+
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
     lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
              f"{a.cpu_quota} core, links {rate}"
-             + (f", PowerSGD's wire {done['wire']}" if done.get("wire", "float32") != "float32" else "")
+             + (f", the calibration's PowerSGD wire {done['wire']}" if done.get("wire", "float32") != "float32"
+                else "")
              + (f" (plain all-reduce {balance:.0f}x a step)" if balance else ""),
              "", "| seed | target | 1 node: s to target | pick | pick: s to target | ratio | e2e img/s 1 node | "
              "e2e img/s pick | e2e ratio | plan's predicted s (error) | pick's epochs |",
@@ -368,7 +379,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         pred = (m.get("plan") or {}).get("recommended", {}).get("to_target_s")
         perr = f"{pred:.0f} ({pred / tp - 1:+.0%})" if pred and tp else "-"
         lines.append(f"| {seed} | {m['target']:.3f} | {t1:.0f} | {len(pick['nodes'])} x {pick['scheme']}"
-                     f"{'' if pick.get('accumulate', 1) == 1 else ' acc ' + str(pick['accumulate'])} | "
+                     f"{bf16(pick, done)}{'' if pick.get('accumulate', 1) == 1 else ' acc ' + str(pick['accumulate'])} | "
                      f"{'not reached' if tp is None else f'{tp:.0f}'} | {'-' if r is None else f'{r:.2f}x'} | "
                      f"{one['e2e_images_per_s']:.1f} | {pick['e2e_images_per_s']:.1f} | {er:.2f}x | {perr} | "
                      f"{pick['epochs']} |")
@@ -395,15 +406,17 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             scheme = "none" if name == "one" else r.get("scheme", a.scheme)
             acc = r.get("accumulate") or (r.get("global_batch", 0) // (a.batch * nodes) if name == "pick" else 1) or 1
             # wall time: the plan's epoch (training, evaluation, checkpoint) x the epochs the run trained
-            epoch = predicted(plan, nodes, scheme, acc, key="epoch_s")
-            pred, meas = predicted(plan, nodes, scheme, acc), r.get("to_target_s")
+            wire = "bfloat16" if bf16(r, done) and name != "one" else "float32"
+            epoch = predicted(plan, nodes, scheme, acc, key="epoch_s", wire=wire)
+            pred, meas = predicted(plan, nodes, scheme, acc, wire=wire), r.get("to_target_s")
             # ... and each `launch --continue` at the plan's restart (its end, launch and start)
-            restart = predicted(plan, nodes, scheme, acc, key="restart_s") or 0.0
+            restart = predicted(plan, nodes, scheme, acc, key="restart_s", wire=wire) or 0.0
             again = (len(r.get("runs") or [r]) - 1) * float(restart)
             wall, trained = (epoch * r["epochs"] + again if epoch else None), r.get("trained_s")
             if pred and meas and wall and trained:
                 pairs.setdefault(name, []).append((pred, meas, wall, trained))
-            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{'' if acc == 1 else f' acc {acc}'}) | "
+            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{bf16(r, done) if name != 'one' else ''}"
+                         f"{'' if acc == 1 else f' acc {acc}'}) | "
                          f"{cell(pred, meas)} | {cell(wall, trained)} | {r.get('host_load', '-')} |")
     for name, got in pairs.items():  # the issue's measure: the mean of the seeds, per run
         mean = [statistics.fmean(x[i] for x in got) for i in range(4)]

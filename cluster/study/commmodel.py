@@ -1,7 +1,7 @@
 """What a training step costs on the wire, per communication scheme (docs/planning.md "Communication").
 
 A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (local SGD: x `localsgd_period`;
-PowerSGD: x `powersgd_wire`, the job's own: the plan does not choose it).
+PowerSGD: x `powersgd_wire`, both weighed).
 Bytes come from the model's real parameter shapes (wlcommon.comm_volume, the figure the training programs
 record); time from the link bench measured (latency per all-reduce + seconds per byte each rank sends);
 overlap from DDP's buckets: gradients all-reduce while backward still computes, all but the last bucket.
@@ -214,11 +214,12 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
 
 
 def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
-            localsgd_period: int = 8, powersgd_wire: str = "float32") -> list[Scheme]:
+            localsgd_period: int = 8, powersgd_wires: tuple[str, ...] = ("float32",)) -> list[Scheme]:
     """Every scheme the plan weighs: TensorFlow has no PowerSGD (jobs.py refuses it); local SGD at the job's
-    period, without accumulation (its period already is a number of steps between syncs); PowerSGD on the
-    job's wire."""
-    kinds = ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS
-    return ([Scheme(c, powersgd_rank, k, powersgd_wire=powersgd_wire if c == "powersgd" else "float32")
-             for c in kinds for k in accumulates]
-            + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)])
+    period, without accumulation (its period already is a number of steps between syncs); PowerSGD on each
+    of `powersgd_wires`."""
+    out = []
+    for c in ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS:
+        for wire in powersgd_wires if c == "powersgd" else ("float32",):
+            out += [Scheme(c, powersgd_rank, k, powersgd_wire=wire) for k in accumulates]
+    return out + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)]

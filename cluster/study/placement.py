@@ -422,8 +422,8 @@ def recommend(cands: list[Placement]) -> Placement:
     """Among the candidates without an accuracy warning (all, if every one has one), those within 20% of
     the fastest end to end (a scheme that changes training must buy 25% more throughput), or within 5% of
     the fastest to a target accuracy; of these the one that changes training least (fewer micro-batches per
-    step, then no compression, fp16, PowerSGD), the fastest of equals. One node is a candidate like any
-    other: where it is fastest, it is the answer."""
+    step, then no compression, fp16, PowerSGD, then PowerSGD's float32 wire before bfloat16), the fastest of
+    equals. One node is a candidate like any other: where it is fastest, it is the answer."""
     near_best = NEAR_BEST
     if any(c.to_target_s for c in cands):  # with a target, only the candidates the model could price
         cands, near_best = [c for c in cands if c.to_target_s], NEAR_BEST_TO_TARGET
@@ -431,7 +431,8 @@ def recommend(cands: list[Placement]) -> Placement:
     top = max(speed(c) for c in safe)
     near = [c for c in safe if speed(c) >= near_best * top]
     order = {k: i for i, k in enumerate((*wlcommon.COMPRESSIONS, wlcommon.LOCAL_SGD))}
-    return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), -speed(c)))
+    return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), c.powersgd_wire != "float32",
+                                    -speed(c)))
 
 
 def verdict(choice: PlacementChoice) -> str | None:
@@ -596,15 +597,15 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
 
 def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
-    no compression, fp16 and (PyTorch) PowerSGD at the job's rank, each with accumulate 1, 2, 4 and the
-    job's own, and (PyTorch) local SGD at the job's period."""
+    no compression, fp16 and (PyTorch) PowerSGD at the job's rank on either wire, each with accumulate 1, 2,
+    4 and the job's own, and (PyTorch) local SGD at the job's period."""
     shapes, samples, val = commmodel.job_model(spec)
     if shapes is None:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
                     tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
-                                            int(spec["localsgd_period"]), str(spec["powersgd_wire"]))), samples,
+                                            int(spec["localsgd_period"]), jobs.POWERSGD_WIRES)), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
                     int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]),
                     float(spec["target_acc"]), int(spec["max_epochs"]))
@@ -633,9 +634,10 @@ def overrides_for(inv: Inventory, job: str) -> list[str]:
 
 
 def settings_of(c: Placement) -> list[str]:
-    """A candidate's nodes, shares and communication scheme as job settings (`--set`)."""
+    """A candidate's nodes, shares and communication scheme as job settings (`--set`); PowerSGD's wire
+    always, since the plan weighs both and the job's own may be the other."""
     return ([f"nodes=[{', '.join(c.nodes)}]"] + [f"shares.{n}={b}" for n, b in c.shares.items()]
             + [f"grad_compression={c.grad_compression}", f"powersgd_rank={c.powersgd_rank}",
                f"accumulate={c.accumulate}"]
             + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else [])
-            + ([f"powersgd_wire={c.powersgd_wire}"] if c.powersgd_wire != "float32" else []))
+            + ([f"powersgd_wire={c.powersgd_wire}"] if c.grad_compression == "powersgd" else []))
