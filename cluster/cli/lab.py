@@ -124,11 +124,15 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 def cmd_lab_status(args: argparse.Namespace) -> int:
     state, rows = lifecycle.status(args.name, _directory(args))
     sl = lab_slurm.status(state) if state is not None else None
+    left = lifecycle.leftovers(args.name) if state is None else []
     if args.json:
-        emit_json({"name": args.name, "up": state is not None,
+        emit_json({"name": args.name, "up": state is not None, **({"leftovers": left} if state is None else {}),
                    "inventory": state.inventory if state else None, "nodes": [vars(r) for r in rows],
                    **({"slurm": {"munged": sl.munged, "slurmctld": sl.slurmctld, "nodes": [vars(n) for n in sl.nodes]}}
                       if sl else {})})
+    elif state is None and left:
+        out.print(f"lab {args.name} is not up, but {len(left)} pieces of it are left on this machine "
+                  f"({', '.join(left)}): remove them with `clusterctl lab down --name {args.name}`")
     elif state is None:
         out.print(f"lab {args.name} is not up (start it with `clusterctl lab up 3 --name {args.name}`)")
     else:

@@ -416,6 +416,12 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
     return removed
 
 
+def leftovers(name: str) -> list[str]:
+    """The namespaces and links of lab `name` that exist on this machine, as `down` names what it removes:
+    where its state is gone (a killed `lab up` or test), what `down --name` would still remove."""
+    return [f"netns {ns}" for ns in netns_list(name)] + [f"link {link}" for link in links(name)]
+
+
 def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState | None, list[NodeStatus]]:
     state = load_state(name, directory)
     if state is None:

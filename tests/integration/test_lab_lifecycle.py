@@ -62,7 +62,7 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
     rc, ctx = clusterctl_json("context", env=env)
     assert ctx["inventory"] is None
     rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
-    assert rc == 1 and st["up"] is False
+    assert rc == 1 and st["up"] is False and st["leftovers"] == []
     assert (d / "node1" / "srv").is_dir()  # the nodes' files stay for the next `up` ...
     assert clusterctl("lab", "down", "--name", name, "--dir", str(d), "--purge", env=env).returncode == 0
     assert not d.exists()  # ... unless purged
@@ -76,6 +76,12 @@ def test_up_reclaims_what_a_crashed_run_left_behind(tmp_path: Path) -> None:
     (d / "lab.json").unlink()
     os.kill(int((d / "node1" / "sshd.pid").read_text()), signal.SIGKILL)
     try:
+        # status finds no state but says what is left, and what removes it
+        rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
+        assert rc == 1 and st["up"] is False
+        assert {f"netns {name}-n1", f"netns {name}-n2", f"link {name}-br"} <= set(st["leftovers"])
+        r = clusterctl("lab", "status", "--name", name, "--dir", str(d), env=env)
+        assert r.returncode == 1 and f"clusterctl lab down --name {name}" in r.stdout
         r = clusterctl("lab", "up", "2", "--name", name, "--subnet", lab_subnet(2), "--dir", str(d), env=env)
         assert r.returncode == 0, r.stderr
         rc, ex = clusterctl_json("exec", "--", "hostname", env=env)
