@@ -347,11 +347,14 @@ def main() -> int:
     return 0
 
 
-def bf16(r: dict[str, Any], done: dict[str, Any]) -> str:
-    """" bf16" where a 4-node PowerSGD run sent bfloat16: the pick's own wire (the plan's), else the DIR's
-    (the calibration's, and every pick's until the plan weighed the wire)."""
-    wire = r.get("wire") or done.get("wire", "float32")
-    return " bf16" if wire == "bfloat16" and r.get("scheme", "powersgd") == "powersgd" else ""
+def wire_of(r: dict[str, Any], done: dict[str, Any], scheme: str) -> str:
+    """What a run's PowerSGD all-reduces sent: the pick's own wire (the plan's), else the DIR's (the
+    calibration's, and every pick's until the plan weighed the wire); float32 for any other scheme."""
+    return (r.get("wire") or done.get("wire", "float32")) if scheme == "powersgd" else "float32"
+
+
+def bf16(wire: str) -> str:
+    return " bf16" if wire == "bfloat16" else ""
 
 
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
@@ -379,7 +382,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         pred = (m.get("plan") or {}).get("recommended", {}).get("to_target_s")
         perr = f"{pred:.0f} ({pred / tp - 1:+.0%})" if pred and tp else "-"
         lines.append(f"| {seed} | {m['target']:.3f} | {t1:.0f} | {len(pick['nodes'])} x {pick['scheme']}"
-                     f"{bf16(pick, done)}{'' if pick.get('accumulate', 1) == 1 else ' acc ' + str(pick['accumulate'])} | "
+                     f"{bf16(wire_of(pick, done, pick['scheme']))}{'' if pick.get('accumulate', 1) == 1 else ' acc ' + str(pick['accumulate'])} | "
                      f"{'not reached' if tp is None else f'{tp:.0f}'} | {'-' if r is None else f'{r:.2f}x'} | "
                      f"{one['e2e_images_per_s']:.1f} | {pick['e2e_images_per_s']:.1f} | {er:.2f}x | {perr} | "
                      f"{pick['epochs']} |")
@@ -406,7 +409,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             scheme = "none" if name == "one" else r.get("scheme", a.scheme)
             acc = r.get("accumulate") or (r.get("global_batch", 0) // (a.batch * nodes) if name == "pick" else 1) or 1
             # wall time: the plan's epoch (training, evaluation, checkpoint) x the epochs the run trained
-            wire = "bfloat16" if bf16(r, done) and name != "one" else "float32"
+            wire = wire_of(r, done, scheme)
             epoch = predicted(plan, nodes, scheme, acc, key="epoch_s", wire=wire)
             pred, meas = predicted(plan, nodes, scheme, acc, wire=wire), r.get("to_target_s")
             # ... and each `launch --continue` at the plan's restart (its end, launch and start)
@@ -415,7 +418,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
             wall, trained = (epoch * r["epochs"] + again if epoch else None), r.get("trained_s")
             if pred and meas and wall and trained:
                 pairs.setdefault(name, []).append((pred, meas, wall, trained))
-            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{bf16(r, done) if name != 'one' else ''}"
+            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{bf16(wire)}"
                          f"{'' if acc == 1 else f' acc {acc}'}) | "
                          f"{cell(pred, meas)} | {cell(wall, trained)} | {r.get('host_load', '-')} |")
     for name, got in pairs.items():  # the issue's measure: the mean of the seeds, per run
