@@ -222,8 +222,9 @@ def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
         os.write(w, json.dumps(doc).encode())
         os.close(w)
         code = _wait_launcher(run_dir, child)
+        ended = time.time()  # before anything else: a stop asked after it found the run over (status)
         _close_firewall(run_dir)
-        _write_json(run_dir / "exit.json", {"code": code, "ended": time.time()})
+        _write_json(run_dir / "exit.json", {"code": code, "ended": ended})
         os._exit(0)
     os.close(w)
     data = b""
@@ -383,7 +384,7 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     # record is there. Read first, a leader ending between the two reads looked gone without a record
     # ("vanished"), which failed runs that had succeeded (seen on a 4-node and a 2-node lab)
     exit_doc = _read_json(run_dir / "exit.json")
-    stopped = (run_dir / STOP).exists()
+    stopped = _stopped_it((_read_json(run_dir / STOP) or {}) if (run_dir / STOP).exists() else None, exit_doc)
     if pid_doc is None:
         state = "stopped" if stopped else "not started"  # a stop before the start: it never will
     elif alive and exit_doc is None:
@@ -402,13 +403,27 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
             **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
+def _stopped_it(asked: Doc | None, exit_doc: Doc | None) -> bool:
+    """Did a stop end this run? Not one asked after its launcher had ended by itself: between the launcher's
+    end and its exit record (the firewall closed, the record written) a stop still finds no exit record and
+    writes its own, and the run that had succeeded was reported stopped. A stop record that cannot be read
+    (or has no time) still counts: it is only ever written by a stop."""
+    if asked is None:
+        return False
+    ended, when = (exit_doc or {}).get("ended"), asked.get("time")
+    return not (isinstance(ended, (int, float)) and isinstance(when, (int, float)) and ended < when)
+
+
 def stop(run_dir: Path, grace: float = 10.0, reform: bool = False) -> Doc:
     """`reform`: the head stops this survivor to start it again (restart); the user's stop replaces such a
     request, never the other way round, so a restart after it is refused."""
     with _agent_lock(run_dir):  # after a start in progress, before any later one (which then refuses)
         asked = _read_json(run_dir / STOP)
         if asked is None and not (run_dir / "exit.json").exists() or (asked or {}).get("reform") and not reform:
-            _write_json(run_dir / STOP, {"time": time.time(), **({"reform": True} if reform else {})})
+            # the user's stop replacing the head's keeps its time: that stop is the one that ended the run
+            first = (asked or {}).get("time")
+            _write_json(run_dir / STOP, {"time": first if isinstance(first, (int, float)) else time.time(),
+                                         **({"reform": True} if reform else {})})
     sent = run_processes(run_dir)
     for p in sent:
         try:

@@ -207,3 +207,29 @@ def test_restart_for_a_new_period_after_the_heads_stop_and_never_after_the_users
     refused = agent("restart", str(d), "3", "x")
     assert refused["ok"] is False and refused["stop_requested"]
     assert agent("status", str(d))["state"] == "stopped"
+
+
+def test_a_stop_asked_after_the_launcher_ended_leaves_it_succeeded(tmp_path: Path) -> None:
+    """A stop that comes between the launcher's end and its exit record (the leader closes the firewall and
+    writes the record) finds no record and writes its own: the run had ended by itself, exit 0, and must be
+    reported so, not as stopped. A stop asked before the end still stops it, whatever the exit code."""
+    d = make_run(tmp_path, "exit 0\n")
+    agent("start", str(d))
+    ended = wait_state(d, "succeeded")["exit"]["ended"]
+    (d / "stop.json").write_text(json.dumps({"time": ended + 0.01}))  # as `stop` writes it, just after the end
+    assert agent("status", str(d))["state"] == "succeeded"
+    (d / "stop.json").write_text(json.dumps({"time": ended - 0.01}))  # asked before the launcher ended
+    assert agent("status", str(d))["state"] == "stopped"
+    (d / "stop.json").write_text("{")  # a stop record that cannot be read still says a stop was asked
+    assert agent("status", str(d))["state"] == "stopped"
+
+
+def test_the_exit_record_keeps_the_launchers_end_not_the_records_time(tmp_path: Path) -> None:
+    """The exit record's `ended` is when the launcher returned, taken before the firewall is closed (an nft
+    call on a node with a firewall opened for the run) and the record written, so a stop asked meanwhile is
+    later than it."""
+    d = make_run(tmp_path, "exit 0\n")
+    t0 = time.time()
+    agent("start", str(d))
+    st = wait_state(d, "succeeded")
+    assert t0 < st["exit"]["ended"] <= (d / "exit.json").stat().st_mtime
