@@ -71,7 +71,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory, None, args.ssh_config)
     choice = placement.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
     said = {"verdict": placement.verdict(choice), "uncalibrated": placement.uncalibrated(choice),
-            "continued": placement.continued(choice)}
+            "continued": placement.continued(choice), "other_schedule": placement.other_schedule(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
@@ -85,7 +85,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if said["verdict"]:
         out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
                   "docs/planning.md)")
-    for line in (said["uncalibrated"], said["continued"]):
+    for line in (said["uncalibrated"], said["continued"], said["other_schedule"]):
         if line:
             out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")

@@ -511,6 +511,27 @@ def continued(choice: PlacementChoice) -> str | None:
             + spread)
 
 
+def other_schedule(choice: PlacementChoice) -> str | None:
+    """Where the recommended candidate's time to the target comes only from collected runs planned for other
+    epochs than the job's (convergence.outcomes takes them when none of the job's own exist): which, and
+    the run that calibrates it. A longer schedule keeps the learning rate high longer and reaches a high
+    target later: on the emulated room such plans priced picks an epoch late (+63-66%, performance.md).
+    None where the job's own schedule is among them, or no target was asked."""
+    conv = choice.convergence or {}
+    rec, epochs, target = choice.recommended, conv.get("job_epochs"), conv.get("target")
+    if not rec.to_target_s or not epochs or target is None:
+        return None
+    fam = convergence.family(rec.scheme)
+    refs = [r for r in conv.get("references") or [] if r.get("scheme") == fam]
+    planned = sorted({int(r["epochs"]) for r in refs if isinstance(r.get("epochs"), int)})
+    if not any(r.get("reached") for r in refs) or not planned or epochs in planned:
+        return None  # (none of its own reached: priced as plain, which its warning says)
+    return (f"its time to {float(target):g} is priced from collected runs with {fam} planned for "
+            f"{', '.join(map(str, planned))} epochs, not the job's {epochs}: a schedule of another length decays "
+            "its learning rate at another time and reaches a high target at another epoch (docs/planning.md). "
+            f"`clusterctl launch {choice.job} --plan` runs it for the job's epochs, and calibrates it once collected")
+
+
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends

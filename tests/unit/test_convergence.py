@@ -257,6 +257,36 @@ def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_
     assert placement.continued(choice) is None
 
 
+def test_a_pick_priced_only_from_runs_of_another_schedule_says_so() -> None:
+    """The pick's only PowerSGD reference was planned for 6 epochs, the job trains 2 (the benchmark's
+    calibration until 2026-12-05, performance.md: two of three picks priced an epoch late). The plan says
+    which epochs it priced from and the launch that calibrates it; not where a run of the job's 2 epochs is
+    among its references, nor where PowerSGD has no run of its own that reached (then priced as plain, warned)."""
+    psgd = Scheme("powersgd", 4)
+    per = 1438 // 128 * 128
+    one = convergence.Reference("one", 32, "plain", 2 * 44 * 32, True, epochs=2, nodes=1)
+    long = convergence.Reference("long", 128, "powersgd r4", 3 * per, True, epochs=6, nodes=4)
+    work = Workload(R18, "pytorch", 0.0, (Scheme(), psgd), 1438, 2, 1.0, 1)
+
+    def said(*refs: convergence.Reference) -> str | None:
+        conv = convergence.Convergence(0.98, 160.0, "runs", references=list(refs))
+        cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+        placement.to_target(cands, SPEEDS, SLOW, work, conv)
+        rec = next(c for c in cands if len(c.nodes) == 4 and c.scheme == psgd)
+        return placement.other_schedule(placement.PlacementChoice(
+            "resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, SLOW, 32, cands, rec,
+            {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2}))
+
+    note = said(one, long)
+    assert note and note.startswith("its time to 0.98 is priced from collected runs with powersgd r4 planned for "
+                                    "6 epochs, not the job's 2")
+    assert note.endswith("`clusterctl launch resnet18-ddp --plan` runs it for the job's epochs, and calibrates it "
+                         "once collected")
+    hit = convergence.Reference("hit", 128, "powersgd r4", 2 * per, False, epochs=2, nodes=4)
+    assert said(one, long, hit) is None  # a run of the job's epochs is among them (one that missed, too)
+    assert said(one, convergence.Reference("m", 128, "powersgd r4", 6 * per, False, epochs=6, nodes=4)) is None
+
+
 def test_a_job_that_trains_on_to_the_target_is_priced_without_the_restart() -> None:
     """The same references as above, for a job with target_acc and max_epochs: the outcome past its 2 epochs
     is that epoch in the same run, no `launch --continue`; a job whose own target is lower ends before the
