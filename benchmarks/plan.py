@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -30,19 +31,20 @@ from cluster.lab import lifecycle  # noqa: E402
 PY = sys.executable
 
 
-def ctl(env: dict[str, str], *args: str, timeout: float = 1800) -> dict:
+def ctl(env: dict[str, str], *args: str, timeout: float = 1800) -> dict[str, Any]:
     r = subprocess.run([PY, "-m", "cluster", *args, "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"clusterctl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout)
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
 
 
 def measured(state: lifecycle.LabState, run_id: str) -> float:
     f = Path(state.nodes[0].dir) / "srv" / "runs" / run_id / "out"
     recs = [json.loads(x) for p in f.glob("metrics-rank*.jsonl") for x in p.read_text().splitlines()]
     epochs = [r for r in recs if r["type"] == "epoch" and r["epoch"] == 1]
-    return epochs[0]["images_per_s"]
+    return float(epochs[0]["images_per_s"])
 
 
 def main() -> int:

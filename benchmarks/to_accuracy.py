@@ -14,7 +14,9 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
    the seed's target;
 2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes from
    the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
-   SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it;
+   SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it; with
+   the job's epochs, trained on to the target as the pick is (`--calibration-epochs 3x`: 3x the epochs from
+   the start, as until 2026-12-05);
 3. **the plan's pick**: `plan --target-acc TARGET` for the job's epochs (its references are then the lab's
    runs planned for them where it has any: docs/planning.md; `--plan-epochs 3x`: planned for 3x, as until
    pass 4 of 2026-12-04), then `launch --plan` with the job's epochs, as a user runs it; where several nodes
@@ -23,17 +25,21 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
    prices no restart; since 2026-12-04 evening), or (`--pick-epochs continue`) it is taken further by
    `launch --continue RUN --set epochs=E+1`, the time of every run counted (`relaunch`: started again with
    3x; `3x`: 3x the epochs from the start, as before 2026-12-04).
-The calibration may go on for 3x the 1-node epochs; a run is stopped (`clusterctl stop`) once an epoch reaches
-the target; every run is collected. Measured per run from rank 0's records: time from the training start to
-the target, images/s end to end (every sample trained / the time from the start to the last epoch), the
-launch-to-target time the user waits (the command's start to that epoch's record), and the plan's
-prediction of the time to the target with its error. Saves after every run (DIR/runs.json, the head's
+The calibration may go on for 3x the 1-node epochs; a run not set to end at the target is stopped (`clusterctl
+stop`) once an epoch reaches it; every run is collected. A run is followed as a user who waits for it has it
+followed, by its own watcher: this reads rank 0's records from the lab's files and the run's record on the
+head every 2 s, and asks `clusterctl status` (an SSH session and a Python process on every node) only every
+30 s (every 2 s until 2026-12-05 evening, which took from the nodes' half cores). Measured per run from rank
+0's records: time from the training start to the target, images/s end to end (every sample trained / the
+time from the start to the last epoch), the launch-to-target time the user waits (the command's start to that
+epoch's record), and the plan's prediction of the time to the target with its error. Saves after every run (DIR/runs.json, the head's
 home with the collected runs in DIR/home) and, run again with the same DIR, resumes after the last run done.
 Contacts only the lab it starts; removes it at the end.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -84,12 +90,24 @@ def figures(recs: list[dict[str, Any]], target: float | None, t_launch: float) -
             "t_hit": hit["time"] if hit else None}
 
 
-def status(env: dict[str, str], rid: str) -> str:
-    """The run's state as `status --json` records it (its exit code tells the state too: not an error here)."""
-    r = subprocess.run([PY, "-m", "cluster", "status", rid, "--json"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+ASK_EVERY = 15  # polls: `clusterctl status` every 30 s, the run's record on the head in between
+
+
+def status(env: dict[str, str], rid: str, ask: bool) -> str:
+    """The run's state: with `ask`, as `status --json` judges it (it asks every node: an SSH session and a
+    Python process on each, inside the node's half core, which slowed a 1-node run's epochs by 5-25% when
+    asked every 2 s, docs/performance.md; its exit code tells the state too: not an error here), else as the
+    run's record on the head says, which the run's watcher keeps (no node is asked, so nothing is taken
+    from the nodes but what a user's own run has: its watcher)."""
+    if ask:
+        r = subprocess.run([PY, "-m", "cluster", "status", rid, "--json"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        text = r.stdout
+    else:
+        path = Path(env["CLUSTERCTL_HOME"]) / "runs" / rid / "run.json"
+        text = path.read_text() if path.exists() else ""
     try:
-        return str(json.loads(r.stdout).get("state"))
+        return str(json.loads(text).get("state"))
     except ValueError:
         return "unknown"
 
@@ -104,18 +122,18 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
     t0 = time.time()
     rid = ctl(env, "launch", *args, "--detach", timeout=1800)["run_id"]
     load: list[float] = []
-    while True:
+    for i in itertools.count():
         load.append(os.getloadavg()[0])
         recs = rank0(state, rid)
         ep = [r for r in recs if r["type"] == "epoch"]
         if stop and target is not None and any(e["val_acc"] >= target for e in ep):
             subprocess.run([PY, "-m", "cluster", "stop", rid], cwd=ROOT, env=env, capture_output=True, timeout=600)
             break
-        if status(env, rid) not in ACTIVE or len(ep) >= max_epochs:
+        if status(env, rid, i % ASK_EVERY == ASK_EVERY - 1) not in ACTIVE or len(ep) >= max_epochs:
             break
         time.sleep(POLL_S)
-    for _ in range(300):  # the record settles (stopped / succeeded) before collect
-        st = status(env, rid)
+    for i in range(300):  # the record settles (stopped / succeeded) before collect
+        st = status(env, rid, i % ASK_EVERY == ASK_EVERY - 1)
         if st not in ACTIVE:
             break
         time.sleep(POLL_S)
@@ -223,6 +241,11 @@ def main() -> int:
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
     ap.add_argument("--cpu-quota", type=float, default=0.5)
+    ap.add_argument("--calibration-epochs", choices=["job", "3x"], default="job",
+                    help="the calibration run's schedule: the job's epochs, trained on to the target up to 3x (as "
+                    "the pick runs, and as a user calibrating the plan for the job would: the plan's references "
+                    "are then of the job's own schedule), or 3x the epochs from the start (until 2026-12-05, "
+                    "when a 6-epoch schedule, which decays later, made the plan price the picks an epoch late)")
     ap.add_argument("--calibrate", choices=["every", "first"], default="every",
                     help="which seeds get a 4-node calibration run: the plan's references match a run's settings, "
                     "the seed included, so a seed without one has its compressed schemes priced as plain and "
@@ -312,8 +335,13 @@ def main() -> int:
             longer = [*sets, "--set", f"seed={seed}", "--set", f"epochs={3 * a.epochs}"]
             if (seed == 0 or a.calibrate == "every") and "calibration" not in mine:
                 print(f"seed {seed}: calibration, {a.scheme} from the first step, to {target}", file=sys.stderr)
-                mine["calibration"] = run(env, state, [job, *longer, "--set", f"grad_compression={a.scheme}",
-                                                       *scheme_sets, *wire], target, 3 * a.epochs)
+                scheme = [job, "--set", f"grad_compression={a.scheme}", *scheme_sets, *wire]
+                if a.calibration_epochs == "job":  # as the pick runs: the job's schedule, trained on to the target
+                    mine["calibration"] = run(env, state, [*scheme, *seeded, *until(target, a)], target, 3 * a.epochs,
+                                              stop=False)
+                else:
+                    mine["calibration"] = run(env, state, [*scheme, *longer], target, 3 * a.epochs)
+                mine["calibration"]["schedule"] = a.calibration_epochs
                 save()
             made = mine.get("pick") and mine["pick"].get("schedule", "job" if len(mine["pick"]["nodes"]) == 1 else "3x")
             made = "relaunch" if made == "job" else made  # (what `job` did until `continue` came)
@@ -323,8 +351,9 @@ def main() -> int:
                 mine[f"pick_{a.again}"], mine[f"plan_{a.again}"] = mine.pop("pick"), mine.pop("plan", None)
             if "pick" not in mine:
                 planned = seeded if a.plan_epochs == "job" else longer
-                if planned is seeded:  # the calibration's row is priced for its own schedule (3x); first, as
-                    # `launch --plan` takes the plan saved last
+                if planned is seeded and (mine.get("calibration") or {}).get("schedule", "3x") == "3x":
+                    # the calibration's row is priced for its own schedule (3x); first, as `launch --plan` takes
+                    # the plan saved last
                     mine["plan_long"] = ctl(env, "plan", job, *longer, *scheme_sets, "--target-acc", str(target),
                                             timeout=600)
                 ends = until(target, a) if a.pick_epochs == "on" else []
@@ -368,7 +397,7 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
              "", "| seed | target | 1 node: s to target | pick | pick: s to target | ratio | e2e img/s 1 node | "
              "e2e img/s pick | e2e ratio | plan's predicted s (error) | pick's epochs |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    ratios, e2e = [], []
+    ratios, e2e, launched = [], [], []
     for seed in range(a.seeds):
         m = done.get(f"seed{seed}") or {}
         one, pick = m.get("one"), m.get("pick")
@@ -379,6 +408,8 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         er = pick["e2e_images_per_s"] / one["e2e_images_per_s"]
         ratios += [r] if r else []
         e2e.append(er)
+        l1, lp = one.get("launch_to_target_s"), pick.get("launch_to_target_s")
+        launched += [lp / l1] if l1 and lp else []
         pred = (m.get("plan") or {}).get("recommended", {}).get("to_target_s")
         perr = f"{pred:.0f} ({pred / tp - 1:+.0%})" if pred and tp else "-"
         lines.append(f"| {seed} | {m['target']:.3f} | {t1:.0f} | {len(pick['nodes'])} x {pick['scheme']}"
@@ -387,8 +418,10 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
                      f"{one['e2e_images_per_s']:.1f} | {pick['e2e_images_per_s']:.1f} | {er:.2f}x | {perr} | "
                      f"{pick['epochs']} |")
     if ratios:
-        lines.append(f"\nmean time-to-target ratio pick / 1 node: {statistics.fmean(ratios):.2f}x (target <= 0.5x); "
+        lines.append(f"\nmean time-to-target ratio pick / 1 node: {statistics.fmean(ratios):.3f}x (target <= 0.5x); "
                      f"mean end-to-end images/s ratio: {statistics.fmean(e2e):.2f}x (target >= 2x)")
+        if launched:  # what the user waits from the command: staging, start, rendezvous and the training
+            lines.append(f"mean launch-to-target ratio (from the `launch` command): {statistics.fmean(launched):.3f}x")
     lines += ["", "The plan's predictions against the runs (seconds from the training start; the plan of each seed, "
               "for the calibration's row the one for its 3x epochs where the pick's was for the job's):",
               "", "| seed | run | to target: predicted | measured | error | wall of its epochs: predicted | "
