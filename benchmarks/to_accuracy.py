@@ -32,8 +32,9 @@ head every 2 s, and asks `clusterctl status` (an SSH session and a Python proces
 30 s (every 2 s until 2026-12-05 evening, which took from the nodes' half cores). Measured per run from rank
 0's records: time from the training start to the target, images/s end to end (every sample trained / the
 time from the start to the last epoch), the launch-to-target time the user waits (the command's start to that
-epoch's record), and the plan's prediction of the time to the target with its error. Saves after every run (DIR/runs.json, the head's
-home with the collected runs in DIR/home) and, run again with the same DIR, resumes after the last run done.
+epoch's record), and the plan's prediction of the time to the target with its error. Saves after every run
+(DIR/runs.json, the head's home with the collected runs in DIR/home) and, run again with the same DIR, resumes
+after the last run done.
 Contacts only the lab it starts; removes it at the end.
 """
 from __future__ import annotations
@@ -93,13 +94,13 @@ def figures(recs: list[dict[str, Any]], target: float | None, t_launch: float) -
 ASK_EVERY = 15  # polls: `clusterctl status` every 30 s, the run's record on the head in between
 
 
-def status(env: dict[str, str], rid: str, ask: bool) -> str:
-    """The run's state: with `ask`, as `status --json` judges it (it asks every node: an SSH session and a
-    Python process on each, inside the node's half core, which slowed a 1-node run's epochs by 5-25% when
-    asked every 2 s, docs/performance.md; its exit code tells the state too: not an error here), else as the
-    run's record on the head says, which the run's watcher keeps (no node is asked, so nothing is taken
-    from the nodes but what a user's own run has: its watcher)."""
-    if ask:
+def status(env: dict[str, str], rid: str, poll: int) -> str:
+    """The run's state at the `poll`-th look: every ASK_EVERY-th, as `status --json` judges it (it asks every
+    node: an SSH session and a Python process on each, inside the node's half core, which slowed a 1-node
+    run's epochs by 5-25% when asked every 2 s, docs/performance.md; its exit code tells the state too: not an
+    error here), else as the run's record on the head says, which the run's watcher keeps (no node is asked,
+    so nothing is taken from the nodes but what a user's own run has: its watcher)."""
+    if poll % ASK_EVERY == ASK_EVERY - 1:
         r = subprocess.run([PY, "-m", "cluster", "status", rid, "--json"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=300)
         text = r.stdout
@@ -129,11 +130,11 @@ def run(env: dict[str, str], state: lifecycle.LabState, args: list[str], target:
         if stop and target is not None and any(e["val_acc"] >= target for e in ep):
             subprocess.run([PY, "-m", "cluster", "stop", rid], cwd=ROOT, env=env, capture_output=True, timeout=600)
             break
-        if status(env, rid, i % ASK_EVERY == ASK_EVERY - 1) not in ACTIVE or len(ep) >= max_epochs:
+        if status(env, rid, i) not in ACTIVE or len(ep) >= max_epochs:
             break
         time.sleep(POLL_S)
     for i in range(300):  # the record settles (stopped / succeeded) before collect
-        st = status(env, rid, i % ASK_EVERY == ASK_EVERY - 1)
+        st = status(env, rid, i)
         if st not in ACTIVE:
             break
         time.sleep(POLL_S)

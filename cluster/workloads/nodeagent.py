@@ -384,7 +384,7 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     # record is there. Read first, a leader ending between the two reads looked gone without a record
     # ("vanished"), which failed runs that had succeeded (seen on a 4-node and a 2-node lab)
     exit_doc = _read_json(run_dir / "exit.json")
-    stopped = _stopped_it((_read_json(run_dir / STOP) or {}) if (run_dir / STOP).exists() else None, exit_doc)
+    stopped = _stopped_it(run_dir, exit_doc)
     if pid_doc is None:
         state = "stopped" if stopped else "not started"  # a stop before the start: it never will
     elif alive and exit_doc is None:
@@ -403,14 +403,14 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
             **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
-def _stopped_it(asked: Doc | None, exit_doc: Doc | None) -> bool:
+def _stopped_it(run_dir: Path, exit_doc: Doc | None) -> bool:
     """Did a stop end this run? Not one asked after its launcher had ended by itself: between the launcher's
     end and its exit record (the firewall closed, the record written) a stop still finds no exit record and
     writes its own, and the run that had succeeded was reported stopped. A stop record that cannot be read
     (or has no time) still counts: it is only ever written by a stop."""
-    if asked is None:
+    if not (run_dir / STOP).exists():
         return False
-    ended, when = (exit_doc or {}).get("ended"), asked.get("time")
+    ended, when = (exit_doc or {}).get("ended"), (_read_json(run_dir / STOP) or {}).get("time")
     return not (isinstance(ended, (int, float)) and isinstance(when, (int, float)) and ended < when)
 
 
