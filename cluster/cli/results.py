@@ -138,7 +138,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return errors.EXIT_OK
     head, rows = report.summary_rows(figs)
     keep = [i for i, h in enumerate(head) if h in REPORT_COLUMNS or h.startswith("s to val acc ")]
-    t = table("ResNet50 study", (head[i] for i in keep), overflow="fold")
+    t = table(report.title(figs), (head[i] for i in keep), overflow="fold")
     for r in rows:
         t.add_row(*(r[i] for i in keep))
     out.print(t)

@@ -357,11 +357,16 @@ CAPTIONS = {"accuracy_loss": "Validation accuracy and loss (dashed: training los
             "user_metrics": "What the programs wrote to $CLUSTER_METRICS, field by field"}
 
 
-def _title(figs: list[RunFigures]) -> str:
-    """The study's title when every run is a training run of the built-in programs, else a plain one."""
-    if figs and all(f.epochs or f.settings.get("code") is None for f in figs):
-        return "ResNet50 study: PyTorch DDP vs TensorFlow MWMS"
-    return "Runs on the cluster"
+def title(figs: list[RunFigures]) -> str:
+    """The study's title, naming the models the runs trained (a ResNet18 study is not called ResNet50's),
+    when every run is a training run of the built-in programs; else a plain one."""
+    if not figs or not all(f.epochs or f.settings.get("code") is None for f in figs):
+        return "Runs on the cluster"
+    names = {"resnet50" if f.framework == "tensorflow" else str(f.settings.get("model", "resnet50")) for f in figs}
+    models = " and ".join(sorted(n.replace("resnet", "ResNet") for n in names))
+    kinds = [v for k, v in (("pytorch", "PyTorch DDP"), ("tensorflow", "TensorFlow MWMS"))
+             if any(f.framework == k for f in figs)]
+    return f"{models} study: {' vs '.join(kinds)}" if kinds else f"{models} study"
 
 
 def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[str], list[list[str]]]]:
@@ -378,7 +383,7 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
              "th,td{border:1px solid #bbb;padding:3px 7px;font-size:13px;text-align:right}th{white-space:normal}"
              "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "figure{margin:1em 0}figcaption{font-size:13px;color:#444}</style></head><body>",
-             f"<h1>{e(_title(figs))}</h1>",
+             f"<h1>{e(title(figs))}</h1>",
              f"<p>{len(figs)} run(s). Throughput (images/s) and epoch time are medians over the epochs after the "
              "first; end-to-end throughput (e2e images/s) is every trained sample over the wall time; "
              "scaling efficiency and the communication share compare with a one-node run of the same job and "
@@ -416,7 +421,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
                          + ["| " + " | ".join(r) + " |" for r in rows])
 
     image_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {_title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
+    parts = [f"# {title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
     for f in figs:
         parts += [f"## {f.run_id}", "", run_line(f), ""]
         if len(f.periods) > 1:

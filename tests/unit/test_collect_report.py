@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.study import report
+from cluster.study import figures, report
 from cluster.runs import collect, records
 from tests import goldens
 from tests.conftest import ROOT
@@ -252,3 +252,20 @@ def test_recorded_runs_markdown_page_matches_golden(tmp_path: Path, monkeypatch:
     md = tmp_path / "recorded.md"
     report.write_pages([DDP3, TF3, DDP1], html=None, markdown=md, price_kwh=0.25)
     goldens.check(GOLDEN_RECORDED, md.read_text(), "the recorded runs' Markdown report")
+
+
+def _fig(framework: str, settings: dict[str, object], epochs: bool = True) -> figures.RunFigures:
+    return figures.RunFigures(run_id="r", job="j", framework=framework, state="succeeded", nodes=["node1"], world=1,
+                              batch=32, global_batch=32, dataset="digits", synthetic=False,
+                              epochs=[{"epoch": 1}] if epochs else [], images_per_s=None, epoch_s=None,
+                              final_val_acc=None, best_val_acc=None, wall_s=None, settings=settings)
+
+
+def test_the_title_names_the_models_and_frameworks_the_runs_trained() -> None:
+    torch18, torch50 = _fig("pytorch", {"model": "resnet18"}), _fig("pytorch", {"model": "resnet50"})
+    tf = _fig("tensorflow", {"model": "resnet50"})
+    assert report.title([torch50, tf]) == "ResNet50 study: PyTorch DDP vs TensorFlow MWMS"
+    assert report.title([torch18]) == "ResNet18 study: PyTorch DDP"
+    assert report.title([torch18, tf]) == "ResNet18 and ResNet50 study: PyTorch DDP vs TensorFlow MWMS"
+    own = _fig("pytorch", {"model": "resnet50", "code": "train.py"}, epochs=False)
+    assert report.title([torch50, own]) == "Runs on the cluster"
