@@ -655,10 +655,13 @@ def overrides_for(inv: Inventory, job: str) -> list[str]:
 
 
 def settings_of(c: Placement) -> list[str]:
-    """A candidate's nodes, shares and communication scheme as job settings (`--set`); PowerSGD's wire
-    always, since the plan weighs both and the job's own may be the other."""
+    """A candidate's nodes, shares and communication scheme as job settings (`--set`): only the keys its scheme
+    reads (a plain candidate's launch line names no PowerSGD rank), PowerSGD's wire always with PowerSGD, since
+    the plan weighs both and the job's own may be the other."""
+    powersgd = c.grad_compression == "powersgd"
     return ([f"nodes=[{', '.join(c.nodes)}]"] + [f"shares.{n}={b}" for n, b in c.shares.items()]
-            + [f"grad_compression={c.grad_compression}", f"powersgd_rank={c.powersgd_rank}",
-               f"accumulate={c.accumulate}"]
+            + [f"grad_compression={c.grad_compression}"]
+            + ([f"powersgd_rank={c.powersgd_rank}"] if powersgd else [])
+            + [f"accumulate={c.accumulate}"]
             + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else [])
-            + ([f"powersgd_wire={c.powersgd_wire}"] if c.grad_compression == "powersgd" else []))
+            + ([f"powersgd_wire={c.powersgd_wire}"] if powersgd else []))

@@ -166,7 +166,7 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
     assert placement.overrides_for(inv, "resnet50-ddp") == (
         [f"nodes=[{', '.join(choice.recommended.nodes)}]"]
         + [f"shares.{n}={s}" for n, s in choice.recommended.shares.items()]
-        + ["grad_compression=none", "powersgd_rank=2", "accumulate=1"])
+        + ["grad_compression=none", "accumulate=1"])
     p.write_text('{"recommended": {"nodes": "a"}}')
     with pytest.raises(UsageError, match=str(p)):
         placement.load_recommended(inv, "resnet50-ddp")
