@@ -18,6 +18,11 @@ sessions of their own: the process group started here, the descendants of its
 leader, and any process whose environment carries this run's CLUSTER_RUN_ID and
 this node's CLUSTER_NODE_NAME (set by launch.sh). Output is one JSON line.
 
+The run's programs get a TMPDIR of their own (RUN_DIR/.tmp), emptied when each launch
+starts and removed when it ends: what a stopped program could not clean up (TensorFlow's
+autograph modules, torchrun's torchelastic_* folders, a user's temporary files) does not
+pile up in the PC's /tmp run after run.
+
 A process-group number is only trusted while it is provably ours: pid.json
 keeps the boot id and the leader's start time (/proc/PID/stat field 22). After a
 reboot, or once the leader is gone and its number could have been handed out
@@ -30,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +51,7 @@ if TYPE_CHECKING:  # the node's system Python may be older than the head's: alia
 LOG = "node.log"
 STOP = "stop.json"  # a stop was asked for: the run is stopped, or never starts
 ORPHAN_AGENT_S = 360.0  # see _wait_launcher
+TMP = ".tmp"  # the run's TMPDIR (module doc), never collected
 KILL_SETTLE_S = 5.0  # how long `stop` waits for SIGKILLed processes to be gone before it says what is left
 
 
@@ -215,7 +222,11 @@ def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
         # A handler, not SIG_IGN: `stop` signals the whole group, this process must live on to record
         # the exit, and exec resets handlers (an ignored signal would be inherited by the job).
         signal.signal(signal.SIGTERM, lambda *_: None)
-        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir)  # bounded: see the wait below
+        tmp = run_dir / TMP
+        shutil.rmtree(tmp, ignore_errors=True)  # a period before whose leader was killed
+        tmp.mkdir()
+        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir,  # bounded: see the wait below
+                                 env={**os.environ, "TMPDIR": str(tmp)})
         doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
                "leader_start": _start_ticks(os.getpid()), "period": period}
         _write_json(run_dir / "pid.json", doc)
@@ -224,6 +235,7 @@ def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
         code = _wait_launcher(run_dir, child)
         ended = time.time()  # before anything else: a stop asked after it found the run over (status)
         _close_firewall(run_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
         _write_json(run_dir / "exit.json", {"code": code, "ended": ended})
         os._exit(0)
     os.close(w)
@@ -534,8 +546,8 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if os.path.islink(Path(root) / d):
                 skipped.append({"path": rel, "reason": "symbolic link"})
                 dirs.remove(d)
-            elif (not checkpoints and d.startswith(CHECKPOINT_NAMES)) or d == "__pycache__":
-                dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either)
+            elif (not checkpoints and d.startswith(CHECKPOINT_NAMES)) or d == "__pycache__" or rel == TMP:
+                dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either); TMP: scratch
             elif not _wanted(rel, outputs, True):
                 dirs.remove(d)
                 left += 1

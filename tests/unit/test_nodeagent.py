@@ -233,3 +233,25 @@ def test_the_exit_record_keeps_the_launchers_end_not_the_records_time(tmp_path: 
     agent("start", str(d))
     st = wait_state(d, "succeeded")
     assert t0 < st["exit"]["ended"] <= (d / "exit.json").stat().st_mtime
+
+
+def test_the_programs_tmpdir_is_the_runs_own_and_goes_when_the_launch_ends(tmp_path: Path) -> None:
+    """What a program leaves in TMPDIR (a stopped TensorFlow's autograph modules, torchrun's torchelastic_*
+    folders) goes with the launch, ended or stopped, instead of piling up in the PC's /tmp; never collected."""
+    script = ('echo "$TMPDIR" > out/tmpdir\npython3 -c "import tempfile; print(tempfile.mkdtemp())" > out/made\n'
+              "touch \"$TMPDIR/left\"\n")
+    ended, stopped = make_run(tmp_path, script + "exit 0\n", "ended"), make_run(tmp_path, script + "sleep 300\n", "stop")
+    for d in (ended, stopped):
+        agent("start", str(d))
+    wait_state(ended, "succeeded")
+    deadline = time.monotonic() + 20
+    while not (stopped / ".tmp" / "left").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [x["path"] for x in agent("manifest", str(stopped))["files"] if x["path"].startswith(".tmp")] == []
+    agent("stop", str(stopped), "5")
+    wait_state(stopped, "stopped")
+    for d in (ended, stopped):
+        tmp = d / ".tmp"
+        assert (d / "out" / "tmpdir").read_text().strip() == str(tmp)
+        assert Path((d / "out" / "made").read_text().strip()).parent == tmp
+        assert not tmp.exists()
