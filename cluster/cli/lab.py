@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
@@ -32,6 +33,10 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
                             help="also delete the lab directory: keys and every node's /srv/cluster (venvs, runs)")
         if action == "up":
             _declare_up(sp)
+        if action == "status":
+            sp.add_argument("--all", action="store_true",
+                            help="every lab on this machine, found by its namespaces and links, with its state "
+                                 "file where that is in the default place (exit 0: a listing)")
         if action == "power":
             sp.add_argument("switch", choices=("off", "on"), help="off: a power cut; on: the power button")
             sp.add_argument("nodes", nargs="+", metavar="NODE", help="node numbers or names, e.g. 2 or node2")
@@ -122,6 +127,8 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_status(args: argparse.Namespace) -> int:
+    if args.all:
+        return _all_labs(args)
     state, rows = lifecycle.status(args.name, _directory(args))
     sl = lab_slurm.status(state) if state is not None else None
     left = lifecycle.leftovers(args.name) if state is None else []
@@ -148,6 +155,27 @@ def cmd_lab_status(args: argparse.Namespace) -> int:
     if sl:
         healthy = healthy and sl.healthy
     return errors.EXIT_OK if healthy else errors.EXIT_FAILED
+
+
+def _all_labs(args: argparse.Namespace) -> int:
+    """A listing (exit 0): a lab without its state in the default place was started with --dir, or is what a
+    killed `lab up` or test left; this cannot tell which, so it says both and how to remove it."""
+    labs: list[dict[str, Any]] = []
+    for name, pieces in lifecycle.labs_here().items():
+        state = lifecycle.state_path(name, None)
+        labs.append({"name": name, "state": str(state) if state.exists() else None, "pieces": pieces})
+    if args.json:
+        emit_json({"labs": labs})
+    elif not labs:
+        out.print("no lab on this machine")
+    else:
+        t = table("labs on this machine", ("lab", "namespaces and links", "state"))
+        for lab in labs:
+            t.add_row(lab["name"], str(len(lab["pieces"])), escape(lab["state"]) if lab["state"] else
+                      "[yellow]none in the default place[/]: started with --dir, or left by a killed `lab up` "
+                      f"or test (`clusterctl lab down --name {lab['name']}` removes it)")
+        out.print(t)
+    return errors.EXIT_OK
 
 
 def cmd_lab_power(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from cluster.lab.net import answers, links, netns_list, sh, start_gateway_links,
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
 from cluster.lab.state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
 
-__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
+__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down", "state_path",
            "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
@@ -420,6 +420,15 @@ def leftovers(name: str) -> list[str]:
     """The namespaces and links of lab `name` that exist on this machine, as `down` names what it removes:
     where its state is gone (a killed `lab up` or test), what `down --name` would still remove."""
     return [f"netns {ns}" for ns in netns_list(name)] + [f"link {link}" for link in links(name)]
+
+
+def labs_here() -> dict[str, list[str]]:
+    """Every lab on this machine by its pieces (a lab up, or what a killed `lab up` or test left), found by the
+    names `up` gives them, whatever their state directory: name -> the pieces `down --name` would remove."""
+    found: dict[str, list[str]] = {}
+    for piece in [f"netns {ns}" for ns in netns_list(None)] + [f"link {x}" for x in links(None)]:
+        found.setdefault(piece.split()[1].rsplit("-", 1)[0], []).append(piece)
+    return dict(sorted(found.items()))
 
 
 def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState | None, list[NodeStatus]]:

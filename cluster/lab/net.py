@@ -75,17 +75,26 @@ def answers(ns: str, address: str, port: int = 22, timeout: float = 1.0) -> bool
               check=False).returncode == 0
 
 
-def netns_list(name: str) -> list[str]:
+ANY_LAB = "[a-z][a-z0-9]{0,7}"  # lifecycle.NAME_RE: what prefixes a lab's namespaces and links
+
+
+def netns_list(name: str | None) -> list[str]:
+    """Lab `name`'s network namespaces on this machine; None: every lab's."""
     out = sh("ip", "netns", "list", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(n\d+|gw|sl)$")  # sl: a --slurm lab's login node
+    pat = re.compile(rf"^{_prefix(name)}-(n\d+|gw|sl)$")  # sl: a --slurm lab's login node
     return [line.split()[0] for line in out.splitlines() if line.split() and pat.match(line.split()[0])]
 
 
-def links(name: str) -> list[str]:
+def links(name: str | None) -> list[str]:
+    """Lab `name`'s links on this machine; None: every lab's."""
     out = sh("ip", "-o", "link", "show", check=False).stdout
-    pat = re.compile(rf"^{re.escape(name)}-(br|ifb|v\d+|vg|gwv|vs)$")  # vs: the login node's link
+    pat = re.compile(rf"^{_prefix(name)}-(br|ifb|v\d+|vg|gwv|vs)$")  # vs: the login node's link
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
     return [n for n in names if pat.match(n)]
+
+
+def _prefix(name: str | None) -> str:
+    return ANY_LAB if name is None else re.escape(name)
 
 
 def kill_netns(ns: str, spare: int | None = None) -> None:

@@ -49,6 +49,12 @@ def test_up_status_down_leaves_nothing(tmp_path: Path) -> None:
         assert "tbf" in tc and "rate 1Gbit" in tc
         rc, st = clusterctl_json("lab", "status", "--name", name, "--dir", str(d), env=env)
         assert rc == 0 and all(n["sshd"] and n["port_open"] and n["netns"] for n in st["nodes"])
+        (tmp_path / "home" / "labs").mkdir(parents=True, exist_ok=True)  # its directory as the default place
+        (tmp_path / "home" / "labs" / name).symlink_to(d)
+        rc, every = clusterctl_json("lab", "status", "--all", env=env)
+        mine = [lab for lab in every["labs"] if lab["name"] == name]
+        assert rc == 0 and [lab["state"] for lab in mine] == [str(tmp_path / "home" / "labs" / name / "lab.json")]
+        assert {f"netns {name}-n1", f"netns {name}-n2", f"link {name}-br"} <= set(mine[0]["pieces"])
         # up again on a running lab: reclaims its own pieces, ends with the same healthy lab
         rc, _ = clusterctl_json("lab", "up", "2", "--name", name, "--subnet", lab_subnet(1), "--dir", str(d), env=env)
         assert rc == 0
@@ -82,6 +88,13 @@ def test_up_reclaims_what_a_crashed_run_left_behind(tmp_path: Path) -> None:
         assert {f"netns {name}-n1", f"netns {name}-n2", f"link {name}-br"} <= set(st["leftovers"])
         r = clusterctl("lab", "status", "--name", name, "--dir", str(d), env=env)
         assert r.returncode == 1 and f"clusterctl lab down --name {name}" in r.stdout
+        # a listing of every lab on the machine finds it by its pieces, with no state in the default place
+        rc, every = clusterctl_json("lab", "status", "--all", env=env)
+        mine = [lab for lab in every["labs"] if lab["name"] == name]
+        assert rc == 0 and len(mine) == 1 and mine[0]["state"] is None
+        assert set(mine[0]["pieces"]) == set(st["leftovers"])
+        r = clusterctl("lab", "status", "--all", env=env)
+        assert r.returncode == 0 and name in r.stdout and "none in the default place" in r.stdout
         r = clusterctl("lab", "up", "2", "--name", name, "--subnet", lab_subnet(2), "--dir", str(d), env=env)
         assert r.returncode == 0, r.stderr
         rc, ex = clusterctl_json("exec", "--", "hostname", env=env)
@@ -89,6 +102,7 @@ def test_up_reclaims_what_a_crashed_run_left_behind(tmp_path: Path) -> None:
     finally:
         clusterctl("lab", "down", "--name", name, "--dir", str(d), env=env)
     assert _leftovers(name, d) == {}
+    assert name not in [lab["name"] for lab in clusterctl_json("lab", "status", "--all", env=env)[1]["labs"]]
 
 
 def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
