@@ -224,9 +224,13 @@ def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
         signal.signal(signal.SIGTERM, lambda *_: None)
         tmp = run_dir / TMP
         shutil.rmtree(tmp, ignore_errors=True)  # a period before whose leader was killed
-        tmp.mkdir()
-        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir,  # bounded: see the wait below
-                                 env={**os.environ, "TMPDIR": str(tmp)})
+        try:
+            tmp.mkdir()
+            env = {**os.environ, "TMPDIR": str(tmp)}
+        except OSError as e:  # the run still starts, with the PC's own TMPDIR
+            sys.stderr.write(f"nodeagent: no {tmp} ({e.strerror}): the programs keep the node's TMPDIR\n")
+            env = dict(os.environ)
+        child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir, env=env)  # bounded: see the wait below
         doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
                "leader_start": _start_ticks(os.getpid()), "period": period}
         _write_json(run_dir / "pid.json", doc)

@@ -255,3 +255,12 @@ def test_the_programs_tmpdir_is_the_runs_own_and_goes_when_the_launch_ends(tmp_p
         assert (d / "out" / "tmpdir").read_text().strip() == str(tmp)
         assert Path((d / "out" / "made").read_text().strip()).parent == tmp
         assert not tmp.exists()
+
+
+def test_a_run_whose_tmpdir_cannot_be_made_still_starts_with_the_nodes_own(tmp_path: Path) -> None:
+    d = make_run(tmp_path, 'echo "${TMPDIR:-unset}" > out/tmpdir\nexit 0\n')
+    (d / ".tmp").write_text("a file where the folder would go")
+    agent("start", str(d))
+    wait_state(d, "succeeded")
+    assert (d / "out" / "tmpdir").read_text().strip() == os.environ.get("TMPDIR", "unset")
+    assert "the programs keep the node's TMPDIR" in (d / "node.log").read_text()
