@@ -8,8 +8,10 @@ in DIR/home). For every plan in it that was followed by a pick (`plan` with `pic
 its bench, the references it was calibrated by: the collected runs it names, read again from DIR/home) and
 prices the candidate the pick ran with this checkout's model (placement.to_target), then prints the
 recorded prediction, the new one and the pick's measured time to the target, with the error of each and,
-per pass, on the mean of the seeds (issue 26's measure). A change to the convergence model is read here
-against every recorded run at once, no lab needed. Reads only DIR; contacts nothing.
+per pass, on the mean of the seeds (issue 26's measure). Then the step model alone: each run's epoch (the
+one node's, the calibration's, the pick's) priced again from its plan's bench, against the run's training
+time an epoch. A change to the convergence or the step model is read here against every recorded run at
+once, no lab needed. Reads only DIR; contacts nothing.
 """
 from __future__ import annotations
 
@@ -55,6 +57,43 @@ def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, 
     return (same[0].to_target_s if same else None), len(model.references)
 
 
+def epoch_priced(plan: dict[str, Any], run_id: str, nodes: int, scheme: str, accumulate: int,
+                 wire: str) -> float | None:
+    """This checkout's seconds an epoch (training, evaluation, checkpoint) for a run's configuration, from the
+    plan's own bench (its nodes' speeds and network): the step model alone, no convergence."""
+    choice = placement.PlacementChoice.from_dict(plan)
+    run = records.load(run_id)
+    spec = jobs.from_run(run.spec_file, run.settings or {})
+    work = placement.workload(spec, choice.network)
+    same = [c for c in placement.candidates(choice.speeds, spec["batch"], choice.network, work=work)
+            if len(c.nodes) == nodes and c.grad_compression == scheme and c.accumulate == accumulate
+            and (scheme != "powersgd" or c.powersgd_wire == wire)]
+    return min((c.epoch_s for c in same if c.epoch_s), default=None)
+
+
+def walls(d: Path, done: dict[str, Any]) -> list[tuple[str, float, float, float]]:
+    """Per run of DIR (one node, calibration, pick): (row name, recorded plan's epoch, this checkout's, the
+    run's training time an epoch), each from the plan of its seed that priced it."""
+    out = []
+    for seed in sorted(k for k in done if k.startswith("seed")):
+        m = done[seed]
+        for name in ("one", "calibration", "pick"):
+            r, plan = m.get(name), m.get("plan_long" if name == "calibration" and "plan_long" in m else "plan")
+            if not r or not plan or not r.get("trained_s") or len(r.get("runs") or [r]) > 1:
+                continue  # a continued run's time has restarts in it: the step model alone is not it
+            nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
+            scheme = "none" if name == "one" else r.get("scheme", "powersgd")
+            wire = r.get("wire") or done.get("wire") or "float32"
+            now = epoch_priced(plan, r["run_id"], nodes, scheme, r.get("accumulate") or 1, wire)
+            was = [c.get("epoch_s") for c in plan["candidates"] if len(c["nodes"]) == nodes
+                   and c["grad_compression"] == scheme and c.get("accumulate", 1) == (r.get("accumulate") or 1)
+                   and (scheme != "powersgd" or c.get("powersgd_wire", "float32") == wire)]
+            if now and was and was[0]:
+                out.append((f"{seed[4:]} | {name} ({nodes} x {scheme}{' bf16' if wire == 'bfloat16' and scheme == 'powersgd' else ''})",
+                            float(was[0]), now, r["trained_s"] / r["epochs"]))
+    return out
+
+
 def err(pred: float | None, meas: float | None) -> str:
     return "-" if pred is None or not meas else f"{pred / meas - 1:+.0%}"
 
@@ -63,6 +102,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)
     a = ap.parse_args()
+    epochs: dict[str, list[tuple[str, float, float, float]]] = {}
     print("| DIR | pass | seed | pick | refs | measured s | recorded s (error) | now s (error) |")
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for d in a.dirs:
@@ -87,6 +127,22 @@ def main() -> int:
             meas, was, now = (statistics.fmean(r[i] for r in rows) for i in range(3))
             print(f"| {d.name} | {name}: mean of {len(rows)} | | | | {meas:.0f} | {was:.0f} ({err(was, meas)}) | "
                   f"{now:.0f} ({err(now, meas)}) |")
+        epochs[d.name] = walls(d, done)
+    print("\nAn epoch's wall time (the step model alone: the plan's epoch against the run's training time over its "
+          "epochs; the last pass's plan of each seed; continued runs left out):\n")
+    print("| DIR | seed | run | measured s | recorded plan s (error) | now s (error) |")
+    print("|---|---:|---|---:|---:|---:|")
+    for dir_name, got in epochs.items():
+        for label, e_was, e_now, e_meas in got:
+            print(f"| {dir_name} | {label} | {e_meas:.1f} | {e_was:.1f} ({err(e_was, e_meas)}) | "
+                  f"{e_now:.1f} ({err(e_now, e_meas)}) |")
+        for kind in ("one", "calibration", "pick"):
+            of = [x for x in got if f"| {kind} (" in x[0]]
+            if of:
+                e_was, e_now, e_meas = (statistics.fmean(x[1] for x in of), statistics.fmean(x[2] for x in of),
+                                        statistics.fmean(x[3] for x in of))
+                print(f"| {dir_name} | mean of {len(of)} | {kind} | {e_meas:.1f} | {e_was:.1f} ({err(e_was, e_meas)}) | "
+                      f"{e_now:.1f} ({err(e_now, e_meas)}) |")
     return 0
 
 

@@ -265,7 +265,8 @@ def step_time(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Net
     slow = max(shares, key=compute)
     c = commmodel.comm(w.shapes, scheme, len(shares), link(network), w.bucket_mb)
     backward = commmodel.BACKWARD_SHARE * shares[slow] * speeds[slow].per_sample_s
-    wait = commmodel.exposed(c, backward, overlap=commmodel.overlaps(w.framework, scheme))
+    priced = all(speeds[n].powersgd_s > 0 for n in shares)
+    wait = commmodel.exposed(c, backward, overlap=commmodel.overlaps(w.framework, scheme, priced))
     return compute(slow) + wait, wait
 
 
