@@ -287,6 +287,21 @@ def test_the_program_exit_code_is_the_task_exit_code_and_recorded(tmp_path: Path
     assert r.returncode == 3 and exit_code(req, 1) == 3
 
 
+def test_a_tasks_programs_get_a_tmpdir_of_their_own_under_the_nodes_and_it_goes_with_the_task(tmp_path: Path) -> None:
+    """As on the room's PCs (docs/jobs.md): a folder of the task's own, under the node's TMPDIR (a site's, or
+    /tmp), removed when the task ends, whatever its exit code."""
+    c = lab_cluster(tmp_path)
+    req = c.request("resnet50-ddp")
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    for task, code in ((0, "0"), (1, "3")):
+        assert c.run_task(req, task, f"node{task + 1}", FAKE_EXIT=code, TMPDIR=str(node_tmp)).returncode == int(code)
+        mine = Path(call(req, task)["env"]["TMPDIR"])
+        assert mine.parent == node_tmp and mine.name.startswith(f"clusterctl-{JOB_ID}.")
+        assert not mine.exists()
+    assert list(node_tmp.iterdir()) == []
+
+
 def test_a_node_without_nodeaddr_fails_the_task_before_the_program(tmp_path: Path) -> None:
     c = Cluster(tmp_path, (RECORDED / "scontrol_show_hostnames.txt").read_text(),
                 (RECORDED / "scontrol_show_node_idle.txt").read_text())  # node2 missing from scontrol's answer
