@@ -89,8 +89,9 @@ def walls(d: Path, done: dict[str, Any]) -> list[tuple[str, float, float, float]
                    and c["grad_compression"] == scheme and c.get("accumulate", 1) == (r.get("accumulate") or 1)
                    and (scheme != "powersgd" or c.get("powersgd_wire", "float32") == wire)]
             if now and was and was[0]:
-                out.append((f"{seed[4:]} | {name} ({nodes} x {scheme}{' bf16' if wire == 'bfloat16' and scheme == 'powersgd' else ''})",
-                            float(was[0]), now, r["trained_s"] / r["epochs"]))
+                bf16 = " bf16" if wire == "bfloat16" and scheme == "powersgd" else ""
+                out.append((f"{seed[4:]} | {name} ({nodes} x {scheme}{bf16})", float(was[0]), now,
+                            r["trained_s"] / r["epochs"]))
     return out
 
 
@@ -141,8 +142,8 @@ def main() -> int:
             if of:
                 e_was, e_now, e_meas = (statistics.fmean(x[1] for x in of), statistics.fmean(x[2] for x in of),
                                         statistics.fmean(x[3] for x in of))
-                print(f"| {dir_name} | mean of {len(of)} | {kind} | {e_meas:.1f} | {e_was:.1f} ({err(e_was, e_meas)}) | "
-                      f"{e_now:.1f} ({err(e_now, e_meas)}) |")
+                print(f"| {dir_name} | mean of {len(of)} | {kind} | {e_meas:.1f} | "
+                      f"{e_was:.1f} ({err(e_was, e_meas)}) | {e_now:.1f} ({err(e_now, e_meas)}) |")
     return 0
 
 

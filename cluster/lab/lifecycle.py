@@ -33,8 +33,8 @@ from cluster.lab.net import answers, links, netns_list, sh, start_gateway_links,
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
 from cluster.lab.state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
 
-__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down", "state_path",
-           "load_state", "preflight", "restart_sshd", "status", "stop_sshd", "up"]
+__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
+           "load_state", "preflight", "restart_sshd", "state_path", "status", "stop_sshd", "up"]
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")

@@ -193,9 +193,10 @@ def overlaps(framework: str, scheme: Scheme, powersgd_priced: bool = True) -> bo
 
     PowerSGD without its compute priced does not overlap: that sum was the stand-in for its compute on the
     slow lab (0.69 s a step against 0.41 s of compute and 0.16 s of all-reduce, before bench measured
-    `powersgd_s`). With both, its all-reduces counted in full besides its compute priced every recorded
-    4-node run of benchmarks/to_accuracy.py 9-22% slow where the 1-node rows were within 6%
-    (benchmarks/plan_backtest.py, docs/performance.md): the bytes travel while backward computes."""
+    `powersgd_s`). With both, its all-reduces counted in full besides its compute priced the 4-node runs of
+    the three newest benchmarks/to_accuracy.py DIRs 9-22% slow an epoch; overlapped, those of the two DIRs
+    whose runs nothing slowed come within 5%, as their 1-node rows (benchmarks/plan_backtest.py,
+    docs/performance.md): the bytes travel while backward computes."""
     if framework != "pytorch" or scheme.grad_compression == wlcommon.LOCAL_SGD:
         return False
     return powersgd_priced or scheme.grad_compression != "powersgd"
