@@ -30,16 +30,29 @@ from cluster.runs import jobs, records  # noqa: E402
 from cluster.study import convergence, placement  # noqa: E402
 
 
+def _priced_again(plan: dict[str, Any], run_id: str) -> tuple[placement.PlacementChoice, jobs.JobSpec,
+                                                                placement.Workload, list[placement.Placement]]:
+    """The plan as saved, the run's job, and every candidate priced by this checkout's step model from the
+    plan's own bench (its nodes' speeds and network)."""
+    choice = placement.PlacementChoice.from_dict(plan)
+    run = records.load(run_id)
+    spec = jobs.from_run(run.spec_file, run.settings or {})
+    work = placement.workload(spec, choice.network)
+    return choice, spec, work, placement.candidates(choice.speeds, spec["batch"], choice.network, work=work)
+
+
+def _matching(cands: list[placement.Placement], nodes: int, scheme: str, accumulate: int,
+              wire: str) -> list[placement.Placement]:
+    return [c for c in cands if len(c.nodes) == nodes and c.grad_compression == scheme and c.accumulate == accumulate
+            and (scheme != "powersgd" or c.powersgd_wire == wire)]
+
+
 def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, int]:
     """This checkout's seconds to the plan's target for the pick's candidate, from the plan's own inputs;
     and how many references it had."""
-    choice = placement.PlacementChoice.from_dict(plan)
+    choice, spec, work, cands = _priced_again(plan, pick["run_id"])
     conv = plan["convergence"]
     known = {r["run_id"] for r in conv["references"]}
-    run = records.load(pick["run_id"])
-    spec = jobs.from_run(run.spec_file, run.settings or {})
-    work = placement.workload(spec, choice.network)
-    cands = placement.candidates(choice.speeds, spec["batch"], choice.network, work=work)
     every = convergence.references
 
     def as_known(spec: jobs.JobSpec, target: float) -> list[convergence.Reference]:
@@ -52,28 +65,15 @@ def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, 
         convergence.references = every
     placement.to_target(cands, choice.speeds, choice.network, work, model)
     rec = plan["recommended"]
-    same = [c for c in cands if sorted(c.nodes) == sorted(rec["nodes"]) and c.grad_compression == rec["grad_compression"]
-            and c.accumulate == rec.get("accumulate", 1) and c.powersgd_wire == rec.get("powersgd_wire", "float32")]
+    same = [c for c in _matching(cands, len(rec["nodes"]), rec["grad_compression"], rec.get("accumulate", 1),
+                                 rec.get("powersgd_wire") or "float32") if sorted(c.nodes) == sorted(rec["nodes"])]
     return (same[0].to_target_s if same else None), len(model.references)
 
 
-def epoch_priced(plan: dict[str, Any], run_id: str, nodes: int, scheme: str, accumulate: int,
-                 wire: str) -> float | None:
-    """This checkout's seconds an epoch (training, evaluation, checkpoint) for a run's configuration, from the
-    plan's own bench (its nodes' speeds and network): the step model alone, no convergence."""
-    choice = placement.PlacementChoice.from_dict(plan)
-    run = records.load(run_id)
-    spec = jobs.from_run(run.spec_file, run.settings or {})
-    work = placement.workload(spec, choice.network)
-    same = [c for c in placement.candidates(choice.speeds, spec["batch"], choice.network, work=work)
-            if len(c.nodes) == nodes and c.grad_compression == scheme and c.accumulate == accumulate
-            and (scheme != "powersgd" or c.powersgd_wire == wire)]
-    return min((c.epoch_s for c in same if c.epoch_s), default=None)
-
-
 def walls(d: Path, done: dict[str, Any]) -> list[tuple[str, float, float, float]]:
-    """Per run of DIR (one node, calibration, pick): (row name, recorded plan's epoch, this checkout's, the
-    run's training time an epoch), each from the plan of its seed that priced it."""
+    """Per run of DIR (one node, calibration, pick): (row name, the recorded plan's epoch, this checkout's
+    step model's from the same bench, the run's training time an epoch), each from the plan of its seed that
+    priced it: the step model alone, no convergence."""
     out = []
     for seed in sorted(k for k in done if k.startswith("seed")):
         m = done[seed]
@@ -83,14 +83,13 @@ def walls(d: Path, done: dict[str, Any]) -> list[tuple[str, float, float, float]
                 continue  # a continued run's time has restarts in it: the step model alone is not it
             nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
             scheme = "none" if name == "one" else r.get("scheme", "powersgd")
-            wire = r.get("wire") or done.get("wire") or "float32"
-            now = epoch_priced(plan, r["run_id"], nodes, scheme, r.get("accumulate") or 1, wire)
-            was = [c.get("epoch_s") for c in plan["candidates"] if len(c["nodes"]) == nodes
-                   and c["grad_compression"] == scheme and c.get("accumulate", 1) == (r.get("accumulate") or 1)
-                   and (scheme != "powersgd" or c.get("powersgd_wire", "float32") == wire)]
-            if now and was and was[0]:
+            wire, acc = r.get("wire") or done.get("wire") or "float32", r.get("accumulate") or 1
+            choice, _, _, cands = _priced_again(plan, r["run_id"])
+            was, now = (min((c.epoch_s for c in _matching(x, nodes, scheme, acc, wire) if c.epoch_s), default=None)
+                        for x in (choice.candidates, cands))
+            if now and was:
                 bf16 = " bf16" if wire == "bfloat16" and scheme == "powersgd" else ""
-                out.append((f"{seed[4:]} | {name} ({nodes} x {scheme}{bf16})", float(was[0]), now,
+                out.append((f"{seed[4:]} | {name} ({nodes} x {scheme}{bf16})", was, now,
                             r["trained_s"] / r["epochs"]))
     return out
 

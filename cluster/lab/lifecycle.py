@@ -426,8 +426,9 @@ def labs_here() -> dict[str, list[str]]:
     """Every lab on this machine by its pieces (a lab up, or what a killed `lab up` or test left), found by the
     names `up` gives them, whatever their state directory: name -> the pieces `down --name` would remove."""
     found: dict[str, list[str]] = {}
-    for piece in [f"netns {ns}" for ns in netns_list(None)] + [f"link {x}" for x in links(None)]:
-        found.setdefault(piece.split()[1].rsplit("-", 1)[0], []).append(piece)
+    for kind, names in (("netns", netns_list(None)), ("link", links(None))):
+        for n in names:  # <lab>-<suffix>: a lab's name has no "-"
+            found.setdefault(n.rsplit("-", 1)[0], []).append(f"{kind} {n}")
     return dict(sorted(found.items()))
 
 
