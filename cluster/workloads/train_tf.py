@@ -283,6 +283,8 @@ class Training:
 
 def refused(a: argparse.Namespace) -> str | None:
     """What this program does not accept (wlcommon.parse_args)."""
+    if a.model != "resnet50":  # tf-keras's ResNet50 is this program's one model: not another silently
+        return f"--model {a.model} is for train_torch.py; train_tf.py trains resnet50 (leave --model out)"
     if a.grad_compression == "powersgd":
         return ("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
                 "use fp16 with TensorFlow")

@@ -165,9 +165,15 @@ def test_tf_local_sgd_steps_each_worker_alone_then_averages_the_models(tmp_path:
     assert int(np.load(f"{out}.sent0.npy")) == params * 8  # float64 here, 2 (W-1)/W = 1 for two workers
 
 
-def test_tf_program_refuses_powersgd_with_a_clear_message(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(WL / "train_tf.py"), "--grad-compression", "powersgd", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300,
+@pytest.mark.parametrize(("args", "says"), [
+    (["--grad-compression", "powersgd"], "powersgd is implemented for PyTorch only"),
+    (["--model", "resnet18"], "--model resnet18 is for train_torch.py; train_tf.py trains resnet50"),
+], ids=["powersgd", "another-model"])
+def test_tf_program_refuses_what_it_cannot_do_with_a_clear_message(tmp_path: Path, args: list[str],
+                                                                   says: str) -> None:
+    r = subprocess.run([sys.executable, str(WL / "train_tf.py"), *args, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2
-    assert "powersgd is implemented for PyTorch only" in r.stderr and "Traceback" not in r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())  # refused before it wrote anything
