@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cluster.runs import jobs, records  # noqa: E402
-from cluster.study import convergence, placement  # noqa: E402
+from cluster.study import convergence, placement, plans  # noqa: E402
 
 
 def _priced_again(plan: dict[str, Any], run_id: str) -> tuple[placement.PlacementChoice, jobs.JobSpec,
@@ -37,7 +37,7 @@ def _priced_again(plan: dict[str, Any], run_id: str) -> tuple[placement.Placemen
     choice = placement.PlacementChoice.from_dict(plan)
     run = records.load(run_id)
     spec = jobs.from_run(run.spec_file, run.settings or {})
-    work = placement.workload(spec, choice.network)
+    work = plans.workload(spec, choice.network)
     return choice, spec, work, placement.candidates(choice.speeds, spec["batch"], choice.network, work=work)
 
 

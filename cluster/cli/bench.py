@@ -9,7 +9,7 @@ from cluster import errors
 from cluster.cli.args import FRACTION, POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
 from cluster.cli.output import emit_json, load_inventory, notes, out, table
 
-RECOMMENDED = " (recommended)"  # how placement.summary_rows marks the recommended node set
+RECOMMENDED = " (recommended)"  # how plans.summary_rows marks the recommended node set
 
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
@@ -66,16 +66,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cluster.study import placement
+    from cluster.study import plans
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    choice = placement.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
-    said = {"verdict": placement.verdict(choice), "uncalibrated": placement.uncalibrated(choice),
-            "continued": placement.continued(choice), "other_schedule": placement.other_schedule(choice)}
+    choice = plans.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
+    said = {"verdict": plans.verdict(choice), "uncalibrated": plans.uncalibrated(choice),
+            "continued": plans.continued(choice), "other_schedule": plans.other_schedule(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
-    head, rows = placement.summary_rows(choice)
+    head, rows = plans.summary_rows(choice)
     t = table(f"plan {choice.job} on {inv.name} (model: docs/planning.md)", head, overflow="fold")
     for nodes, *rest in rows:
         mark = nodes.endswith(RECOMMENDED)

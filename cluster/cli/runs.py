@@ -181,9 +181,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return _launch_on_slurm(args, inv)  # `--on NAME`: a Slurm cluster (cluster/slurm/, docs/slurm.md)
     planned = None
     if args.plan:
-        from cluster.study import placement
+        from cluster.study import plans
 
-        planned = placement.load_recommended(inv, args.job).to_dict()
+        planned = plans.load_recommended(inv, args.job).to_dict()
     spec = _spec(args, inv)
     if args.poweroff_after and (args.detach or args.dry_run):
         raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
@@ -239,7 +239,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
 
     from cluster.errors import UsageError
     from cluster.runs import jobs
-    from cluster.study import placement
+    from cluster.study import plans
 
     if args.continue_run:
         from cluster.runs import carryover
@@ -263,7 +263,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     for given in OWN_PROGRAM_OPTIONS:
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
-    return jobs.load(args.job, (placement.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
+    return jobs.load(args.job, (plans.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
 
 
 # --------------------------------------------------------------------------- launch --on NAME (Slurm)

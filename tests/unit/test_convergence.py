@@ -13,7 +13,7 @@ import pytest
 
 from cluster.errors import ClusterError
 from cluster.runs import jobs, records
-from cluster.study import bench, convergence, placement
+from cluster.study import bench, convergence, placement, plans
 from cluster.study.commmodel import Scheme
 from cluster.study.placement import NodeSpeed, Workload
 from tests.conftest import ROOT
@@ -114,13 +114,13 @@ def test_the_verdict_to_the_target_flips_with_the_link_and_counts_powersgds_fp16
     one_s = 4 * PER_EPOCH / 32 * SPEEDS["node1"].step(32)  # 176 steps of 0.338 s
     slow = _choice(spec, SLOW, 0)  # 26 Mbit/s; PowerSGD sends fp16 for its first 22 steps (10 s each)
     assert len(slow.recommended.nodes) == 1 and slow.recommended.to_target_s == pytest.approx(one_s)
-    said = placement.verdict(slow)
+    said = plans.verdict(slow)
     assert said and said.startswith("one node is fastest to validation accuracy 0.98")
     fast_link = bench.NetworkBench(4, 1000.0, 0.02, {}, 0.0001, 11_181_642 * 4)
     fast = _choice(spec, fast_link, 0)
     rec = fast.recommended
     assert len(rec.nodes) == 4 and rec.scheme == Scheme() and rec.to_target_s < 0.5 * one_s
-    said = placement.verdict(fast)
+    said = plans.verdict(fast)
     assert said and said.startswith("4 nodes (none) reach validation accuracy 0.98")
     # PowerSGD from the first step (powersgd_start_step 1) on the slow link: no fp16 phase, 88 PowerSGD steps
     first = _choice(spec, SLOW, 1)
@@ -128,7 +128,7 @@ def test_the_verdict_to_the_target_flips_with_the_link_and_counts_powersgds_fp16
     assert psgd.to_target_s == pytest.approx(88 * psgd.step_s)
     assert psgd.to_target_s < next(c for c in slow.candidates if c.nodes == psgd.nodes and c.scheme == psgd.scheme
                                    ).to_target_s / 3
-    head, rows = placement.summary_rows(first)
+    head, rows = plans.summary_rows(first)
     assert "s to 0.98" in head and "epochs to it" in head
     assert placement.PlacementChoice.from_dict(json.loads(json.dumps(first.to_dict()))) == first
 
@@ -194,7 +194,7 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
                                            cands, best, {**conv.to_dict(), "train_samples": 1438})
         one = min(c.to_target_s for c in cands if len(c.nodes) == 1 and c.to_target_s)
         four = min(c.to_target_s for c in cands if len(c.nodes) == 4 and c.to_target_s)
-        found[link] = (best, one, four, placement.verdict(choice) or "")
+        found[link] = (best, one, four, plans.verdict(choice) or "")
     best, one, four, said = found["10gbit"]
     assert len(best.nodes) == 4 and best.scheme == Scheme("fp16") and best.to_target_s < 0.7 * one
     assert said.startswith("4 nodes (fp16) reach validation accuracy 0.98")
@@ -245,16 +245,16 @@ def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_
         (22 + 33 + 44) * four.step_s / 3 + 3 * end)
     choice = placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, SLOW, 32, [c], c,
                                        {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2})
-    said = placement.continued(choice)
+    said = plans.continued(choice)
     assert said and said.startswith("1 of the 2 collected runs it is priced from reach validation accuracy 0.98 "
                                     "only after the job's 2 epochs")
     assert "launch --continue RUN --set epochs=3` (26 s to end and start again)" in said
     best, worst = 22 * c.step_s + 2 * end, 33 * c.step_s + 3 * end + 26.0
     assert c.to_target_range_s == pytest.approx((best, worst))
     assert said.endswith(f": {best:.0f} s at best, {worst:.0f} s at worst")
-    assert placement.continued(placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict())))) == said
+    assert plans.continued(placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict())))) == said
     c.epochs_to_target = [2, 2]
-    assert placement.continued(choice) is None
+    assert plans.continued(choice) is None
 
 
 def test_a_pick_priced_only_from_runs_of_another_schedule_says_so() -> None:
@@ -273,7 +273,7 @@ def test_a_pick_priced_only_from_runs_of_another_schedule_says_so() -> None:
         cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
         placement.to_target(cands, SPEEDS, SLOW, work, conv)
         rec = next(c for c in cands if len(c.nodes) == 4 and c.scheme == psgd)
-        return placement.other_schedule(placement.PlacementChoice(
+        return plans.other_schedule(placement.PlacementChoice(
             "resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, SLOW, 32, cands, rec,
             {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2}))
 
@@ -310,10 +310,10 @@ def test_a_job_that_trains_on_to_the_target_is_priced_without_the_restart() -> N
     assert on.to_target_s == pytest.approx(((22 * on.step_s + 2 * end) + (33 * on.step_s + 3 * end)) / 2)
     assert lower.to_target_s == pytest.approx(on.to_target_s + 25.0 / 2)  # the restart: the median, 25 s
     conv_doc = {**conv.to_dict(), "train_samples": 1438, "job_epochs": 2, "job_trains_on": 6}
-    said = placement.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
+    said = plans.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
                                                          SLOW, 32, [on], on, conv_doc))
     assert said and "the job trains on to it (target_acc, max_epochs 6), no restart" in said
-    said = placement.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
+    said = plans.continued(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS,
                                                          SLOW, 32, [lower], lower, {**conv_doc, "job_trains_on": 2}))
     assert said and "`--set target_acc=0.98 --set max_epochs=3` trains on to it instead" in said
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cluster import paths
-from cluster.study import bench, placement
+from cluster.study import bench, plans
 from cluster.inventory import loader
 from cluster.errors import InventoryError
 from tests.conftest import write
@@ -22,8 +22,8 @@ def test_two_inventories_with_one_name_keep_separate_state(tmp_path: Path, monke
     b = loader.load(write(tmp_path / "b", INV, "lab.yaml"), check_files=False)
     assert a.name == b.name == "lab"
     assert bench.bench_path(a) != bench.bench_path(b)
-    assert placement.choice_path(a, "j") != placement.choice_path(b, "j")
-    for p in (bench.bench_path(a), placement.choice_path(a, "j")):
+    assert plans.choice_path(a, "j") != plans.choice_path(b, "j")
+    for p in (bench.bench_path(a), plans.choice_path(a, "j")):
         assert p.resolve().is_relative_to((tmp_path / "home").resolve())
     assert paths.inventory_key("lab", tmp_path / "a" / "lab.yaml") == paths.inventory_key("lab", tmp_path / "a" / "lab.yaml")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.runs import jobs
-from cluster.study import bench, commmodel, convergence, placement
+from cluster.study import bench, commmodel, convergence, placement, plans
 from cluster.inventory import loader
 from cluster.study.commmodel import Comm, Link, Scheme
 from cluster.study.placement import NodeSpeed, Workload
@@ -148,13 +148,13 @@ def test_launch_plan_applies_the_scheme(tmp_path: Path, monkeypatch: pytest.Monk
     cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
     choice = placement.PlacementChoice("resnet18-ddp", "pytorch", str(inv.path), 1.0, 0.0, SPEEDS, SLOW, 32, cands,
                                        placement.recommend(cands))
-    p = placement.choice_path(inv, "resnet18-ddp")
+    p = plans.choice_path(inv, "resnet18-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(choice.to_dict()))
-    assert placement.overrides_for(inv, "resnet18-ddp") == [
+    assert plans.overrides_for(inv, "resnet18-ddp") == [
         "nodes=[node1, node2, node3, node4]", "shares.node1=32", "shares.node2=32", "shares.node3=32",
         "shares.node4=32", "grad_compression=powersgd", "powersgd_rank=2", "accumulate=1", "powersgd_wire=float32"]
-    header, rows = placement.summary_rows(choice)
+    header, rows = plans.summary_rows(choice)
     marked = [r for r in rows if r[0].endswith(" (recommended)")]
     assert len(marked) == 1 and marked[0][1] == "powersgd r2"
     assert any(r[1] == "none x4 !" for r in rows)  # every scheme of the recommended node set, warnings marked
@@ -186,17 +186,17 @@ def test_a_bfloat16_wire_halves_powersgds_bytes_and_wait_and_the_plan_weighs_bot
     pick = placement.recommend(cands)
     assert (len(pick.nodes), pick.grad_compression, pick.powersgd_wire) == (4, "powersgd", "bfloat16")
     assert placement.Placement.from_dict(json.loads(json.dumps(pick.to_dict()))) == pick
-    assert placement.settings_of(pick)[-1] == "powersgd_wire=bfloat16"
+    assert plans.settings_of(pick)[-1] == "powersgd_wire=bfloat16"
     # links at 1 Gbit/s (119 MB/s): bfloat16 saves ~6 ms of a 0.34 s step, inside the tie, so float32
     fast = bench.NetworkBench.from_dict({**SLOW.to_dict(), "model_allreduce_s": 0.5638, "busbw_MBps": 119.0})
     rows = [c for c in placement.candidates(SPEEDS, 32, fast, work=work)
             if c.grad_compression == "powersgd" and len(c.nodes) == 4 and c.accumulate == 1]
     assert {c.powersgd_wire for c in rows} == {"float32", "bfloat16"}
     assert placement.recommend(rows).powersgd_wire == "float32"
-    assert placement.settings_of(placement.recommend(rows))[-1] == "powersgd_wire=float32"
+    assert plans.settings_of(placement.recommend(rows))[-1] == "powersgd_wire=float32"
     # the job's own wire bfloat16, the plan's pick float32: launch --plan sends float32
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
-    spec = jobs.load("resnet18-ddp", ["powersgd_wire=bfloat16"] + placement.settings_of(placement.recommend(rows)))
+    spec = jobs.load("resnet18-ddp", ["powersgd_wire=bfloat16"] + plans.settings_of(placement.recommend(rows)))
     assert spec["powersgd_wire"] == "float32"
 
 
@@ -266,20 +266,20 @@ def test_end_to_end_the_recorded_slow_lab_says_one_node() -> None:
     assert len(rec.nodes) == 1 and rec.grad_compression == "none"
     choice = placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0, RECORDED_NODES, SLOW, 32,
                                        cands, rec)
-    said = placement.verdict(choice)  # 4 nodes with 4 micro-batches a step are sooner, with an accuracy warning
+    said = plans.verdict(choice)  # 4 nodes with 4 micro-batches a step are sooner, with an accuracy warning
     assert said.startswith(f"one node is recommended: {rec.nodes[0]} alone") and "powersgd r2 x4" in said, said
     assert said.endswith("with a warning (marked ! in the table)") and by[4, "powersgd", 4].warnings
     fast = bench.NetworkBench(4, 1000.0, 0.02, {}, 0.0001, R18_ELEMENTS * 4)  # the same room on a fast link
     quick = placement.candidates(RECORDED_NODES, 32, fast, work=work)
     assert len(placement.recommend(quick).nodes) == 4
-    assert "faster than" in placement.verdict(placement.PlacementChoice(
+    assert "faster than" in plans.verdict(placement.PlacementChoice(
         "resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0, RECORDED_NODES, fast, 32, quick,
         placement.recommend(quick)))
     # one node taken over a sooner set of several without a warning (recommend()'s margin): not "fastest"
     alone, four = next(c for c in quick if len(c.nodes) == 1), next(
         c for c in quick if len(c.nodes) == 4 and c.scheme == Scheme() and not c.warnings)
     assert four.run_s is not None and alone.run_s is not None and four.run_s < alone.run_s
-    said = placement.verdict(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0,
+    said = plans.verdict(placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 1.0, 0.0,
                                                        RECORDED_NODES, fast, 32, [alone, four], alone))
     assert said and said.startswith("one node is recommended") and said.endswith(
         "within the plan's margin, and it changes training more"), said

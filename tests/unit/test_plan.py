@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.study import bench, placement
+from cluster.study import bench, placement, plans
 from cluster.inventory import loader
 from cluster.study.bench import NetworkBench, StepRate
 from cluster.errors import UsageError
@@ -160,16 +160,16 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
                                         "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
                                         "e2e_images_per_s", "localsgd_period", "samples_to_target", "to_target_s",
                                         "epochs_to_target", "restart_s", "to_target_range_s", "powersgd_wire"]
-    p = placement.choice_path(inv, "resnet50-ddp")
+    p = plans.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
-    assert placement.overrides_for(inv, "resnet50-ddp") == (
+    assert plans.overrides_for(inv, "resnet50-ddp") == (
         [f"nodes=[{', '.join(choice.recommended.nodes)}]"]
         + [f"shares.{n}={s}" for n, s in choice.recommended.shares.items()]
         + ["grad_compression=none", "accumulate=1"])
     p.write_text('{"recommended": {"nodes": "a"}}')
     with pytest.raises(UsageError, match=str(p)):
-        placement.load_recommended(inv, "resnet50-ddp")
+        plans.load_recommended(inv, "resnet50-ddp")
 
 
 def _inventory(tmp_path: Path) -> Path:
@@ -188,7 +188,7 @@ def test_summary_rows_are_the_tables_bench_and_plan_print() -> None:
     cands = placement.candidates(speeds, 16, b.network, train_samples=1600)
     choice = placement.PlacementChoice("resnet50-ddp", "pytorch", "/labs/mixed.yaml", 2.0, b.time, speeds,
                                        b.network, 16, cands, cands[0])
-    header, rows = placement.summary_rows(choice)
+    header, rows = plans.summary_rows(choice)
     assert header[:3] == ["nodes", "scheme", "global batch"] and len(rows) == 2
     assert all(len(r) == len(header) for r in rows)
     assert rows[0][0] == "a (recommended)" and rows[1][0] == "a,b" and rows[0][1] == "none" and rows[0][2] == "16"

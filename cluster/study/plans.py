@@ -1,0 +1,249 @@
+"""A job's plan on an inventory: `clusterctl plan JOB` prices every candidate (placement.py) from the
+inventory's bench, saves the document `launch --plan` reads, and says what it found: the verdict against
+one node alone, the table, and the notes on what the time to the target rests on (docs/planning.md)."""
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+from cluster import paths
+from cluster.errors import ClusterError, UsageError
+from cluster.inventory.model import Inventory
+from cluster.runs import jobs, launch
+from cluster.study import bench, commmodel, convergence
+from cluster.study.bench import NetworkBench
+from cluster.study.placement import (NEAR_BEST_TO_TARGET, NodeSpeed, Placement, PlacementChoice, Workload,
+                                     candidates, recommend, speed, to_target)
+
+
+def verdict(choice: PlacementChoice) -> str | None:
+    """The plan's answer in a sentence, end to end: the recommended node set against one node alone (or, where
+    one node is recommended, against the fastest set of several). None without the job's length."""
+    if choice.recommended.to_target_s and choice.convergence:
+        acc = f"validation accuracy {float(choice.convergence['target']):g}"
+        return _versus(choice, lambda c: c.to_target_s, f"fastest to {acc}", "", f" reach {acc} in")
+    return _versus(choice, lambda c: c.run_s, "fastest end to end", " for the job's epochs", ":")
+
+
+def _versus(choice: PlacementChoice, seconds: Callable[[Placement], float | None], fastest: str, per: str,
+            lead: str) -> str | None:
+    """The recommended set against one node alone (or one node against the best of several), by `seconds`."""
+    rec, t = choice.recommended, seconds(choice.recommended)
+    one = [c for c in choice.candidates if len(c.nodes) == 1 and seconds(c)]
+    many = [c for c in choice.candidates if len(c.nodes) > 1 and seconds(c)]
+    if not t or not one or not many:
+        return None
+    alone = min(one, key=lambda c: seconds(c) or 0.0)
+    best = min(many, key=lambda c: seconds(c) or 0.0)
+    if len(rec.nodes) == 1:
+        b = seconds(best) or 0.0
+        several = f"the best of several ({len(best.nodes)} nodes, {best.scheme.label()}) {b:.0f} s"
+        if b >= t:
+            return f"one node is {fastest}: {rec.nodes[0]} alone {t:.0f} s{per}, {several}"
+        why = ("with a warning (marked ! in the table)" if best.warnings else
+               "within the plan's margin, and it changes training more")  # recommend()
+        return f"one node is recommended: {rec.nodes[0]} alone {t:.0f} s{per}, {several}, {why}"
+    t1 = seconds(alone) or 0.0
+    return (f"{len(rec.nodes)} nodes ({rec.scheme.label()}){lead} {t:.0f} s{per}, "
+            f"{t1 / t:.1f}x faster than {alone.nodes[0]} alone ({t1:.0f} s)")
+
+
+def uncalibrated(choice: PlacementChoice) -> str | None:
+    """Where a candidate priced faster to the target than the recommended one was passed over for its warning
+    (its scheme or its global batch beyond the lab's runs: convergence.outcomes): which, why, and the run
+    that would calibrate it, since a plan of this lab learns a configuration's accuracy only from a run of
+    it. None where there is none."""
+    rec = choice.recommended
+    if not rec.to_target_s or rec.warnings:
+        return None
+    faster = [c for c in choice.candidates if c.warnings and c.to_target_s
+              and c.to_target_s < NEAR_BEST_TO_TARGET * rec.to_target_s]
+    if not faster:
+        return None
+    c = min(faster, key=lambda c: c.to_target_s or 0.0)
+    sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
+    return (f"{len(c.nodes)} nodes ({c.scheme.label()}) are priced faster, {c.to_target_s:.0f} s, but not "
+            f"recommended: {'; '.join(c.warnings)}. One run of it calibrates the plan: clusterctl launch {choice.job} "
+            f"{sets} (and the plan's other --set), then clusterctl collect")
+
+
+def continued(choice: PlacementChoice) -> str | None:
+    """Where some of the recommended candidate's references put the target past the job's epochs: how many,
+    how its time counts those (the run trains on to the target, or a `launch --continue`), and its best and
+    worst outcome; None where none do."""
+    conv = choice.convergence or {}
+    rec, epochs, target = choice.recommended, conv.get("job_epochs"), conv.get("target")
+    late = [e for e in rec.epochs_to_target if epochs and e > epochs]
+    if not late or target is None:
+        return None
+    on = int(conv.get("job_trains_on") or epochs or 0)
+    restart = f"{rec.restart_s:.0f} s to end and start again" if rec.restart_s is not None else \
+        "no run on as many nodes to say what ending and starting again costs: 0 s counted"
+    if max(late) <= on:
+        how = f"the job trains on to it (target_acc, max_epochs {on}), no restart"
+    else:
+        how = (f"theirs with `clusterctl launch --continue RUN --set epochs={max(late)}` ({restart}); "
+               f"`--set target_acc={float(target):g} --set max_epochs={max(late)}` trains on to it instead, "
+               "without the restart")
+    spread = (f": {rec.to_target_range_s[0]:.0f} s at best, {rec.to_target_range_s[1]:.0f} s at worst"
+              if rec.to_target_range_s else "")
+    return (f"{len(late)} of the {len(rec.epochs_to_target)} collected runs it is priced from reach validation "
+            f"accuracy {float(target):g} only after the job's {epochs} epochs: its time is the mean, {how}"
+            + spread)
+
+
+def other_schedule(choice: PlacementChoice) -> str | None:
+    """Where the recommended candidate's time to the target comes only from collected runs planned for other
+    epochs than the job's (convergence.outcomes takes them when none of the job's own exist): which, and
+    the run that calibrates it. A longer schedule keeps the learning rate high longer and reaches a high
+    target later: on the emulated room such plans priced picks an epoch late (+63-66%, performance.md).
+    None where the job's own schedule is among them, or no target was asked."""
+    conv = choice.convergence or {}
+    rec, epochs, target = choice.recommended, conv.get("job_epochs"), conv.get("target")
+    if not rec.to_target_s or not epochs or target is None:
+        return None
+    fam = convergence.family(rec.scheme)
+    refs = [r for r in conv.get("references") or [] if r.get("scheme") == fam]
+    planned = sorted({int(r["epochs"]) for r in refs if isinstance(r.get("epochs"), int)})
+    if not any(r.get("reached") for r in refs) or not planned or epochs in planned:
+        return None  # (none of its own reached: priced as plain, which its warning says)
+    return (f"its time to {float(target):g} is priced from collected runs with {fam} planned for "
+            f"{', '.join(map(str, planned))} epochs, not the job's {epochs}: a schedule of another length decays "
+            "its learning rate at another time and reaches a high target at another epoch (docs/planning.md). "
+            f"`clusterctl launch {choice.job} --plan` runs it for the job's epochs, and calibrates it once collected")
+
+
+def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
+    """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
+    fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
+    with " (recommended)", a scheme with an accuracy warning is marked "!"."""
+    target = choice.convergence["target"] if choice.convergence else None
+    header = ["nodes", "scheme", "global batch", "even split img/s", "planned split img/s", "e2e img/s", "run s",
+              *([f"s to {target:g}", "epochs to it"] if target else []),
+              "step s", "all-reduce wait s", "MB/step", "epoch s", "shares"]
+    rec = choice.recommended
+    best: dict[int, Placement] = {}
+    for c in choice.candidates:
+        if len(c.nodes) not in best or speed(c) > speed(best[len(c.nodes)]):
+            best[len(c.nodes)] = c
+    shown = [c for c in choice.candidates if c.nodes == rec.nodes or best[len(c.nodes)] is c
+             or (c.grad_compression == "none" and c.accumulate == 1)]
+    rows = []
+    for c in shown:
+        mark = " (recommended)" if c.nodes == rec.nodes and c.scheme == rec.scheme else ""
+        rows.append([",".join(c.nodes) + mark, c.scheme.label() + (" !" if c.warnings else ""),
+                     str(c.global_batch), f"{c.even_images_per_s:.1f}", f"{c.planned_images_per_s:.1f}",
+                     "-" if c.e2e_images_per_s is None else f"{c.e2e_images_per_s:.1f}",
+                     "-" if c.run_s is None else f"{c.run_s:.0f}",
+                     *([_cell(c.to_target_s, "{:.0f}"), _cell(_epochs(c, choice), "{:.1f}")] if target else []),
+                     f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
+                     "-" if c.bytes_per_step is None else f"{c.bytes_per_step / 1e6:.2f}",
+                     f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
+    return header, rows
+
+
+def _cell(x: float | None, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _epochs(c: Placement, choice: PlacementChoice) -> float | None:
+    """Epochs to the target: the mean over the references' whole epochs (a plan saved before them: the
+    training sets the samples to the target make)."""
+    if c.epochs_to_target:
+        return statistics.fmean(c.epochs_to_target)
+    n = (choice.convergence or {}).get("train_samples")
+    return c.samples_to_target / n if c.samples_to_target and n else None
+
+
+def _job_bench(inv: Inventory, spec: jobs.JobSpec, job: str) -> tuple[bench.BenchResult, bench.FrameworkBench]:
+    """The inventory's benchmark, checked to fit the job (framework, batch, image size)."""
+    b = bench.load(inv)
+    comp = b.compute.get(spec.framework)
+    if not comp or not comp.nodes:
+        raise ClusterError(f"the benchmark of {inv.name} has no {spec.framework} figures",
+                           f"clusterctl bench -i {inv.path} --jobs {job}")
+    if comp.batch != spec["batch"] or comp.size != spec["dataset"]["size"]:
+        raise ClusterError(f"the benchmark ran batch {comp.batch} at {comp.size} px, the job uses "
+                           f"batch {spec['batch']} at {spec['dataset']['size']} px",
+                           f"re-run clusterctl bench with the job's settings (--set batch={spec['batch']})")
+    return b, comp
+
+
+def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: str | None = None,
+           target_acc: float | None = None) -> PlacementChoice:
+    """Every candidate node set x communication scheme for the job, the best one recommended; saved for
+    `launch --plan`. `limit` (a host pattern) narrows the job's nodes the candidates are made of.
+    `target_acc`: rank by the predicted time to that validation accuracy (convergence.py)."""
+    spec = jobs.load(job, overrides or [])
+    b, comp = _job_bench(inv, spec, job)
+    allowed = {h.name for h in launch.select_hosts(inv, spec, limit)}
+    speeds = {n: NodeSpeed.from_bench(r) for n, r in comp.nodes.items() if n in allowed}
+    work = workload(spec, b.network)
+    cands = candidates(speeds, spec["batch"], b.network, work=work)
+    conv = None
+    if target_acc is not None:
+        model = convergence.calibrate(spec, target_acc, comp.noise_scale)
+        to_target(cands, speeds, b.network, work, model)
+        conv = {**model.to_dict(), "train_samples": work.train_samples, "job_epochs": work.epochs,
+                "job_trains_on": work.trains_on(target_acc)}
+    choice = PlacementChoice(spec.name, spec.framework, str(inv.path), time.time(), b.time, speeds, b.network,
+                             spec["batch"], cands, recommend(cands), conv)
+    p = choice_path(inv, spec.name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(choice.to_dict(), indent=1))
+    return choice
+
+
+def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
+    """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
+    no compression, fp16 and (PyTorch) PowerSGD at the job's rank on either wire, each with accumulate 1, 2,
+    4 and the job's own, and (PyTorch) local SGD at the job's period."""
+    shapes, samples, val = commmodel.job_model(spec)
+    if shapes is None:
+        return Workload.flat(network, samples)
+    accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
+    return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
+                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
+                                            int(spec["localsgd_period"]), jobs.POWERSGD_WIRES)), samples,
+                    int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
+                    int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]),
+                    float(spec["target_acc"]), int(spec["max_epochs"]))
+
+
+def choice_path(inv: Inventory, job: str) -> Path:
+    """Where `clusterctl plan` saves its document (the folder keeps the command's name)."""
+    return paths.home() / "plans" / f"{paths.inventory_key(inv.name, inv.path)}-{job}.json"
+
+
+def load_recommended(inv: Inventory, job: str) -> Placement:
+    p = choice_path(inv, job)
+    if not p.exists():
+        raise ClusterError(f"no plan for {job} on {inv.name}", f"make one: clusterctl plan {job} -i {inv.path}")
+    try:
+        return Placement.from_dict(json.loads(p.read_text())["recommended"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{p}: not a plan clusterctl can read ({type(e).__name__}: {e})",
+                         f"make it again: clusterctl plan {job} -i {inv.path}") from None
+
+
+def overrides_for(inv: Inventory, job: str) -> list[str]:
+    """`launch --plan`: the recommended nodes, their shares and communication scheme, as job settings
+    (settings given after them, `--set`, still win)."""
+    return settings_of(load_recommended(inv, job))
+
+
+def settings_of(c: Placement) -> list[str]:
+    """A candidate's nodes, shares and communication scheme as job settings (`--set`): only the keys its scheme
+    reads (a plain candidate's launch line names no PowerSGD rank), PowerSGD's wire always with PowerSGD, since
+    the plan weighs both and the job's own may be the other."""
+    powersgd = c.grad_compression == "powersgd"
+    return ([f"nodes=[{', '.join(c.nodes)}]"] + [f"shares.{n}={b}" for n, b in c.shares.items()]
+            + [f"grad_compression={c.grad_compression}"]
+            + ([f"powersgd_rank={c.powersgd_rank}"] if powersgd else [])
+            + [f"accumulate={c.accumulate}"]
+            + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else [])
+            + ([f"powersgd_wire={c.powersgd_wire}"] if powersgd else []))
