@@ -1,12 +1,31 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The programs tests start (TensorFlow's autograph modules, torchrun's torchelastic_* folders, a Slurm
+    task's folder) write their temporary files under the session's base folder, which pytest prunes with
+    its old sessions, not in the machine's /tmp, where a test that kills a program would leave them."""
+    tmp = tmp_path_factory.mktemp("tmpdir", numbered=False)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    yield tmp
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)
