@@ -3,6 +3,7 @@ for a mixed 4-node lab (UPDATE_GOLDEN=1 rewrites them; review the diff), and val
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 from pathlib import Path
@@ -108,6 +109,33 @@ def test_tf_refuses_several_workers_per_node() -> None:
 EVIL = "x'; touch {canary}; echo '$(touch {canary})`touch {canary}`\"\\\n$HOME"
 
 
+def run_launch_sh(spec: jobs.JobSpec, host: model.Host, tmp_path: Path, data: str = "data.npz",
+                  env: dict[str, str] | None = None) -> tuple[dict, Path]:
+    """The spec's launch.sh for `host`, rendered and really run by sh (`env`: what the node agent gives it),
+    with a recording python: what the program got (argv, cwd and some of its environment), the run folder."""
+    plan = render.render(spec, [render.Target(host)], "run1", data, {host.name: 29400})
+    node = plan.nodes[0]
+    rdir = Path(node.run_dir)
+    (rdir / "program").mkdir(parents=True)
+    for name, content in node.files.items():
+        (rdir / name).write_text(content)
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text("import json, os, sys\n"
+                        "json.dump({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
+                        "('NOTE', 'CLUSTER_NODE_NAME', 'CLUSTER_RUN_ID', 'TF_CONFIG', 'TMPDIR')}, 'cwd': os.getcwd()}, "
+                        f"open({str(tmp_path / 'got.json')!r}, 'w'))\n")
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\nexec python3 {recorder} \"$@\"\n")
+    fake_python.chmod(fake_python.stat().st_mode | stat.S_IEXEC)
+    (Path(host.workdir) / "cluster.env").write_text(f"CLUSTER_PYTHON={fake_python}\nCLUSTER_NODE_ADDRESS=127.0.0.1\n"
+                                                   "export CLUSTER_PYTHON CLUSTER_NODE_ADDRESS\n")
+    assert subprocess.run(["sh", "-n", "launch.sh"], cwd=rdir).returncode == 0
+    r = subprocess.run(["sh", "launch.sh"], cwd=rdir, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stderr
+    return json.loads((tmp_path / "got.json").read_text()), rdir
+
+
 @pytest.mark.parametrize("job", ["resnet50-ddp", "resnet50-tf"])
 def test_hostile_values_arrive_literally_and_run_nothing(job: str, tmp_path: Path) -> None:
     """Workdir, host name, env values and dataset file full of shell syntax: the rendered launch.sh,
@@ -117,28 +145,8 @@ def test_hostile_values_arrive_literally_and_run_nothing(job: str, tmp_path: Pat
     workdir = tmp_path / f"work {evil[:20]}".replace("\n", " ").replace("/", "_")
     workdir = tmp_path / workdir.name
     host = model.Host(name=f"pc1{evil}", address="127.0.0.1", workdir=str(workdir))
-    spec = jobs.load(job, [f"env.NOTE={json.dumps(evil)}"])
-    plan = render.render(spec, [render.Target(host)], "run1", f"data {evil}.npz", {host.name: 29400})
-    node = plan.nodes[0]
-    rdir = Path(node.run_dir)
-    (rdir / "program").mkdir(parents=True)
-    for name, content in node.files.items():
-        (rdir / name).write_text(content)
-    recorder = tmp_path / "recorder.py"
-    recorder.write_text("import json, os, sys\n"
-                        "json.dump({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
-                        "('NOTE', 'CLUSTER_NODE_NAME', 'CLUSTER_RUN_ID', 'TF_CONFIG')}, 'cwd': os.getcwd()}, "
-                        f"open({str(tmp_path / 'got.json')!r}, 'w'))\n")
-    fake_python = tmp_path / "python"
-    fake_python.write_text(f"#!/bin/sh\nexec python3 {recorder} \"$@\"\n")
-    fake_python.chmod(fake_python.stat().st_mode | stat.S_IEXEC)
-    (workdir / "cluster.env").write_text(f"CLUSTER_PYTHON={fake_python}\nCLUSTER_NODE_ADDRESS=127.0.0.1\n"
-                                         "export CLUSTER_PYTHON CLUSTER_NODE_ADDRESS\n")
-    assert subprocess.run(["sh", "-n", "launch.sh"], cwd=rdir).returncode == 0
-    r = subprocess.run(["sh", "launch.sh"], cwd=rdir, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    got, rdir = run_launch_sh(jobs.load(job, [f"env.NOTE={json.dumps(evil)}"]), host, tmp_path, f"data {evil}.npz")
     assert not canary.exists(), "a value from the inventory or spec was executed by the shell"
-    got = json.loads((tmp_path / "got.json").read_text())
     assert got["env"]["NOTE"] == evil and got["env"]["CLUSTER_NODE_NAME"] == host.name
     assert got["cwd"] == str(rdir)
     assert f"{workdir}/datasets/data {evil}.npz" in got["argv"]
@@ -146,6 +154,17 @@ def test_hostile_values_arrive_literally_and_run_nothing(job: str, tmp_path: Pat
         assert json.loads(got["env"]["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
     else:
         assert got["argv"][:2] == ["-m", "torch.distributed.run"]
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["run's-own", "job's-env"])
+def test_a_jobs_env_tmpdir_wins_over_the_runs_own(tmp_path: Path, own: bool) -> None:
+    """docs/jobs.md: the node agent gives the programs the run's .tmp as TMPDIR; the job's env is exported
+    after it, so `env: {TMPDIR: ...}` (or a cache's own variable) keeps what a program caches there."""
+    host = model.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
+    runs = str(tmp_path / "w" / "runs" / "run1" / ".tmp")
+    spec = jobs.load("resnet50-ddp", [f"env.TMPDIR={tmp_path / 'keep'}"] if own else [])
+    got, _ = run_launch_sh(spec, host, tmp_path, env={"TMPDIR": runs})
+    assert got["env"]["TMPDIR"] == (str(tmp_path / "keep") if own else runs)
 
 
 def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
