@@ -8,7 +8,9 @@ in DIR/home). For every plan in it that was followed by a pick (`plan` with `pic
 its bench, the references it was calibrated by: the collected runs it names, read again from DIR/home) and
 prices the candidate the pick ran with this checkout's model (placement.to_target), then prints the
 recorded prediction, the new one and the pick's measured time to the target, with the error of each and,
-per pass, on the mean of the seeds (issue 26's measure). Then the step model alone: each run's epoch (the
+per pass, on the mean of the seeds (issue 26's measure); beside them the fewest validation images the
+references had to spare at the epoch that reached the target (plans.spare: under a point, `plan` says so),
+and the epochs each reference priced against those the pick took. Then the step model alone: each run's epoch (the
 one node's, the calibration's, the pick's) priced again from its plan's bench, against the run's training
 time an epoch. A change to the convergence or the step model is read here against every recorded run at
 once, no lab needed. Reads only DIR; contacts nothing.
@@ -16,6 +18,7 @@ once, no lab needed. Reads only DIR; contacts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -47,9 +50,10 @@ def _matching(cands: list[placement.Placement], nodes: int, scheme: str, accumul
             and (scheme != "powersgd" or c.powersgd_wire == wire)]
 
 
-def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, int]:
+def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, int, str]:
     """This checkout's seconds to the plan's target for the pick's candidate, from the plan's own inputs;
-    and how many references it had."""
+    how many references it had; and the fewest validation images they had to spare (plans.spare), as
+    "N/V" ("-" where none says)."""
     choice, spec, work, cands = _priced_again(plan, pick["run_id"])
     conv = plan["convergence"]
     known = {r["run_id"] for r in conv["references"]}
@@ -67,7 +71,11 @@ def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, 
     rec = plan["recommended"]
     same = [c for c in _matching(cands, len(rec["nodes"]), rec["grad_compression"], rec.get("accumulate", 1),
                                  rec.get("powersgd_wire") or "float32") if sorted(c.nodes) == sorted(rec["nodes"])]
-    return (same[0].to_target_s if same else None), len(model.references)
+    if not same:
+        return None, len(model.references), "-"
+    left = plans.spare(dataclasses.replace(choice, candidates=cands, recommended=same[0], convergence={
+        **model.to_dict(), "job_epochs": work.epochs}))
+    return same[0].to_target_s, len(model.references), f"{left[0]}/{left[1]}" if left else "-"
 
 
 def walls(d: Path, done: dict[str, Any]) -> list[tuple[str, float, float, float]]:
@@ -103,8 +111,9 @@ def main() -> int:
     ap.add_argument("dirs", nargs="+", type=Path)
     a = ap.parse_args()
     epochs: dict[str, list[tuple[str, float, float, float]]] = {}
-    print("| DIR | pass | seed | pick | refs | measured s | recorded s (error) | now s (error) |")
-    print("|---|---|---:|---|---:|---:|---:|---:|")
+    print("| DIR | pass | seed | pick | refs | spare | epochs priced, taken | measured s | recorded s (error) | "
+          "now s (error) |")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|---:|")
     for d in a.dirs:
         done = json.loads((d / "runs.json").read_text())
         os.environ["CLUSTERCTL_HOME"] = str((d / "home").resolve())
@@ -116,16 +125,18 @@ def main() -> int:
                 plan, pick = mine.get("plan" + key[len("pick"):]), mine[key]
                 if not plan or not (plan.get("convergence") or {}).get("references") or not pick.get("to_target_s"):
                     continue
-                now, refs = repriced(plan, pick)
+                now, refs, left = repriced(plan, pick)
                 was, meas = plan["recommended"].get("to_target_s"), pick["to_target_s"]
                 label = f"{len(pick['nodes'])} x {pick.get('scheme', 'none')} acc {pick.get('accumulate', 1)}"
-                print(f"| {d.name} | {name} | {seed[4:]} | {label} | {refs} | {meas:.0f} | "
+                priced = " ".join(map(str, plan["recommended"].get("epochs_to_target") or [])) or "-"
+                print(f"| {d.name} | {name} | {seed[4:]} | {label} | {refs} | {left} | {priced}; "
+                      f"{len(pick.get('val_acc') or []) or '-'} | {meas:.0f} | "
                       f"{was:.0f} ({err(was, meas)}) | {now or 0:.0f} ({err(now, meas)}) |")
                 if was and now:
                     passes.setdefault(name, []).append((meas, was, now))
         for name, rows in passes.items():
             meas, was, now = (statistics.fmean(r[i] for r in rows) for i in range(3))
-            print(f"| {d.name} | {name}: mean of {len(rows)} | | | | {meas:.0f} | {was:.0f} ({err(was, meas)}) | "
+            print(f"| {d.name} | {name}: mean of {len(rows)} | | | | | | {meas:.0f} | {was:.0f} ({err(was, meas)}) | "
                   f"{now:.0f} ({err(now, meas)}) |")
         epochs[d.name] = walls(d, done)
     print("\nAn epoch's wall time (the step model alone: the plan's epoch against the run's training time over its "

@@ -54,11 +54,15 @@ class Reference:
     # what ending it and launching it again would cost: its launch to its start record, plus its last epoch's
     # record to its end record (the user's own wait between them is not counted)
     restart_s: float | None = None
+    # reached: the validation accuracy of the epoch that reached the target, and how many images it scored
+    # (the start record's val_samples): how near the target it passed (plans.thin)
+    acc: float | None = None
+    val_samples: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "global_batch": self.global_batch, "scheme": self.scheme,
                 "samples": self.samples, "reached": self.reached, "epochs": self.epochs, "nodes": self.nodes,
-                "restart_s": self.restart_s}
+                "restart_s": self.restart_s, "acc": self.acc, "val_samples": self.val_samples}
 
 
 @dataclass(frozen=True)
@@ -79,10 +83,10 @@ def family(scheme: Scheme) -> str:
     return Scheme(scheme.grad_compression, scheme.powersgd_rank, 1, scheme.localsgd_period).label()
 
 
-def progress(lead: dict[int, list[figures.Record]], target: float) -> tuple[float, bool] | None:
+def progress(lead: dict[int, list[figures.Record]], target: float) -> tuple[float, bool, float | None] | None:
     """(the samples rank 0's records trained up to the end of the first epoch whose val_acc reached the
-    target, True), or (every sample they trained, False) where none did; each epoch once (a redone one
-    counts as its later record). None where an epoch's samples cannot be told, or no epoch ended."""
+    target, True, that val_acc), or (every sample they trained, False, None) where none did; each epoch once
+    (a redone one counts as its later record). None where an epoch's samples cannot be told, or no epoch ended."""
     done: dict[Any, float] = {}
     for k in sorted(lead):
         start = next((x for x in lead[k] if x.get("type") == "start"), {})
@@ -94,8 +98,8 @@ def progress(lead: dict[int, list[figures.Record]], target: float) -> tuple[floa
                 return None
             done[x.get("epoch")] = n
             if float(x.get("val_acc") or 0.0) >= target:
-                return sum(done.values()), True
-    return (sum(done.values()), False) if done else None
+                return sum(done.values()), True, float(x["val_acc"])
+    return (sum(done.values()), False, None) if done else None
 
 
 def samples_to_target(lead: dict[int, list[figures.Record]], target: float) -> float | None:
@@ -137,9 +141,11 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
             continue  # it ended at its own, lower target_acc: not a run that trained all it could
         scheme = _scheme_of(r.settings or {}, len(r.nodes))
         epochs = jobs.with_defaults(r.settings).get("epochs")
-        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), *seen,
+        val = start.get("val_samples")
+        out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), seen[0], seen[1],
                              epochs=int(epochs) if isinstance(epochs, int) else None, nodes=len(r.nodes),
-                             restart_s=_restart_s(r, lead, start)))
+                             restart_s=_restart_s(r, lead, start), acc=seen[2],
+                             val_samples=val if isinstance(val, int) and val > 0 else None))
     return out
 
 

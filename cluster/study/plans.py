@@ -4,6 +4,7 @@ one node alone, the table, and the notes on what the time to the target rests on
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import statistics
 import time
@@ -115,6 +116,50 @@ def other_schedule(choice: PlacementChoice) -> str | None:
             f"{', '.join(map(str, planned))} epochs, not the job's {epochs}: a schedule of another length decays "
             "its learning rate at another time and reaches a high target at another epoch (docs/planning.md). "
             f"`clusterctl launch {choice.job} --plan` runs it for the job's epochs, and calibrates it once collected")
+
+
+THIN = 0.01  # passed the target by less than this (a point): seeds' accuracies at one epoch differ by more
+
+
+def spare(choice: PlacementChoice) -> tuple[int, int, int] | None:
+    """(the fewest validation images a reference of the recommended candidate had to spare at the epoch that
+    reached the target, of how many it scored, how many references say): those Convergence.outcomes prices
+    it from, its scheme's, of the job's epochs where there are any. None without a target or where none
+    says (references saved before they recorded it)."""
+    conv = choice.convergence or {}
+    target, epochs = conv.get("target"), conv.get("job_epochs")
+    if target is None:
+        return None
+    fam = convergence.family(choice.recommended.scheme)
+    own = [r for r in conv.get("references") or [] if r.get("scheme") == fam]
+    if any(r.get("epochs") == epochs for r in own):
+        own = [r for r in own if r.get("epochs") == epochs]
+    scored = [(float(r["acc"]), int(r["val_samples"])) for r in own
+              if r.get("reached") and r.get("acc") is not None and r.get("val_samples")]
+    # images above the fewest that reach the target, of the images scored
+    left = [(round(acc * v) - math.ceil(float(target) * v - 1e-9), v) for acc, v in scored]
+    if not left:
+        return None
+    n, v = min(left, key=lambda x: x[0] / x[1])
+    return n, v, len(left)
+
+
+def thin(choice: PlacementChoice) -> str | None:
+    """Where a run the recommended candidate's time to the target is priced from passed the target by less
+    than a point at the epoch that reached it (spare): by how few validation images, and what the epoch more
+    costs that a run of it scoring a little lower (another seed, other shares) trains. On the emulated room,
+    picks one image of 359 short took 1.5x their priced time (docs/performance.md). None where they passed
+    by more, no target was asked, or the runs do not say."""
+    rec, left = choice.recommended, spare(choice)
+    if not rec.to_target_s or not rec.epoch_s or left is None or left[0] / left[1] >= THIN:
+        return None
+    n, v, count = left
+    runs = "a collected run" if count == 1 else f"{count} collected runs"
+    target = float((choice.convergence or {})["target"])
+    return (f"{runs} it is priced from reached validation accuracy {target:g} with as few as {n} of {v} "
+            f"images to spare ({100 * n / v:.1f} points) at the epoch that did: a run of it that scores a little "
+            f"lower (another seed, other shares) reaches it an epoch later, +{rec.epoch_s:.0f} s "
+            f"({100 * rec.epoch_s / rec.to_target_s:.0f}% more)")
 
 
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
