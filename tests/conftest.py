@@ -13,9 +13,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 @pytest.fixture(autouse=True, scope="session")
 def _session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The programs tests start (TensorFlow's autograph modules, torchrun's torchelastic_* folders, a Slurm
-    task's folder) write their temporary files under the session's base folder, which pytest prunes with
-    its old sessions, not in the machine's /tmp, where a test that kills a program would leave them."""
+    """The programs tests start (TensorFlow's autograph modules, torchrun's torchelastic_* folders) write their
+    temporary files under the session's base folder, which pytest removes as it does the tests' own folders,
+    not in the machine's /tmp, where a test that kills a program would leave them. (A Slurm task's TMPDIR
+    comes from the lab's login node, not from here.)"""
     tmp = tmp_path_factory.mktemp("tmpdir", numbered=False)
     before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp)
