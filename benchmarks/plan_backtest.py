@@ -9,7 +9,7 @@ its bench, the references it was calibrated by: the collected runs it names, rea
 prices the candidate the pick ran with this checkout's model (placement.to_target), then prints the
 recorded prediction, the new one and the pick's measured time to the target, with the error of each and,
 per pass, on the mean of the seeds (issue 26's measure); beside them the fewest validation images the
-references had to spare at the epoch that reached the target (plans.spare: under a point, `plan` says so),
+references had to spare at the epoch that reached the target (Placement.spare: under a point, `plan` says so),
 and the epochs each reference priced against those the pick took. Then the step model alone: each run's epoch (the
 one node's, the calibration's, the pick's) priced again from its plan's bench, against the run's training
 time an epoch. A change to the convergence or the step model is read here against every recorded run at
@@ -18,7 +18,6 @@ once, no lab needed. Reads only DIR; contacts nothing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -73,8 +72,7 @@ def repriced(plan: dict[str, Any], pick: dict[str, Any]) -> tuple[float | None, 
                                  rec.get("powersgd_wire") or "float32") if sorted(c.nodes) == sorted(rec["nodes"])]
     if not same:
         return None, len(model.references), "-"
-    left = plans.spare(dataclasses.replace(choice, candidates=cands, recommended=same[0], convergence={
-        **model.to_dict(), "job_epochs": work.epochs}))
+    left = same[0].spare
     return same[0].to_target_s, len(model.references), f"{left[0]}/{left[1]}" if left else "-"
 
 

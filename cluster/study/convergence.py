@@ -64,6 +64,14 @@ class Reference:
                 "samples": self.samples, "reached": self.reached, "epochs": self.epochs, "nodes": self.nodes,
                 "restart_s": self.restart_s, "acc": self.acc, "val_samples": self.val_samples}
 
+    def spare(self, target: float) -> tuple[int, int] | None:
+        """(the validation images it scored above the fewest that reach `target`, of how many it scored) at
+        the epoch that reached it; None where it did not, or does not say."""
+        if not self.reached or self.acc is None or not self.val_samples:
+            return None
+        v = self.val_samples
+        return round(self.acc * v) - math.ceil(target * v - 1e-9), v
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -73,6 +81,7 @@ class Outcome:
     run_id: str
     samples: float
     reached: bool
+    spare: tuple[int, int] | None = None  # Reference.spare, of the scheme's own references only
 
 
 def family(scheme: Scheme) -> str:
@@ -219,8 +228,8 @@ class Convergence:
             pool = [r for r in pool if r.epochs == epochs]
         if not self.noise_scale:
             pool, floors = ([r for r in rs if r.global_batch == batch] for rs in (pool, floors))
-        at = [Outcome(r.run_id, r.samples / self._growth(r.global_batch) * self._growth(batch), r.reached)
-              for r in pool]
+        at = [Outcome(r.run_id, r.samples / self._growth(r.global_batch) * self._growth(batch), r.reached,
+                      None if assumed else r.spare(self.target)) for r in pool]
         note = None if not assumed or not at else (f"no collected run with {fam}: assumed to need an "
                                                    "uncompressed run's samples to the target (it usually needs more)")
         if floors:

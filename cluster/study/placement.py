@@ -97,6 +97,9 @@ class Placement:
     # the fastest and slowest of those outcomes' times: where they differ, the mean is a gamble between them
     to_target_range_s: tuple[float, float] | None = None
     powersgd_wire: str = "float32"
+    # the fewest validation images an outcome's reference had to spare at the epoch that reached the target,
+    # of how many it scored, and how many references say (Reference.spare; plans.thin)
+    spare: tuple[int, int, int] | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -114,7 +117,7 @@ class Placement:
                 "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
                 "restart_s": self.restart_s,
                 "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None,
-                "powersgd_wire": self.powersgd_wire}
+                "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -133,7 +136,8 @@ class Placement:
                    [int(e) for e in d.get("epochs_to_target") or []],
                    None if d.get("restart_s") is None else float(d["restart_s"]),
                    (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
-                   if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")))
+                   if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")),
+                   (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None)
 
 
 @dataclass(frozen=True)
@@ -377,6 +381,8 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
             epochs_seen.append(epochs)
         c.to_target_s, c.samples_to_target = statistics.fmean(times), statistics.fmean(samples)
         c.epochs_to_target, c.restart_s, c.to_target_range_s = epochs_seen, restart, (min(times), max(times))
+        left = [o.spare for o in outs if o.spare]
+        c.spare = (*min(left, key=lambda x: x[0] / x[1]), len(left)) if left else None
         if note:
             c.warnings.append(note)
 

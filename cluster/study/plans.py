@@ -4,7 +4,6 @@ one node alone, the table, and the notes on what the time to the target rests on
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import statistics
 import time
@@ -121,36 +120,13 @@ def other_schedule(choice: PlacementChoice) -> str | None:
 THIN = 0.01  # passed the target by less than this (a point): seeds' accuracies at one epoch differ by more
 
 
-def spare(choice: PlacementChoice) -> tuple[int, int, int] | None:
-    """(the fewest validation images a reference of the recommended candidate had to spare at the epoch that
-    reached the target, of how many it scored, how many references say): those Convergence.outcomes prices
-    it from, its scheme's, of the job's epochs where there are any. None without a target or where none
-    says (references saved before they recorded it)."""
-    conv = choice.convergence or {}
-    target, epochs = conv.get("target"), conv.get("job_epochs")
-    if target is None:
-        return None
-    fam = convergence.family(choice.recommended.scheme)
-    own = [r for r in conv.get("references") or [] if r.get("scheme") == fam]
-    if any(r.get("epochs") == epochs for r in own):
-        own = [r for r in own if r.get("epochs") == epochs]
-    scored = [(float(r["acc"]), int(r["val_samples"])) for r in own
-              if r.get("reached") and r.get("acc") is not None and r.get("val_samples")]
-    # images above the fewest that reach the target, of the images scored
-    left = [(round(acc * v) - math.ceil(float(target) * v - 1e-9), v) for acc, v in scored]
-    if not left:
-        return None
-    n, v = min(left, key=lambda x: x[0] / x[1])
-    return n, v, len(left)
-
-
 def thin(choice: PlacementChoice) -> str | None:
     """Where a run the recommended candidate's time to the target is priced from passed the target by less
-    than a point at the epoch that reached it (spare): by how few validation images, and what the epoch more
+    than a point at the epoch that reached it (Placement.spare): by how few validation images, and what the epoch more
     costs that a run of it scoring a little lower (another seed, other shares) trains. On the emulated room,
     picks one image of 359 short took 1.5x their priced time (docs/performance.md). None where they passed
     by more, no target was asked, or the runs do not say."""
-    rec, left = choice.recommended, spare(choice)
+    rec, left = choice.recommended, choice.recommended.spare
     if not rec.to_target_s or not rec.epoch_s or left is None or left[0] / left[1] >= THIN:
         return None
     n, v, count = left
