@@ -13,8 +13,8 @@ provision, `bench` (the job's speeds and the gradient noise probe), then per see
 1. **1 node**: `launch JOB --set nodes=[node1]` for --epochs; its final validation accuracy minus 1 point is
    the seed's target;
 2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes from
-   the first step (PowerSGD rank --rank, `powersgd_start_step: 1`; TensorFlow's `--job resnet50-tf`: local
-   SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it; with
+   the first step (PowerSGD rank --rank, `powersgd_start_step: 1`, for both frameworks since 2026-12-06;
+   `--scheme localsgd`: local SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it; with
    the job's epochs, trained on to the target as the pick is (`--calibration-epochs 3x`: 3x the epochs from
    the start, as until 2026-12-05);
 3. **the plan's pick**: `plan --target-acc TARGET` for the job's epochs (its references are then the lab's
@@ -227,10 +227,10 @@ def main() -> int:
     ap.add_argument("--dataset", default="digits", help="digits | digits-aug (11,496 images an epoch)")
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--job", help="the built-in job (default resnet18-ddp or resnet50-ddp from --model); "
-                    "resnet50-tf is TensorFlow's (ResNet50, no PowerSGD: its calibration is local SGD)")
+                    "resnet50-tf is TensorFlow's (ResNet50)")
     ap.add_argument("--scheme", choices=["powersgd", "localsgd"],
-                    help="the calibration run's scheme, from the first step; default powersgd, localsgd for "
-                    "TensorFlow")
+                    help="the calibration run's scheme, from the first step (default powersgd; TensorFlow's was "
+                    "localsgd until it had PowerSGD, 2026-12-06)")
     ap.add_argument("--epochs", type=int, default=4, help="of the 1-node run; 4-node runs may go to 3x")
     ap.add_argument("--batch", type=int, default=32, help="per node")
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank of the calibration run")
@@ -275,7 +275,7 @@ def main() -> int:
     job = a.job or ("resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp")
     if job == "resnet50-tf":
         a.model = "resnet50"
-    a.scheme = a.scheme or ("localsgd" if job.endswith("-tf") else "powersgd")
+    a.scheme = a.scheme or "powersgd"
     # the scheme's settings on every 4-node run and the plan: from the first step, no warm phase
     given, a.wire = a.wire, done.get("wire") or ("float32" if "bench" in done else a.wire or "float32")
     if given and given != a.wire:  # a DIR measured before --wire came sent float32

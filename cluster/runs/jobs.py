@@ -69,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": 0,
     "log_every": 10,
     # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
-    "grad_compression": "none",  # none | fp16 | powersgd (PyTorch only) | localsgd (model averaging)
+    "grad_compression": "none",  # none | fp16 | powersgd | localsgd (model averaging)
     "powersgd_rank": 2,
     "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
     "powersgd_wire": "float32",  # powersgd: P, Q and the uncompressed tensors all-reduced as float32 | bfloat16
@@ -527,12 +527,9 @@ class _Checks:
         """The communication settings (docs/jobs.md "Communication")."""
         if s["grad_compression"] not in ("none", "fp16", "powersgd", "localsgd"):
             self.fail("grad_compression", f"expected none, fp16, powersgd or localsgd, got {s['grad_compression']!r}",
-                      "grad_compression: fp16 halves the bytes; powersgd (PyTorch) sends a low-rank approximation; "
+                      "grad_compression: fp16 halves the bytes; powersgd sends a low-rank approximation; "
                       "localsgd all-reduces the model every localsgd_period steps instead of the "
                       "gradients every step")
-        if s["grad_compression"] == "powersgd" and s["framework"] == "tensorflow":
-            self.fail("grad_compression", "powersgd is implemented for PyTorch (DDP communication hooks) only",
-                      "use grad_compression: fp16 with tensorflow, or framework: pytorch")
         self.number("powersgd_rank", s["powersgd_rank"])
         self.number("powersgd_start_step", s["powersgd_start_step"])
         if s["powersgd_wire"] not in POWERSGD_WIRES:

@@ -36,7 +36,7 @@ __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "
            "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
            "stop_nodes"]
 
-PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py")
+PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
 START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
 DEFAULT_PORTS = {"torchrun": 29400, "tensorflow": 23456, "plain": 29500}  # per launcher
 Log = Callable[[str], None]

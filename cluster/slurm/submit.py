@@ -23,7 +23,7 @@ from cluster.slurm import layout, render
 from cluster.slurm.resources import Resources, SlurmOverrides, resolve
 
 # The built-in programs' modules beside their entry point (cluster.runs.launch.PROGRAM_FILES: a test checks).
-PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py")
+PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
 
 
 @dataclass

@@ -57,8 +57,8 @@ class StepRate:
 @dataclass
 class NodeBench(StepRate):
     """A node's rate at the job's batch and, fitted with half of it, step(b) = fixed_s + b * per_sample_s;
-    PyTorch jobs: powersgd_s, what PowerSGD's compute adds to a step at the job's batch (DDP with the hook
-    on one process). Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
+    powersgd_s, what PowerSGD's compute adds to a step at the job's batch (one process: DDP with the hook,
+    TensorFlow's loop with tfcomm's; their all-reduces of one move nothing). Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
 
     fixed_s: float | None = None
     per_sample_s: float | None = None
@@ -353,9 +353,8 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
         log(f"{spec.name}: {', '.join(h.name for h in batch_hosts)} alone, {steps} steps")
         rates: dict[str, list[StepRate]] = {}
         costs: dict[str, EpochCosts | None] = {}  # the first run's epoch end (evaluation, checkpoint)
-        # two sizes (fixed + per-sample cost); PyTorch: the job's batch again with PowerSGD (its own compute)
-        runs = [(spec["batch"], False), (max(1, spec["batch"] // 2), False)]
-        runs += [(spec["batch"], True)] if spec.framework == "pytorch" else []
+        # two sizes (fixed + per-sample cost); the job's batch again with PowerSGD (its own compute)
+        runs = [(spec["batch"], False), (max(1, spec["batch"] // 2), False), (spec["batch"], True)]
         for b, psgd in runs:
             res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=steps, batch=b,
                                               powersgd=psgd), timeout=1800, hosts=batch_hosts)

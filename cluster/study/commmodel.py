@@ -221,13 +221,13 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
     return out
 
 
-def schemes(framework: str, powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
+def schemes(powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
             localsgd_period: int = 8, powersgd_wires: tuple[str, ...] = ("float32",)) -> list[Scheme]:
-    """Every scheme the plan weighs: TensorFlow has no PowerSGD (jobs.py refuses it); local SGD at the job's
-    period, without accumulation (its period already is a number of steps between syncs); PowerSGD on each
-    of `powersgd_wires`."""
+    """Every scheme the plan weighs, the same for both frameworks: local SGD at the job's period, without
+    accumulation (its period already is a number of steps between syncs); PowerSGD on each of
+    `powersgd_wires`."""
     out = []
-    for c in ("none", "fp16") if framework == "tensorflow" else wlcommon.COMPRESSIONS:
+    for c in wlcommon.COMPRESSIONS:
         for wire in powersgd_wires if c == "powersgd" else ("float32",):
             out += [Scheme(c, powersgd_rank, k, powersgd_wire=wire) for k in accumulates]
     return out + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)]

@@ -221,14 +221,14 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
 
 def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
-    no compression, fp16 and (PyTorch) PowerSGD at the job's rank on either wire, each with accumulate 1, 2,
-    4 and the job's own, and (PyTorch) local SGD at the job's period."""
+    no compression, fp16 and PowerSGD at the job's rank on either wire, each with accumulate 1, 2, 4 and the
+    job's own, and local SGD at the job's period."""
     shapes, samples, val = commmodel.job_model(spec)
     if shapes is None:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
-                    tuple(commmodel.schemes(spec.framework, int(spec["powersgd_rank"]), accumulates,
+                    tuple(commmodel.schemes(int(spec["powersgd_rank"]), accumulates,
                                             int(spec["localsgd_period"]), jobs.POWERSGD_WIRES)), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
                     int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]),

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
-    from cluster.workloads import wlcommon, wldata, wlmetrics
+    from cluster.workloads import tfcomm, wlcommon, wldata, wlmetrics
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tfcomm
     import wlcommon
     import wldata
     import wlmetrics
@@ -77,7 +78,7 @@ class Trainer:
         self.strategy, self.a, self.global_batch = strategy, a, global_batch
         self.accumulate = int(getattr(a, "accumulate", 1))
         self.compression = getattr(a, "grad_compression", "none")
-        if self.compression not in ("none", "fp16", wlcommon.LOCAL_SGD):
+        if self.compression not in ("none", "fp16", "powersgd", wlcommon.LOCAL_SGD):
             raise ValueError(f"gradient compression {self.compression!r} is not implemented for TensorFlow")
         self.comm_options = comm_options
         with strategy.scope():
@@ -87,6 +88,11 @@ class Trainer:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
             # the saved epoch's validation accuracy (-1: none), so a resumed run knows whether it reached its target
             self.val_acc = tf.Variable(-1.0, dtype=tf.float64, trainable=False)
+        # this worker's own (outside the strategy's scope: each worker's error differs)
+        self.powersgd = (tfcomm.PowerSGD(self.model.trainable_variables, strategy.num_replicas_in_sync,
+                                         int(getattr(a, "powersgd_rank", 2)), int(getattr(a, "seed", 0)),
+                                         getattr(a, "powersgd_wire", "float32"))
+                         if self.compression == "powersgd" else None)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         self.bn_keep = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # recompute_bn's momentum, per call
 
@@ -112,10 +118,15 @@ class Trainer:
             loss, grads = loss + lj, [g + h for g, h in zip(grads, gj)]
         return loss, grads
 
-    def _apply(self, grads: list[tf.Tensor]) -> None:
-        """All-reduce (sum) the replicas' gradients, add the L2 weight decay, take the SGD step."""
+    def _apply(self, grads: list[tf.Tensor], compress: bool = False) -> None:
+        """All-reduce (sum) the replicas' gradients, add the L2 weight decay, take the SGD step. PowerSGD
+        (`compress`, powersgd_step) or, before its start step, fp16 (as train_torch's hook)."""
         variables = self.model.trainable_variables
-        if self.compression == "fp16":
+        if compress and self.powersgd is not None:
+            summed = self.powersgd.reduce(grads, self.comm_options)
+            full = [s + self.a.weight_decay * v for s, v in zip(summed, variables)]
+            self.opt.apply_gradients(zip(full, variables), skip_gradients_aggregation=True)
+        elif self.compression in ("fp16", "powersgd"):
             # the all-reduce carries float16 (half the bytes), summed in float16 as the torch hook does;
             # weight decay is added after it, in full precision
             ctx = tf.distribute.get_replica_context()
@@ -129,17 +140,25 @@ class Trainer:
             decayed = [g + self.a.weight_decay / world * v for g, v in zip(grads, variables)]
             self.opt.apply_gradients(zip(decayed, variables))  # all-reduces (sums) them first
 
-    @compiled
-    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        """One optimizer step on this worker's x, y (a.accumulate micro-batches back to back); returns
-        this replica's mean loss."""
+    def _step(self, x: tf.Tensor, y: tf.Tensor, compress: bool) -> tf.Tensor:
         def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             loss, grads = self._accumulated_grads(x, y)
-            self._apply(grads)
+            self._apply(grads, compress)
             return loss * self.global_batch / tf.cast(tf.shape(y)[0], loss.dtype)  # this replica's mean loss
 
         per_replica = self.strategy.run(replica, args=(x, y))
         return self.strategy.experimental_local_results(per_replica)[0]
+
+    @compiled
+    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """One optimizer step on this worker's x, y (a.accumulate micro-batches back to back); returns
+        this replica's mean loss."""
+        return self._step(x, y, compress=False)
+
+    @compiled
+    def powersgd_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """train_step with the gradients sent by PowerSGD (tfcomm)."""
+        return self._step(x, y, compress=True)
 
     @compiled
     def local_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -285,9 +304,8 @@ def refused(a: argparse.Namespace) -> str | None:
     """What this program does not accept (wlcommon.parse_args)."""
     if a.model != "resnet50":  # tf-keras's ResNet50 is this program's one model: not another silently
         return f"--model {a.model} is for train_torch.py; train_tf.py trains resnet50 (leave --model out)"
-    if a.grad_compression == "powersgd":
-        return ("--grad-compression powersgd is implemented for PyTorch only (DDP communication hooks); "
-                "use fp16 with TensorFlow")
+    if a.powersgd_rank < 1:
+        return "--powersgd-rank must be >= 1"
     if a.accumulate < 1 or a.collective_timeout_s < 0 or a.tf_bytes_per_pack < 0:
         return "--accumulate must be >= 1, --collective-timeout-s and --tf-bytes-per-pack >= 0"
     return None
@@ -296,7 +314,7 @@ def refused(a: argparse.Namespace) -> str | None:
 def setup_worker(a: argparse.Namespace) -> Worker:
     """Rank from TF_CONFIG, CPU threads, the strategy (coordination service first), the seeds."""
     rank, world = worker_info()
-    if world == 1:
+    if world == 1 and os.environ.get("CLUSTER_DDP_ALONE") != "1":  # (bench: the compression's own compute)
         a.grad_compression = "none"  # nothing goes on a wire
     threads = wlcommon.threads_per_process(a.threads, 1)
     loaders = wlcommon.loader_workers(a.loader_workers, bool(tf.config.list_physical_devices("GPU")), 1)
@@ -321,11 +339,18 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     plan = wlcommon.plan_batches(a, batch, batches, len(ds.x_train))
     tr = Trainer(w.strategy, ds.classes, a.size, a, plan.global_batch, w.options)
     shapes = [tuple(v.shape) for v in tr.model.trainable_variables]
-    comp = wlcommon.Compression(a.grad_compression, shapes, w.world)
+    psgd = a.grad_compression == "powersgd"
+    psgd_start = (0 if a.powersgd_start_step == wlcommon.FROM_FIRST else  # memory from the first step: no buckets
+                  wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs))
+    comp = wlcommon.Compression(a.grad_compression, tfcomm.torch_shapes(shapes), w.world, a.powersgd_rank,
+                                tfcomm.StepCount(0, psgd_start) if psgd else None, from_first=psgd_start == 0,
+                                powersgd_wire=a.powersgd_wire)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step, val_acc=tr.val_acc)
     resumed = resume_newest(w, tr, ckpt, metrics.dir / "checkpoint") if a.resume == "auto" else "none"
     start_epoch, step, acc = int(tr.epoch.numpy()) + 1, int(tr.step.numpy()), float(tr.val_acc.numpy())
     wlcommon.check_continued(a, start_epoch, acc if acc >= 0 else None)
+    if isinstance(comp.state, tfcomm.StepCount):
+        comp.state.iter = step  # resumed: fp16 or PowerSGD as the steps done say
     lsgd = a.grad_compression == wlcommon.LOCAL_SGD
     if lsgd:  # resumed: the schedule continues from the steps done
         comp = wlcommon.LocalSteps(shapes, w.world, a.localsgd_period,
@@ -341,6 +366,8 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   heartbeat_timeout_s=a.collective_timeout_s if w.world > 1 and a.collective_timeout_s else None,
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
                   grad_compression=a.grad_compression,
+                  powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
+                  powersgd_from_first=comp.from_first if psgd else None, powersgd_wire=a.powersgd_wire if psgd else None,
                   localsgd_period=a.localsgd_period if lsgd else None,
                   localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
                   bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
@@ -371,6 +398,10 @@ def train_epoch(t: Training, epoch: int) -> float:
         tr.opt.learning_rate.assign(lr)
         sent = t.comp.bytes_sent_ring()
         left[0] -= 1
+        if isinstance(t.comp.state, tfcomm.StepCount):
+            step = tr.powersgd_step if t.comp.compressing() else tr.train_step
+            t.comp.state.iter += 1
+            return wlmetrics.StepOutcome(float(step(*batch).numpy()), int(batch[1].shape[0]), sent)
         if not isinstance(t.comp, wlcommon.LocalSteps):
             return wlmetrics.StepOutcome(float(tr.train_step(*batch).numpy()), int(batch[1].shape[0]), sent)
         local, averages = t.comp.compressing(), t.comp.averages()

@@ -63,13 +63,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
     ap.add_argument("--grad-compression", default="none", choices=[*COMPRESSIONS, LOCAL_SGD],
                     help="gradients on the wire: none (float32), fp16 (cast for the all-reduce and back), "
-                    "powersgd (PyTorch only: low-rank with error feedback and warm start); localsgd: post-local "
+                    "powersgd (low-rank with error feedback and warm start); localsgd: post-local "
                     "SGD, the model averaged every --localsgd-period steps instead")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
                     "warm-up and after 1000 steps (torch's default), capped at half the run; 1: PowerSGD from "
-                    "the first step (its first two without error feedback or warm start)")
+                    "the first step (PyTorch: its first two without error feedback or warm start)")
     ap.add_argument("--powersgd-wire", default="float32", choices=list(POWERSGD_WIRES),
                     help="powersgd: the dtype its all-reduces send (P, Q, the uncompressed tensors); bfloat16 "
                     "halves the bytes, its matrix products stay float32")

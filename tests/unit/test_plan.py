@@ -55,7 +55,7 @@ def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     f = bench.fit(full, StepRate(batch=8, step_s=0.6, images_per_s=8 / 0.6, steps=3))
     assert f.per_sample_s == pytest.approx(0.05) and f.fixed_s == pytest.approx(0.2)
     assert NodeSpeed.from_bench(f).step(16) == pytest.approx(1.0)
-    assert f.powersgd_s is None and "powersgd_s" not in f.to_dict()  # TensorFlow: no PowerSGD run
+    assert f.powersgd_s is None and "powersgd_s" not in f.to_dict()  # a bench from before the PowerSGD run
 
     # a rationed CPU: most steps short, one held back a quota period; an epoch of them takes the mean
     throttled = [json.dumps({"type": "step", "data_s": 0.01, "compute_s": t}) for t in (2.0, 2.0, 0.24, 0.24, 0.54)]

@@ -1,4 +1,5 @@
-"""fp16 all-reduce and gradient accumulation in the TensorFlow program: 2 MWMS workers on loopback.
+"""fp16 all-reduce, PowerSGD, local SGD and gradient accumulation in the TensorFlow program: 2 MWMS
+workers on loopback.
 
 The Trainer of train_tf.py runs a tiny Keras model here (build_model replaced) in float64, so the
 comparisons see the arithmetic and the runs take seconds, not minutes.
@@ -36,11 +37,12 @@ def tiny(classes, size):
 
 train_tf.build_model = tiny
 mode, init, data, out, split, k, comp = sys.argv[1:8]
+psgd_rank, wire = (int(sys.argv[8]), sys.argv[9]) if len(sys.argv) > 9 else (1, "float32")
 split, k = [int(b) for b in split.split(",")], int(k)
 rank, world = train_tf.worker_info()
 a = argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4, accumulate=k if world > 1 else 1,
                        grad_compression=comp, tf_implementation="ring", tf_bytes_per_pack=0,
-                       collective_timeout_s=60.0)
+                       collective_timeout_s=60.0, seed=0, powersgd_rank=psgd_rank, powersgd_wire=wire)
 options = train_tf.communication_options(a)
 strategy = train_tf.make_strategy(world, options, a.collective_timeout_s)
 n = k * sum(split)  # samples per optimizer step
@@ -53,6 +55,28 @@ with np.load(init) as w:
 with np.load(data) as d:
     x, y = d["x"], d["y"]
 variables = tr.model.trainable_variables
+import ml_dtypes
+NP_WIRE = {{"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}}[wire]
+
+
+def wire_sum(parts):  # what the all-reduce of two workers returns: their sum on the wire's dtype
+    return (parts[0].astype(NP_WIRE) + parts[1].astype(NP_WIRE)).astype(np.float64)
+
+
+def qr(m):
+    return np.linalg.qr(m)[0]
+
+
+if mode == "psgdref":  # by hand, in numpy: PowerSGD as torch's hook does it, for two workers
+    mats = {{}}  # variable index -> (n, m, r): torch's view (output channels first) and rule
+    for i, v in enumerate(variables):
+        if len(v.shape) > 1:
+            n, m_ = v.shape[-1], int(np.prod(v.shape[:-1]))
+            r = min(n, m_, psgd_rank)
+            if (n + m_) * r * 2 < n * m_:
+                mats[i] = (n, m_, r)
+    qs = {{i: np.random.default_rng([0, i]).standard_normal((m_, r)) for i, (n, m_, r) in mats.items()}}
+    errs = [{{i: np.zeros((n, m_)) for i, (n, m_, r) in mats.items()}} for _ in split]
 for step in range(2):  # two steps: the momentum slots are exercised too
     tr.opt.learning_rate.assign(0.01)
     if mode == "fp16ref":  # by hand: each worker's gradient, cast to float16, summed in float16
@@ -64,6 +88,25 @@ for step in range(2):  # two steps: the momentum slots are exercised too
             total = h if total is None else [s + t for s, t in zip(total, h)]
         grads = [tf.cast(tf.cast(s, tf.float16), tf.float64) + 5e-4 * v for s, v in zip(total, variables)]
         tr.opt.apply_gradients(zip(grads, variables))
+    elif mode == "psgdref":
+        gs = []
+        for r in range(len(split)):
+            part = wlcommon.batch_slice(step, split, r)
+            gs.append([g.numpy() for g in tr._local_grads(tf.constant(x[part]), tf.constant(y[part]))[1]])
+        grads = []
+        for i, v in enumerate(variables):
+            if i not in mats:
+                grads.append(wire_sum([g[i] for g in gs]))
+                continue
+            n = mats[i][0]
+            ms = [g[i].reshape(-1, n).T + e[i] for g, e in zip(gs, errs)]
+            p = qr(wire_sum([mw @ qr(qs[i]) for mw in ms]))
+            qs[i] = wire_sum([mw.T @ p for mw in ms])
+            approx = p @ qs[i].T
+            for e, mw in zip(errs, ms):
+                e[i] = mw - approx / 2
+            grads.append(approx.T.reshape(v.shape))
+        tr.opt.apply_gradients(zip([tf.constant(g) + 5e-4 * v for g, v in zip(grads, variables)], variables))
     elif mode.startswith("shard"):  # by hand: worker r's local SGD steps alone (its own mean gradient, its momentum)
         part = wlcommon.batch_slice(step, [4, 4], int(mode[5:]))
         tr.train_step(tf.constant(x[part]), tf.constant(y[part]))
@@ -72,7 +115,7 @@ for step in range(2):  # two steps: the momentum slots are exercised too
         tr.local_step(tf.constant(x[part]), tf.constant(y[part]))
     elif world > 1:
         part = wlcommon.batch_slice(step, [k * b for b in split], rank)  # as the program feeds it
-        tr.train_step(tf.constant(x[part]), tf.constant(y[part]))
+        (tr.powersgd_step if comp == "powersgd" else tr.train_step)(tf.constant(x[part]), tf.constant(y[part]))
     else:
         tr.train_step(tf.constant(x[step * n:(step + 1) * n]), tf.constant(y[step * n:(step + 1) * n]))
 if mode == "local":
@@ -145,6 +188,23 @@ def test_tf_accumulated_micro_batches_on_two_workers_equal_one_step_on_the_conca
     assert worst <= 1e-9
 
 
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_tf_powersgd_on_two_workers_equals_torchs_algorithm_done_by_hand(tmp_path: Path, wire: str) -> None:
+    """Two PowerSGD steps (rank 1: every kernel compressed, the biases not) on two MWMS workers against the
+    algorithm of torch's hook in numpy on each worker's gradient (error feedback and warm start carried into
+    the second step, the sums on the wire's dtype); and it is not the plain all-reduce's step."""
+    helper, init, data = _setup(tmp_path, 16)
+    ref, plain, mwms = (tmp_path / f"{n}.npz" for n in ("ref", "plain", "mwms"))
+    _ok(_run(helper, ["psgdref", str(init), str(data), str(ref), "4,4", "1", "none", "1", wire]),
+        _run(helper, ["train", str(init), str(data), str(plain), "4,4", "1", "none"]))
+    _two_workers(helper, ["train", str(init), str(data), str(mwms), "4,4", "1", "powersgd", "1", wire])
+    worst, moved = _delta(init, ref, mwms)
+    assert moved == 6
+    assert worst <= 1e-6
+    compressed, _ = _delta(init, plain, mwms)
+    assert compressed > 1e-2  # a rank-1 approximation, not the full gradient
+
+
 def test_tf_local_sgd_steps_each_worker_alone_then_averages_the_models(tmp_path: Path) -> None:
     """Two local steps on two MWMS workers, then average_model: the result is the mean of the two workers'
     models trained alone on their own batches (by hand, one process each), and before the average the
@@ -166,9 +226,9 @@ def test_tf_local_sgd_steps_each_worker_alone_then_averages_the_models(tmp_path:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--grad-compression", "powersgd"], "powersgd is implemented for PyTorch only"),
+    (["--grad-compression", "powersgd", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--model", "resnet18"], "--model resnet18 is for train_torch.py; train_tf.py trains resnet50"),
-], ids=["powersgd", "another-model"])
+], ids=["powersgd-rank", "another-model"])
 def test_tf_program_refuses_what_it_cannot_do_with_a_clear_message(tmp_path: Path, args: list[str],
                                                                    says: str) -> None:
     r = subprocess.run([sys.executable, str(WL / "train_tf.py"), *args, "--out", str(tmp_path)],
