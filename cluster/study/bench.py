@@ -246,9 +246,12 @@ def load(inv: Inventory) -> BenchResult:
 # --------------------------------------------------------------------------- compute: each node alone
 
 
-# bench's PowerSGD run: DDP with the hook on one process; compression from the third step (the first two
-# are warm-up, not counted), so every counted step compresses
-POWERSGD_ARGS = ["--grad-compression", "powersgd", "--powersgd-start-step", str(WARMUP_STEPS)]
+# bench's PowerSGD run, one process, every counted step compressing: PyTorch (DDP with the hook) from the
+# third step (the first two are warm-up, not counted; from the first, its first two would go without memory);
+# TensorFlow from the first (its PowerSGD step is a tf.function of its own, traced at the first step it runs:
+# started at the third, the tracing fell in the counted steps and bench read 1.2 s of PowerSGD a step)
+POWERSGD_ARGS = {"pytorch": ["--grad-compression", "powersgd", "--powersgd-start-step", str(WARMUP_STEPS)],
+                 "tensorflow": ["--grad-compression", "powersgd", "--powersgd-start-step", "1"]}
 # the gradient noise probe: steps of NOISE_K micro-batches of the job's batch at the same weights each
 NOISE_K, NOISE_STEPS = 4, 8
 
@@ -258,7 +261,7 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
     args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
-    args += (POWERSGD_ARGS if powersgd else []) + list(extra)  # (argparse: the last of a repeated option wins)
+    args += (POWERSGD_ARGS[spec.framework] if powersgd else []) + list(extra)  # (the last of a repeated option wins)
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
     alone = "CLUSTER_DDP_ALONE=1 " if powersgd else ""
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "

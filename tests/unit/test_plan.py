@@ -47,6 +47,21 @@ def test_candidates_prefer_the_split_that_keeps_the_slow_node_busy_not_late() ->
     assert two.epoch_s == pytest.approx(50 * 0.9)
 
 
+@pytest.mark.parametrize(("job", "start"), [("resnet50-ddp", str(bench.WARMUP_STEPS)), ("resnet50-tf", "1")])
+def test_bench_times_powersgd_on_every_counted_step(job: str, start: str) -> None:
+    """PyTorch's hook from the step after the warm-up; TensorFlow's from the first: its PowerSGD step is a
+    tf.function of its own, whose tracing at a later start fell in the counted steps (1.2 s a step read)."""
+    import shlex
+
+    from cluster.inventory.model import Host
+    from cluster.runs import jobs
+
+    cmd = bench._node_cmd(Host("pc1", "127.0.0.1"), jobs.load(job), "d.npz", 12, 32, powersgd=True)
+    words = shlex.split(cmd.split(" && ")[-1].split(">/dev/null")[0])
+    assert words[0] == "CLUSTER_DDP_ALONE=1" and words[words.index("--grad-compression") + 1] == "powersgd"
+    assert words[len(words) - 1 - words[::-1].index("--powersgd-start-step") + 1] == start  # the last one wins
+
+
 def test_bench_fit_splits_a_step_into_fixed_and_per_sample_time() -> None:
     lines = [json.dumps({"type": "start"})] + [
         json.dumps({"type": "step", "data_s": 0.0, "compute_s": t}) for t in (5.0, 3.0, 1.0, 1.2, 0.8)]
