@@ -137,8 +137,18 @@ class RunRecord:
         return [n.node for n in self.nodes if n.node not in self.dropped]
 
     def hosts(self) -> list[Host]:
-        """The hosts as they were when the run started (the inventory may have changed since)."""
-        return [Host.from_dict(d) for d in self.inventory["hosts"]]
+        """The hosts as they were when the run started (the inventory may have changed since). One whose key
+        or known_hosts file is gone from this head (a lab rebuilt, a key replaced) can be reached no more
+        as it was: it is reached as the current inventory reaches the same address and port, where that has
+        it (its name, workdir and python stay the run's). Safe on another machine at that address: the node
+        agent signals only processes whose boot and start it recorded, so there it answers that the run is
+        not running."""
+        snapshot = [Host.from_dict(d) for d in self.inventory["hosts"]]
+        if not any(_files_gone(h) for h in snapshot):
+            return snapshot
+        now = _current_hosts()
+        return [dataclasses.replace(now[(h.address, h.port)], name=h.name, workdir=h.workdir, python=h.python)
+                if _files_gone(h) and (h.address, h.port) in now else h for h in snapshot]
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -323,3 +333,22 @@ def list_runs() -> list[RunRecord]:
 
 def hosts(record: RunRecord) -> list[Host]:
     return record.hosts()
+
+
+def _files_gone(h: Host) -> bool:
+    """The head's files a host's connection needs, missing (SSH hosts; a local one needs none)."""
+    if h.connection != "ssh":
+        return False
+    return (h.key_path is not None and not h.key_path.exists()) or not h.known_hosts_path.exists()
+
+
+def _current_hosts() -> dict[tuple[str, int], Host]:
+    """The current inventory's hosts by address and port; none where it cannot be read (the snapshot then
+    stands, and the connection says what is missing)."""
+    from cluster.inventory import context, loader
+
+    try:
+        inv = loader.load(context.resolve(None)[0])
+    except ClusterError:
+        return {}
+    return {(h.address, h.port): h for h in inv.hosts.values()}

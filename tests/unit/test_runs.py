@@ -370,3 +370,35 @@ def test_a_foreground_follow_waits_for_a_stop_another_process_is_making() -> Non
     assert not runstate._stop_in_flight(rec, {"a": NodeStatus("a", "unreachable")}, 0.0)
     rec.stop_results = {"a": {"ok": False, "error": "the agent did not confirm"}}
     assert not runstate._stop_in_flight(rec, answering, 0.0)
+
+
+def test_a_host_whose_key_is_gone_is_reached_as_the_current_inventory_reaches_its_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lab rebuilt while a stop was pending: the record's key and known_hosts are gone with the old lab, so
+    the pending stop could never be retried and the next launch on that address refused for ever. The
+    current inventory's way to the same address and port is used; the record's name, workdir and python stay."""
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "id").write_text("key\n")
+    (new / "id").chmod(0o600)
+    (new / "known_hosts").write_text("")
+    (new / "lab.yaml").write_text(json.dumps({"name": "lab", "hosts": {
+        "n2": {"address": "10.9.0.12", "identity_file": str(new / "id"), "known_hosts": str(new / "known_hosts"),
+               "user": "root", "workdir": "/elsewhere"},
+        "n3": {"address": "10.9.0.13", "identity_file": str(new / "id"), "known_hosts": str(new / "known_hosts")}}}))
+    monkeypatch.setenv("CLUSTERCTL_INVENTORY", str(new / "lab.yaml"))
+    old = tmp_path / "old"  # never created: the rebuilt lab's folder is gone
+    rec = _record(nodes=("node2", "node4"))
+    rec.inventory["hosts"] = [
+        {"name": "node2", "address": "10.9.0.12", "port": 22, "user": "root", "identity_file": str(old / "id"),
+         "known_hosts": str(old / "known_hosts"), "workdir": "/srv/cluster", "python": "/opt/py"},
+        {"name": "node4", "address": "10.9.0.14", "port": 22, "identity_file": str(old / "id"),
+         "known_hosts": str(old / "known_hosts"), "workdir": "/srv/cluster"}]
+    node2, node4 = rec.hosts()
+    assert (node2.name, node2.workdir, node2.python) == ("node2", "/srv/cluster", "/opt/py")
+    assert (node2.identity_file, node2.known_hosts) == (str(new / "id"), str(new / "known_hosts"))
+    assert node4.identity_file == str(old / "id")  # no host at its address now: as it was (and unreachable)
+    (old).mkdir()
+    for f in ("id", "known_hosts"):
+        (old / f).write_text("")
+    assert rec.hosts()[0].identity_file == str(old / "id")  # its files there: the run's own way, always
