@@ -14,6 +14,7 @@ Independently of the head, the training programs' collective timeouts
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import time
@@ -373,13 +374,32 @@ def stop_nodes(record: records.RunRecord, grace: float = 10.0, only: list[str] |
     dirs = record.node_dirs()
     hosts = [h for h in record.hosts() if only is None or h.name in only]
     with Group(hosts) as g:
-        res = g.run(lambda h: render.agent_command(h, "stop", dirs[h.name], str(grace)), timeout=grace + 30)
+        res = g.run(lambda h: _stop_command(h, dirs[h.name], grace, record.active), timeout=grace + 30)
     out = {}
     for n, r in res.items():
         doc = agent_reply(r.stdout)
         out[n] = doc if doc is not None else {"ok": False, "error": r.error or error_tail(r.stderr)
                                                                    or r.status, "status": r.status}
     return out
+
+
+# a node with neither the run's folder nor the agent: clusterctl never started anything of the run there
+NEVER_THERE = json.dumps({"ok": True, "terminated": [], "killed": [], "left": [],
+                          "absent": "neither the run's folder nor clusterctl's agent is on this machine"})
+
+
+def _stop_command(h: Host, run_dir: str, grace: float, active: bool) -> str:
+    """The agent's stop. For a run that is over (a stop left pending on a node), a node without the run's
+    folder and without the agent (a PC reinstalled, a lab rebuilt at the same addresses) answers that
+    nothing of the run is there: the launch makes both before it starts anything, and their absence is all
+    that machine can say. Never for an active run, whose launch may be about to make them (its own stop
+    check after staging, and the agent's STOP file, cover that case)."""
+    cmd = render.agent_command(h, "stop", run_dir, str(grace))
+    if active:
+        return cmd
+    q = shlex.quote
+    agent = f"{h.workdir}/{render.AGENT}"
+    return f"if [ -e {q(run_dir)} ] || [ -e {q(agent)} ]; then {cmd}; else printf '%s\\n' {q(NEVER_THERE)}; fi"
 
 
 def stop(record: records.RunRecord, grace: float = 10.0) -> records.RunRecord:

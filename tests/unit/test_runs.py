@@ -402,3 +402,29 @@ def test_a_host_whose_key_is_gone_is_reached_as_the_current_inventory_reaches_it
     for f in ("id", "known_hosts"):
         (old / f).write_text("")
     assert rec.hosts()[0].identity_file == str(old / "id")  # its files there: the run's own way, always
+
+
+def test_a_pending_stop_on_a_machine_without_the_run_is_confirmed_only_for_a_run_that_is_over(
+        tmp_path: Path) -> None:
+    """A PC reinstalled (a lab rebuilt) at a pending node's address has neither the run's folder nor the agent:
+    for a run that is over, that answers the stop (before, the missing agent failed it for ever). Where the
+    folder is there, the agent must answer; an active run's launch may be about to make both: no shortcut."""
+    import dataclasses
+    import shutil
+    import sys
+
+    from cluster.inventory.model import Host
+
+    wd = tmp_path / "wd"
+    rec = _record(nodes=("a",), state="failed")
+    rec.inventory["hosts"] = [Host("a", "127.0.0.1", connection="local", workdir=str(wd),
+                                   python=sys.executable).to_dict()]
+    rec.nodes = [dataclasses.replace(rec.nodes[0], run_dir=str(wd / "runs" / "r1"))]
+    res = runstate.stop_nodes(rec, grace=0.1)["a"]
+    assert res["ok"] and "absent" in res and res["left"] == []
+    (wd / "runs" / "r1").mkdir(parents=True)  # its folder there, the agent not: nothing is taken for stopped
+    res = runstate.stop_nodes(rec, grace=0.1)["a"]
+    assert not res["ok"] and "nodeagent.py" in res["error"]
+    shutil.rmtree(wd)
+    rec.state = "starting"
+    assert not runstate.stop_nodes(rec, grace=0.1)["a"]["ok"]
