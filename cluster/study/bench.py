@@ -58,7 +58,8 @@ class StepRate:
 class NodeBench(StepRate):
     """A node's rate at the job's batch and, fitted with half of it, step(b) = fixed_s + b * per_sample_s;
     powersgd_s, what PowerSGD's compute adds to a step at the job's batch (one process: DDP with the hook,
-    TensorFlow's loop with tfcomm's; their all-reduces of one move nothing). Files from before the fit have no fixed_s, per_sample_s or half: they still load."""
+    TensorFlow's loop with tfcomm's; their all-reduces of one move nothing). Files from before the fit have no
+    fixed_s, per_sample_s or half: they still load."""
 
     fixed_s: float | None = None
     per_sample_s: float | None = None

@@ -367,7 +367,8 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
                   grad_compression=a.grad_compression,
                   powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
-                  powersgd_from_first=comp.from_first if psgd else None, powersgd_wire=a.powersgd_wire if psgd else None,
+                  powersgd_from_first=comp.from_first if psgd else None,
+                  powersgd_wire=a.powersgd_wire if psgd else None,
                   localsgd_period=a.localsgd_period if lsgd else None,
                   localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
                   bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
