@@ -251,8 +251,7 @@ def load(inv: Inventory) -> BenchResult:
 # third step (the first two are warm-up, not counted; from the first, its first two would go without memory);
 # TensorFlow from the first (its PowerSGD step is a tf.function of its own, traced at the first step it runs:
 # started at the third, the tracing fell in the counted steps and bench read 1.2 s of PowerSGD a step)
-POWERSGD_ARGS = {"pytorch": ["--grad-compression", "powersgd", "--powersgd-start-step", str(WARMUP_STEPS)],
-                 "tensorflow": ["--grad-compression", "powersgd", "--powersgd-start-step", "1"]}
+POWERSGD_START = {"pytorch": WARMUP_STEPS, "tensorflow": 1}
 # the gradient noise probe: steps of NOISE_K micro-batches of the job's batch at the same weights each
 NOISE_K, NOISE_STEPS = 4, 8
 
@@ -262,7 +261,9 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
     args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
-    args += (POWERSGD_ARGS[spec.framework] if powersgd else []) + list(extra)  # (the last of a repeated option wins)
+    if powersgd:
+        args += ["--grad-compression", "powersgd", "--powersgd-start-step", str(POWERSGD_START[spec.framework])]
+    args += list(extra)  # (argparse: the last of a repeated option wins)
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
     alone = "CLUSTER_DDP_ALONE=1 " if powersgd else ""
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "
