@@ -15,6 +15,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tests import ranks  # noqa: E402
+
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
 import torchcomm  # noqa: E402
@@ -97,11 +99,7 @@ def _local_rank(rank: int, world: int, init: str, tmp: str, steps: int, more: in
     rec["resumed"] = [_flat(list(model2.parameters())), _momentum(opt2)]
     rec["resumed_sent"] = resumed["sent"]
     torch.save(rec, f"{tmp}/local{rank}.pt")
-    del ddp, comp, ddp2, comp2
-    import gc
-
-    gc.collect()
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def test_local_sgd_steps_apart_between_averagings_averages_every_period_and_resumes(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tests import ranks  # noqa: E402
 from tests.unit.test_workload_tf import _free_ports  # noqa: E402 - its TF workers' ports, as test_workload_tf_comm
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
@@ -186,7 +187,7 @@ def _resume_rank(rank: int, world: int, init: str, tmp: str) -> None:
         momenta = sorted({float(v) for s in fresh_opt.state.values() for v in s["momentum_buffer"].flatten()})
         results.append({"got": got, "weights": weights, "momenta": momenta})
     torch.save(results, Path(tmp) / f"results.{rank}")
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def _tiny_args():  # noqa: ANN202 - an argparse.Namespace

@@ -15,6 +15,8 @@ import torch  # noqa: E402 - installed by scripts/setup.sh; a missing torch must
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests import ranks  # noqa: E402
+
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
@@ -51,7 +53,7 @@ def _rank(rank: int, world: int, init: str, state: str, x: str, out: str, split:
                                weight=wlcommon.loss_weight(list(split), rank))
     if rank == 0:
         torch.save(model.state_dict(), out)
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 @pytest.mark.parametrize("split", [(4, 4), (3, 5)], ids=["even", "uneven"])
@@ -196,7 +198,7 @@ def _bn_rank(rank: int, world: int, init: str, x: str, out: str) -> None:
     data = torch.load(x)
     train_torch.recompute_bn(model, data[rank * 16:(rank + 1) * 16], 8, world)
     torch.save({"mean": model[1].running_mean, "var": model[1].running_var}, f"{out}.{rank}")
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def test_recompute_bn_averages_the_ranks_statistics(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tests import ranks  # noqa: E402
+
 WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
 sys.path.insert(0, str(WL))
 import torchcomm  # noqa: E402
@@ -56,7 +58,7 @@ def _fp16_rank(rank: int, world: int, init: str, tmp: str) -> None:
     if rank == 0:
         torch.save({"grads": [p.grad.clone() for p in model.parameters()], "state": model.state_dict(),
                     "bytes": comp.bytes_sent_ring(), "volume": comp.volume}, f"{tmp}/out.pt")
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def test_fp16_step_on_two_ranks_equals_a_step_with_the_fp16_rounded_average(tmp_path: Path) -> None:
@@ -109,7 +111,7 @@ def _accum_rank(rank: int, world: int, init: str, tmp: str, split: tuple[int, ..
                                weight=wlcommon.loss_weight(list(split), rank), accumulate=k)
     if rank == 0:
         torch.save(model.state_dict(), f"{tmp}/ddp.pt")
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 @pytest.mark.parametrize("split", [(2, 2), (1, 3)], ids=["even", "uneven"])
@@ -168,7 +170,7 @@ def _count_rank(rank: int, world: int, init: str, tmp: str) -> None:
         counts["buckets"] = len(set(calls))
     if rank == 0:
         Path(f"{tmp}/counts.json").write_text(json.dumps(counts))
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def _train_counting_bytes(ddp: nn.parallel.DistributedDataParallel, comp: wlcommon.Compression, rank: int,
@@ -225,8 +227,7 @@ def _psgd_rank(rank: int, world: int, init: str, tmp: str, steps: int, max_group
     torch.save({"records": records, "sent": sent, "volume": comp.volume, "fp16_steps": sum(fp16_last),
                 "plain": wlcommon.comm_volume([tuple(p.shape) for p in model.parameters()], world, "none")},
                f"{tmp}/psgd{rank}.pt")
-    del ddp, comp
-    _leave()
+    ranks.leave()
 
 
 @pytest.mark.parametrize("max_groups", [8, 2], ids=["group-per-bucket", "groups-reused"])
@@ -284,18 +285,7 @@ def _one_group_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> N
     sent = _train_counting_bytes(ddp, comp, rank, steps)
     torch.save({"sent": sent, "fp16": comp.before_start, "psgd": comp.volume, "iter": comp.state.iter,
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/one{rank}.pt")
-    del ddp, comp
-    _leave()
-
-
-def _leave() -> None:
-    """After the caller dropped its DDP and PowerSGD state (they hold the process group and its threads): them
-    collected before the group goes, so that no thread is torn down at interpreter exit (seen once under load
-    in CI: SIGABRT, "Resource deadlock avoided")."""
-    import gc
-
-    gc.collect()
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def test_powersgd_hook_of_one_group_sends_fp16_then_powersgd(tmp_path: Path) -> None:
@@ -356,7 +346,7 @@ def _digits_rank(rank: int, world: int, init: str, tmp: str, steps: int) -> None
         result[kind] = {"losses": losses, "val_acc": acc}
     if rank == 0:
         Path(f"{tmp}/digits.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    ranks.leave()
 
 
 def test_powersgd_trains_digits_about_as_well_as_uncompressed(tmp_path: Path) -> None:
@@ -398,8 +388,7 @@ def _first_rank(rank: int, world: int, init: str, tmp: str, steps: int, backend:
     torch.save({"sent": sent, "psgd": comp.volume, "iter": comp.state.iter, "memories": len(comp.state.error_dict),
                 "steps": steps_by, "fp16": len(fp16),
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/first{rank}.pt")
-    del ddp, comp
-    _leave()
+    ranks.leave()
 
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
@@ -432,8 +421,7 @@ def _wire_rank(rank: int, world: int, init: str, tmp: str, steps: int, wire: str
     dist.all_reduce = real
     torch.save({"sent": sent, "volume": comp.volume, "seen": seen,
                 "params": [p.detach().clone() for p in ddp.parameters()]}, f"{tmp}/{wire}{rank}.pt")
-    del ddp, comp
-    _leave()
+    ranks.leave()
 
 
 def test_powersgd_bfloat16_wire_sends_half_the_bytes_and_trains_as_float32(tmp_path: Path) -> None:
