@@ -374,7 +374,7 @@ def stop_nodes(record: records.RunRecord, grace: float = 10.0, only: list[str] |
     dirs = record.node_dirs()
     hosts = [h for h in record.hosts() if only is None or h.name in only]
     with Group(hosts) as g:
-        res = g.run(lambda h: _stop_command(h, dirs[h.name], grace, record.active), timeout=grace + 30)
+        res = g.run(lambda h: _stop_command(h, dirs[h.name], grace, _may_start(record)), timeout=grace + 30)
     out = {}
     for n, r in res.items():
         doc = agent_reply(r.stdout)
@@ -388,14 +388,26 @@ NEVER_THERE = json.dumps({"ok": True, "terminated": [], "killed": [], "left": []
                           "absent": "neither the run's folder nor clusterctl's agent is on this machine"})
 
 
-def _stop_command(h: Host, run_dir: str, grace: float, active: bool) -> str:
-    """The agent's stop. For a run that is over (a stop left pending on a node), a node without the run's
-    folder and without the agent (a PC reinstalled, a lab rebuilt at the same addresses) answers that
-    nothing of the run is there: the launch makes both before it starts anything, and their absence is all
-    that machine can say. Never for an active run, whose launch may be about to make them (its own stop
-    check after staging, and the agent's STOP file, cover that case)."""
+def _may_start(record: records.RunRecord) -> bool:
+    """A clusterctl process of this head may still start something of the run on a node: the run is active
+    and not stopped by the user, or its launcher or restarter is still at work (both check for the stop
+    before they start anything, but one may be past that check for some node)."""
+    if not record.active:
+        return False
+    if not record.stopped_by_user:
+        return True
+    return _launcher_alive(record) or elastic.alive((record.reform or {}).get("pid"))
+
+
+def _stop_command(h: Host, run_dir: str, grace: float, may_start: bool) -> str:
+    """The agent's stop. Where nothing can start any more (a run that is over, or the user's stop with no
+    launcher or restarter at work), a node without the run's folder and without the agent (a PC reinstalled,
+    a lab rebuilt at the same addresses) answers that nothing of the run is there: the launch makes both
+    before it starts anything, and their absence is all that machine can say. Never while something may
+    start: a launch may be about to make them (its own stop check after staging, and the agent's STOP file,
+    cover that case)."""
     cmd = render.agent_command(h, "stop", run_dir, str(grace))
-    if active:
+    if may_start:
         return cmd
     q = shlex.quote
     agent = f"{h.workdir}/{render.AGENT}"

@@ -404,11 +404,13 @@ def test_a_host_whose_key_is_gone_is_reached_as_the_current_inventory_reaches_it
     assert rec.hosts()[0].identity_file == str(old / "id")  # its files there: the run's own way, always
 
 
-def test_a_pending_stop_on_a_machine_without_the_run_is_confirmed_only_for_a_run_that_is_over(
+def test_a_pending_stop_on_a_machine_without_the_run_is_confirmed_only_where_nothing_can_start(
         tmp_path: Path) -> None:
     """A PC reinstalled (a lab rebuilt) at a pending node's address has neither the run's folder nor the agent:
-    for a run that is over, that answers the stop (before, the missing agent failed it for ever). Where the
-    folder is there, the agent must answer; an active run's launch may be about to make both: no shortcut."""
+    for a run that is over, or stopped by the user with no launcher or restarter at work, that answers the
+    stop (before, the missing agent failed it for ever). Where the folder is there, the agent must answer; an
+    active run's launch may be about to make both: no shortcut, nor while a stopped run's launcher or
+    restarter is still at work."""
     import dataclasses
     import shutil
     import sys
@@ -427,4 +429,10 @@ def test_a_pending_stop_on_a_machine_without_the_run_is_confirmed_only_for_a_run
     assert not res["ok"] and "nodeagent.py" in res["error"]
     shutil.rmtree(wd)
     rec.state = "starting"
+    assert not runstate.stop_nodes(rec, grace=0.1)["a"]["ok"]
+    rec.state, rec.stopped_by_user = "stopping", True  # the user's stop, pending there: nothing at work
+    assert runstate.stop_nodes(rec, grace=0.1)["a"]["ok"]
+    rec.extra["launcher"] = {"pid": os.getpid()}  # its launcher still at work
+    assert not runstate.stop_nodes(rec, grace=0.1)["a"]["ok"]
+    rec.extra["launcher"], rec.reform = {}, {"pid": os.getpid()}  # a restarter at work
     assert not runstate.stop_nodes(rec, grace=0.1)["a"]["ok"]
