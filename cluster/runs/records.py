@@ -138,9 +138,9 @@ class RunRecord:
 
     def hosts(self) -> list[Host]:
         """The hosts as they were when the run started (the inventory may have changed since). One whose key
-        or known_hosts file is gone from this head (a lab rebuilt, a key replaced) can be reached no more
-        as it was: it is reached as the current inventory reaches the same address and port, where that has
-        it (its name, workdir and python stay the run's). Safe on another machine at that address: the node
+        or known_hosts file, or a jump host's, is gone from this head (a lab rebuilt, a key replaced) can be
+        reached no more as it was: it is reached as the current inventory reaches the same address and port,
+        where that has it (its name, workdir and python stay the run's). Safe on another machine at that address: the node
         agent signals only processes whose boot and start it recorded, so there it answers that the run is
         not running."""
         snapshot = [Host.from_dict(d) for d in self.inventory["hosts"]]
@@ -336,10 +336,12 @@ def hosts(record: RunRecord) -> list[Host]:
 
 
 def _files_gone(h: Host) -> bool:
-    """The head's files a host's connection needs, missing (SSH hosts; a local one needs none)."""
+    """The head's files a host's connection needs, missing (SSH hosts; a local one needs none), its jump
+    hosts' included (a gateway PC's lab rebuilt takes the gateway's known_hosts with it)."""
     if h.connection != "ssh":
         return False
-    return (h.key_path is not None and not h.key_path.exists()) or not h.known_hosts_path.exists()
+    return ((h.key_path is not None and not h.key_path.exists()) or not h.known_hosts_path.exists()
+            or any(_files_gone(j) for j in h.jumps))
 
 
 def _current_hosts() -> dict[tuple[str, int], Host]:

@@ -402,6 +402,11 @@ def test_a_host_whose_key_is_gone_is_reached_as_the_current_inventory_reaches_it
     for f in ("id", "known_hosts"):
         (old / f).write_text("")
     assert rec.hosts()[0].identity_file == str(old / "id")  # its files there: the run's own way, always
+    gone = {"name": "gw", "address": "10.9.0.1", "port": 22, "identity_file": str(old / "id"),
+            "known_hosts": str(tmp_path / "gw-gone" / "known_hosts")}
+    rec.inventory["hosts"][0]["jumps"] = [gone]  # its own files there, its gateway's known_hosts gone
+    node2 = rec.hosts()[0]
+    assert (node2.identity_file, node2.jumps, node2.workdir) == (str(new / "id"), (), "/srv/cluster")
 
 
 def test_a_pending_stop_on_a_machine_without_the_run_is_confirmed_only_where_nothing_can_start(
