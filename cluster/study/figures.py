@@ -647,9 +647,8 @@ def continued_runs(record: runs.RunRecord) -> list[str]:
 def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | None) -> None:
     """A continued run's figures with the runs before it as one run, timed as one: from the first one's
     training start to the target and to this run's last record, the ends, collects, launches and starts
-    in between included; samples of every run over that time; energy to the target at this run's draw over
-    the whole time (the PCs stay on between the runs). Where a run before it cannot be read, `joined` says
-    which and why, with no figure."""
+    in between included; samples of every run over that time; energy to the target with each run at its own
+    draw (_joined_energy). Where a run before it cannot be read, `joined` says which and why, with no figure."""
     chain = continued_runs(record)
     if not chain:
         return
@@ -674,9 +673,23 @@ def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | N
     fig.joined = {"runs": [p.run_id for p in parts], "epochs": sum(len(p.epochs) for p in parts),
                   "time_to_target_s": to_target, "wall_s": wall, "trained_samples": total,
                   "images_per_s_e2e": total / wall if total and wall > 0 else None,
-                  "energy_to_target_kwh": (fig.energy_kwh * to_target / fig.wall_s
-                                           if fig.energy_kwh is not None and to_target is not None and fig.wall_s
-                                           else None)}
+                  "energy_to_target_kwh": _joined_energy(parts, t0, hit["time"]) if hit is not None else None}
+
+
+def _joined_energy(parts: list[RunFigures], t0: float, until: float) -> float | None:
+    """kWh from t0 to `until` over the joined runs, each at its own draw (its energy / its wall time) from the
+    end of the run before it to its own end: the PCs stay on between the runs, waiting for the next one, and a
+    run continued on fewer or more PCs draws what those draw. None where a run has no energy figure."""
+    total, start = 0.0, t0
+    for p in parts:
+        if p.energy_kwh is None or not p.wall_s or p.training_start is None:
+            return None
+        end = p.training_start + p.wall_s
+        total += p.energy_kwh / p.wall_s * max(0.0, min(end, until) - start)
+        if end >= until:
+            break
+        start = max(start, end)
+    return total
 
 
 def build(run_ids: list[str], price_kwh: float | None = None,

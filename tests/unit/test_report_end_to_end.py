@@ -173,15 +173,16 @@ def test_without_steps_per_epoch_the_samples_are_images_per_s_times_epoch_s(
     assert f.trained_samples == pytest.approx(10.67 * 30 + 80.0 * 4 + 80.0 * 4)  # the records' rounded figures
 
 
-def _continued(run_id: str, of: str, shift: float, epoch_ends: list[float], val: list[float]) -> None:
-    """A 2-node run that continues `of` (`launch --continue`): records as _run's, `shift` seconds later, its
-    epochs numbered after the 2 that `of` trained."""
-    _run(run_id, 2, [t + shift for t in epoch_ends], [4.0] * len(val), val)
+def _continued(run_id: str, of: str, shift: float, epoch_ends: list[float], val: list[float], world: int = 2) -> None:
+    """A `world`-node run that continues `of` (`launch --continue`): records as _run's, `shift` seconds later,
+    its epochs numbered after the 2 that `of` trained."""
+    _run(run_id, world, [t + shift for t in epoch_ends], [4.0] * len(val), val)
     r = records.load(run_id)
-    r.extra["continues"] = {"run": of, "copied": ["pc0", "pc1"]}
+    nodes = [f"pc{i}" for i in range(world)]
+    r.extra["continues"] = {"run": of, "copied": nodes}
     r.settings = {**r.settings, "continues": of}
     records.save(r)
-    for n in ("pc0", "pc1"):
+    for n in nodes:
         path = next((records.run_path(run_id) / n / "out").glob("metrics-rank*.jsonl"))
         recs = [json.loads(x) for x in path.read_text().splitlines()]
         for x in recs:
@@ -235,3 +236,17 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     shutil.rmtree(records.run_path("first") / "pc1")
     line = report.run_line(report.build(["cont"], target_acc=0.9)[0])
     assert "not joined: run first:" in line and "clusterctl collect first" in line
+
+
+def test_a_run_continued_on_fewer_pcs_counts_each_runs_own_draw_to_the_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 PCs for the first run (to its end at T0 + 13), 1 PC from then to the target at T0 + 46 (its gap before
+    it included): 2 x 13 + 1 x 33 PC-seconds, not the continuation's one PC over all 46 s."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
+    _continued("cont", "first", 40.0, [T0 + 6], [0.92], world=1)
+    figs = {f.run_id: f for f in report.build(["first", "cont"], target_acc=0.9)}
+    first, cont = figs["first"], figs["cont"]
+    assert first.training_start == T0 and first.wall_s == 13.0  # the spans the draws apply to
+    assert cont.joined is not None and cont.joined["time_to_target_s"] == 46.0
+    assert cont.joined["energy_to_target_kwh"] == pytest.approx(WATTS * (2 * 13 + 1 * 33) / 3.6e6)
