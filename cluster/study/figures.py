@@ -644,11 +644,14 @@ def continued_runs(record: runs.RunRecord) -> list[str]:
     return chain
 
 
+CURVE_KEYS = ("epoch", "time", "epoch_s", "val_acc", "val_loss", "train_loss")  # an epoch's point on the plot
+
+
 def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | None) -> None:
     """A continued run's figures with the runs before it as one run, timed as one: from the first one's
     training start to the target and to this run's last record, the ends, collects, launches and starts
     in between included; samples of every run over that time; energy to the target with each run at its own
-    draw (_joined_energy). Where a run before it cannot be read, `joined` says which and why, with no figure."""
+    draw (_joined_energy); every run's epochs, for the accuracy plot (`curve`). Where a run before it cannot be read, `joined` says which and why, with no figure."""
     chain = continued_runs(record)
     if not chain:
         return
@@ -673,7 +676,8 @@ def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | N
     fig.joined = {"runs": [p.run_id for p in parts], "epochs": sum(len(p.epochs) for p in parts),
                   "time_to_target_s": to_target, "wall_s": wall, "trained_samples": total,
                   "images_per_s_e2e": total / wall if total and wall > 0 else None,
-                  "energy_to_target_kwh": _joined_energy(parts, t0, hit["time"]) if hit is not None else None}
+                  "energy_to_target_kwh": _joined_energy(parts, t0, hit["time"]) if hit is not None else None,
+                  "curve": [{k: e[k] for k in CURVE_KEYS if k in e} for p in parts for e in p.epochs]}
 
 
 def _joined_energy(parts: list[RunFigures], t0: float, until: float) -> float | None:

@@ -19,24 +19,34 @@ from cluster import paths
 from cluster.runs import records
 from cluster.study.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
 
-__all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "plots", "summary_rows",
+__all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "curve", "plots", "summary_rows",
            "node_rows", "period_rows", "dropped_lines", "run_line", "html_page", "markdown_page", "default_page",
            "write_pages"]
 
 # --------------------------------------------------------------------------- plots
 
 
+def curve(f: RunFigures) -> tuple[list[float], list[dict[str, Any]], str]:
+    """A run's points on the accuracy plot: minutes from its first epoch's start, its epochs, its label. A
+    continued run is drawn with the runs it continues, from the first one's start (the gaps between them
+    show), as what its user waited for."""
+    j = f.joined
+    joined = bool(j and "error" not in j and j.get("curve"))
+    epochs = j["curve"] if j and joined else f.epochs
+    t0 = min((e["time"] - e["epoch_s"] for e in epochs), default=0)
+    label = f"{f.job} x{len(f.nodes)} ({f.run_id[-4:]}" + (f", {len(j['runs'])} runs)" if j and joined else ")")
+    return [(e["time"] - t0) / 60 for e in epochs], epochs, label
+
+
 def _accuracy_loss(plt: Any, figs: list[RunFigures]) -> Any:
-    if not any(len(f.epochs) > 1 for f in figs):
+    if not any(len(curve(f)[1]) > 1 for f in figs):
         return None  # a line needs two points
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for f in figs:
-        t0 = min((e["time"] - e["epoch_s"] for e in f.epochs), default=0)
-        ts = [(e["time"] - t0) / 60 for e in f.epochs]
-        label = f"{f.job} x{len(f.nodes)} ({f.run_id[-4:]})"
-        a1.plot(ts, [e["val_acc"] for e in f.epochs], marker="o", label=label)
-        a2.plot(ts, [e["val_loss"] for e in f.epochs], marker="o", label=f"{label} val")
-        a2.plot(ts, [e["train_loss"] for e in f.epochs], linestyle="--", alpha=0.6, label=f"{label} train")
+        ts, epochs, label = curve(f)
+        a1.plot(ts, [e["val_acc"] for e in epochs], marker="o", label=label)
+        a2.plot(ts, [e["val_loss"] for e in epochs], marker="o", label=f"{label} val")
+        a2.plot(ts, [e["train_loss"] for e in epochs], linestyle="--", alpha=0.6, label=f"{label} train")
     a1.set(xlabel="wall time (min)", ylabel="validation accuracy", title="Accuracy vs wall time")
     a2.set(xlabel="wall time (min)", ylabel="loss (log scale)", title="Loss vs wall time")
     a2.set_yscale("log")  # early validation losses (BatchNorm statistics still settling) dwarf the rest

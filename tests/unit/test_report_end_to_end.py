@@ -208,6 +208,10 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     assert j["time_to_target_s"] == 46.0 and j["wall_s"] == 47.0 and j["trained_samples"] == 3 * SAMPLES
     assert j["images_per_s_e2e"] == pytest.approx(960 / 47)
     assert j["energy_to_target_kwh"] == pytest.approx(2 * WATTS * 46 / 3.6e6)
+    ts, points, label = report.curve(cont)  # the plot draws the 3 epochs from the first run's start
+    assert [p["epoch"] for p in points] == [0, 1, 2] and label.endswith("(cont, 2 runs)")
+    assert ts == pytest.approx([4 / 60, 10 / 60, 44 / 60])  # from the first epoch's start (T0 + 6 - its 4 s)
+    assert report.curve(first)[1] == first.epochs and report.curve(first)[2].endswith("(irst)")
     s = cont.scaling
     assert s is not None and s["baseline"] == "one" and s["joined"] is True  # compared by the first run's settings
     assert s["time_to_target_ratio"] == pytest.approx(46 / 36) and s["wall_ratio"] == pytest.approx(47 / 37)
