@@ -59,3 +59,23 @@ def line_of(m: Any, key: Any = None) -> int | None:
 def load(text: str) -> Any:
     """Parse YAML safely (Loader is a SafeLoader) into Maps with line numbers."""
     return yaml.load(text, Loader=Loader)  # noqa: S506
+
+
+def nul_in(value: Any, where: str = "") -> str | None:
+    """Where a NUL byte is in a string, a key or a nested value of `value` ("" for `value` itself, "a[1]" for
+    an item of its key a); None where there is none."""
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if isinstance(k, str):
+            name = k.replace("\0", "\\0")
+            at = f"{where}.{name}" if where else name
+            if "\0" in k:
+                return at
+        else:
+            at = f"{where}[{k}]"
+        found = nul_in(v, at)
+        if found is not None:
+            return found
+    return None

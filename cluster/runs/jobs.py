@@ -394,8 +394,9 @@ class _Checks:
     def __init__(self, file: str, lines: dict[str, int | None]) -> None:
         self.file, self.lines = file, lines
 
-    def fail(self, field: str, message: str, fix: str) -> NoReturn:
-        line = self.lines.get(field)
+    def fail(self, field: str, message: str, fix: str, at: str | None = None) -> NoReturn:
+        """`at`: the setting whose line to name, where `field` is inside it (args[0])."""
+        line = self.lines.get(at or field)
         raise JobError("command line (--set)" if line == -1 else self.file, None if line == -1 else line,
                        field, message, fix)
 
@@ -606,6 +607,11 @@ def _check_scheduler(checks: _Checks, s: dict[str, Any]) -> None:
 
 def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> None:
     checks = _Checks(file, lines)
+    for key, value in s.items():  # a NUL byte reaches no argv, environment or file name intact
+        found = yamlfile.nul_in(value, key)
+        if found is not None:
+            checks.fail(found, "holds a NUL byte (\\0), which no command line or file can carry", "remove it",
+                        at=found if found in lines else key)
     for group in (checks.program, checks.data_and_model, checks.training, checks.communication, checks.placement,
                   checks.environment):
         group(s)

@@ -89,6 +89,21 @@ def test_wrong_type(tmp_path: Path) -> None:
     assert e.field == "hosts.a.address" and "expected a non-empty string, got a list" in str(e)
 
 
+
+def test_a_nul_byte_in_a_value_is_refused_naming_where(tmp_path: Path) -> None:
+    """A NUL reaches no argv or file name (Python raises ValueError at the first subprocess or os call): found
+    by the generated `--set user=\\0`, which ended in a traceback."""
+    e = _error(tmp_path, 'hosts:\n  pc1:\n    address: 10.0.0.1\n    user: "a\\0b"\n')
+    assert (e.line, e.field) == (4, "hosts.pc1.user") and "NUL byte" in str(e)
+    e = _error(tmp_path, 'hosts:\n  pc1:\n    address: 10.0.0.1\n    vars: {a: [1, "x\\0"]}\n')
+    assert e.field == "hosts.pc1.vars.a[1]" and "NUL byte" in str(e)
+    write(tmp_path, "hosts:\n  pc1: {address: 10.0.0.1}\n")
+    for override, field in (("user=\0", "--set user"), ("identity_file=\0", "--set identity_file"),
+                            ("vars.x=a\0", "--set vars.x")):
+        with pytest.raises(InventoryError, match="NUL byte") as got:
+            loader.load(tmp_path / "inv.yaml", overrides=[override])
+        assert got.value.field == field and str(got.value).startswith("command line")
+
 def test_duplicate_host(tmp_path: Path) -> None:
     e = _error(tmp_path, "hosts:\n  pc1:\n    address: 10.0.0.1\n  pc1:\n    address: 10.0.0.2\n")
     assert (e.line, e.field) == (4, "hosts.pc1")

@@ -1,6 +1,7 @@
 """Job specs: defaults, overrides, and errors that name the file, line, field and fix."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,13 @@ def test_bad_override_says_it_came_from_the_command_line() -> None:
     with pytest.raises(JobError, match="settable keys: .*optimizer.lr"):
         jobs.load("resnet50-ddp", ["optimizer.lrate=1"])
 
+
+
+def test_a_nul_byte_in_a_setting_is_refused_naming_it() -> None:
+    """It would reach the node's launch script, whose shell drops it, or a Slurm argv (ValueError)."""
+    for override, field in (('args=["a\\0"]', "args[0]"), ("env.X=a\0", "env.X"), ('env={A: "\\0"}', "env.A")):
+        with pytest.raises(JobError, match=rf"^command line \(--set\): {re.escape(field)}: holds a NUL byte"):
+            jobs.load("resnet50-ddp", [override])
 
 def test_unknown_job_lists_the_known_ones() -> None:
     with pytest.raises(JobError, match="cannot read the job spec") as e:
