@@ -140,9 +140,9 @@ class RunRecord:
         """The hosts as they were when the run started (the inventory may have changed since). One whose key
         or known_hosts file, or a jump host's, is gone from this head (a lab rebuilt, a key replaced) can be
         reached no more as it was: it is reached as the current inventory reaches the same address and port,
-        where that has it (its name, workdir and python stay the run's). Safe on another machine at that address: the node
-        agent signals only processes whose boot and start it recorded, so there it answers that the run is
-        not running."""
+        where that has it (its name, workdir and python stay the run's). Safe on another machine at that
+        address: the node agent signals only processes whose boot and start it recorded, so there it answers
+        that the run is not running."""
         snapshot = [Host.from_dict(d) for d in self.inventory["hosts"]]
         if not any(_files_gone(h) for h in snapshot):
             return snapshot

@@ -651,7 +651,8 @@ def join_continued(fig: RunFigures, record: runs.RunRecord, price_kwh: float | N
     """A continued run's figures with the runs before it as one run, timed as one: from the first one's
     training start to the target and to this run's last record, the ends, collects, launches and starts
     in between included; samples of every run over that time; energy to the target with each run at its own
-    draw (_joined_energy); every run's epochs, for the accuracy plot (`curve`). Where a run before it cannot be read, `joined` says which and why, with no figure."""
+    draw (_joined_energy); every run's epochs, for the accuracy plot (`curve`). Where a run before it cannot
+    be read, `joined` says which and why, with no figure."""
     chain = continued_runs(record)
     if not chain:
         return

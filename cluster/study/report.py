@@ -19,8 +19,8 @@ from cluster import paths
 from cluster.runs import records
 from cluster.study.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
 
-__all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "curve", "plots", "summary_rows",
-           "node_rows", "period_rows", "dropped_lines", "run_line", "html_page", "markdown_page", "default_page",
+__all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "curve", "plots",
+           "summary_rows", "node_rows", "period_rows", "dropped_lines", "run_line", "html_page", "markdown_page", "default_page",
            "write_pages"]
 
 # --------------------------------------------------------------------------- plots
