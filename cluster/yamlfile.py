@@ -61,6 +61,9 @@ def load(text: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506
 
 
+NUL_MESSAGE = "holds a NUL byte (\\0), which no command line or file can carry"  # with nul_in
+
+
 def nul_in(value: Any, where: str = "") -> str | None:
     """Where a NUL byte is in a string, a key or a nested value of `value` ("" for `value` itself, "a[1]" for
     an item of its key a); None where there is none."""

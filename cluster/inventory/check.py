@@ -18,7 +18,7 @@ from cluster.errors import InventoryError
 from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, HOST_ONLY, KNOWN_HOSTS_MAX_BYTES, NUMBERS,
                                      GpuSpec, Host, Inventory, normalize_mac)
 from cluster.inventory.sshconfig import Resolver
-from cluster.yamlfile import Map, nul_in
+from cluster.yamlfile import NUL_MESSAGE, Map, nul_in
 from cluster.yamlfile import line_of as _line
 
 # A host's raw layers: list of (fields, where-it-came-from line/path), lowest precedence first.
@@ -107,8 +107,7 @@ class Checker:
         if key == "vars":
             found = nul_in(value)
             if found is not None:
-                raise self.fail(line, f"{path}.{found}" if found else path, "holds a NUL byte (\\0), which no "
-                                "command line or file can carry", "remove it")
+                raise self.fail(line, f"{path}.{found}" if found else path, NUL_MESSAGE, "remove it")
             return dict(self.mapping(value, line, path))
         if key == "gpu":
             return self.gpu(value, line, path)
@@ -122,9 +121,8 @@ class Checker:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool) or value == "":
             raise self.fail(line, path, f"expected a non-empty string, got {kind(value)}",
                             f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")
-        if isinstance(value, str) and "\0" in value:  # no path, user name or argv can hold it (ValueError)
-            raise self.fail(line, path, "holds a NUL byte (\\0), which no command line or file name can carry",
-                            f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")
+        if nul_in(value) is not None:  # no path, user name or argv can hold it (ValueError)
+            raise self.fail(line, path, NUL_MESSAGE, f"e.g. {key}: {_EXAMPLES.get(key, 'value')}")
         return str(value)
 
     def mac(self, value: Any, line: int | None, path: str) -> str:
@@ -200,8 +198,7 @@ def build_host(chk: Checker, name: str, layers: Layers, cli: list[tuple[str, Any
         path = f"--set {key}"
         if key.startswith("vars."):
             if nul_in(value) is not None or "\0" in key:
-                raise InventoryError("command line", None, path, "holds a NUL byte (\\0), which no command line "
-                                     "or file can carry", "remove it")
+                raise InventoryError("command line", None, path, NUL_MESSAGE, "remove it")
             merged_vars[key[5:]] = value
             continue
         if key not in HOST_FIELDS or key == "vars":

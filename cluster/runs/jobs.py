@@ -610,8 +610,7 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
     for key, value in s.items():  # a NUL byte reaches no argv, environment or file name intact
         found = yamlfile.nul_in(value, key)
         if found is not None:
-            checks.fail(found, "holds a NUL byte (\\0), which no command line or file can carry", "remove it",
-                        at=found if found in lines else key)
+            checks.fail(found, yamlfile.NUL_MESSAGE, "remove it", at=found if found in lines else key)
     for group in (checks.program, checks.data_and_model, checks.training, checks.communication, checks.placement,
                   checks.environment):
         group(s)

@@ -26,15 +26,20 @@ __all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_met
 # --------------------------------------------------------------------------- plots
 
 
+def _joined(f: RunFigures) -> dict[str, Any] | None:
+    """A continued run's figures joined with the runs it continues (RunFigures.joined); None where it
+    continues none or they could not be joined."""
+    return f.joined if f.joined and "error" not in f.joined else None
+
+
 def curve(f: RunFigures) -> tuple[list[float], list[dict[str, Any]], str]:
     """A run's points on the accuracy plot: minutes from its first epoch's start, its epochs, its label. A
     continued run is drawn with the runs it continues, from the first one's start (the gaps between them
     show), as what its user waited for."""
-    j = f.joined
-    joined = bool(j and "error" not in j and j.get("curve"))
-    epochs = j["curve"] if j and joined else f.epochs
+    j = _joined(f)
+    epochs = j["curve"] if j and j.get("curve") else f.epochs
     t0 = min((e["time"] - e["epoch_s"] for e in epochs), default=0)
-    label = f"{f.job} x{len(f.nodes)} ({f.run_id[-4:]}" + (f", {len(j['runs'])} runs)" if j and joined else ")")
+    label = f"{f.job} x{len(f.nodes)} ({f.run_id[-4:]}" + (f", {len(j['runs'])} runs)" if j else ")")
     return [(e["time"] - t0) / 60 for e in epochs], epochs, label
 
 
@@ -173,8 +178,8 @@ def _scheme(f: RunFigures) -> str:
 def _whole(f: RunFigures) -> tuple[float | None, float | None, float | None, int]:
     """Time to the target, end-to-end images/s and wall time of what the user ran: a continued run's with
     the runs it continues (RunFigures.joined), else its own; and how many runs that is."""
-    j = f.joined
-    if j and "error" not in j:
+    j = _joined(f)
+    if j:
         return j["time_to_target_s"], j["images_per_s_e2e"], j["wall_s"], len(j["runs"])
     return f.time_to_target_s, f.images_per_s_e2e, f.wall_s, 1
 
