@@ -254,6 +254,9 @@ def main() -> int:
     ap.add_argument("--bn-recompute", type=int, default=512,
                     help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
                     "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
+    ap.add_argument("--lr-scaling", choices=["linear", "sqrt"],
+                    help="every run's optimizer.lr_scaling (docs/jobs.md; kept in DIR): default linear. One node "
+                    "trains at the same rate by either; sqrt gives 4 nodes 2x one node's rate, not 4x")
     ap.add_argument("--pick-epochs", choices=["on", "continue", "relaunch", "3x"], default="on",
                     help="the pick's schedule: the job's epochs, and where it misses the target in them, (on) "
                     "trained on in the same run to the target (target_acc, max_epochs 3x; the plan asked with "
@@ -281,13 +284,18 @@ def main() -> int:
     if given and given != a.wire:  # a DIR measured before --wire came sent float32
         ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
     done["wire"] = a.wire
+    given, a.lr_scaling = a.lr_scaling, done.get("lr_scaling") or ("linear" if "bench" in done else a.lr_scaling or "linear")
+    if given and given != a.lr_scaling:  # a DIR measured before --lr-scaling came scaled linearly
+        ap.error(f"--lr-scaling {given}: {a.save} was measured with {a.lr_scaling}; use another DIR")
+    done["lr_scaling"] = a.lr_scaling
     wire = ["--set", f"powersgd_wire={a.wire}"] if a.scheme == "powersgd" and a.wire != "float32" else []
     if a.scheme == "powersgd":
         scheme_sets = ["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"]
     else:
         scheme_sets = ["--set", f"localsgd_period={a.period}", "--set", "localsgd_start_step=1"]
     common = [f"batch={a.batch}", "threads=1", f"dataset.name={a.dataset}", "log_every=1000",
-              "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}"]
+              "collective_timeout_s=600", f"model={a.model}", f"bn_recompute={a.bn_recompute}",
+              f"optimizer.lr_scaling={a.lr_scaling}"]
     sets = [x for s in common for x in ("--set", s)]
     rate = a.bandwidth or (done.get("link") or {}).get("rate") or "26mbit"
     if a.table:
@@ -390,7 +398,7 @@ def bf16(wire: str) -> str:
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
-    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, 4 nodes at "
+    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, lr_scaling {a.lr_scaling}, 4 nodes at "
              f"{a.cpu_quota} core, links {rate}"
              + (f", the calibration's PowerSGD wire {done['wire']}" if done.get("wire", "float32") != "float32"
                 else "")

@@ -56,7 +56,9 @@ DEFAULTS: dict[str, Any] = {
     "target_acc": 0,
     "max_epochs": 0,
     "batch": 32,
-    "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine"},
+    # lr_scaling: how lr grows with the global batch, linear | sqrt (wlcommon.peak_lr; docs/jobs.md)
+    "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine",
+                  "lr_scaling": "linear"},
     "seed": 0,
     "nodes": "all",
     "min_nodes": 0,  # start with at least this many of them when some do not answer; 0: all of them
@@ -96,6 +98,7 @@ COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powers
              "collective_timeout_s")
 LOCALSGD_KEYS = ("localsgd_period", "localsgd_start_step")  # passed to the program only with grad_compression: localsgd
 POWERSGD_WIRES = ("float32", "bfloat16")
+LR_SCALINGS = ("linear", "sqrt")  # the programs' --lr-scaling (wlcommon.LR_SCALINGS; a test checks)
 # what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
 # run whatever they say (accumulate is not among them: it changes the optimizer's steps)
 WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
@@ -182,6 +185,8 @@ class JobSpec:
                 "--warmup-epochs", o["warmup_epochs"], "--schedule", o["schedule"], "--seed", s["seed"],
                 "--threads", s["threads"], "--loader-workers", s["loader_workers"], "--amp", s["amp"], "--log-every", s["log_every"],
                 "--max-steps", s["max_steps"]]
+        if o["lr_scaling"] != DEFAULTS["optimizer"]["lr_scaling"]:
+            args += ["--lr-scaling", o["lr_scaling"]]
         for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
             if (key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd"
                     or key == "powersgd_wire" and s["grad_compression"] != "powersgd"):
@@ -254,7 +259,11 @@ def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lin
 def with_defaults(settings: dict[str, Any] | None) -> dict[str, Any]:
     """A recorded run's settings with every key added since it ran at its default, so that an older run
     compares equal to the same job run today."""
-    return copy.deepcopy({**DEFAULTS, **(settings or {})})
+    s = copy.deepcopy({**DEFAULTS, **(settings or {})})
+    for key, default in DEFAULTS.items():  # a group's keys too (optimizer.lr_scaling came after runs without it)
+        if isinstance(default, dict) and key not in FREE_MAPS and isinstance(s[key], dict):
+            s[key] = {**copy.deepcopy(default), **s[key]}
+    return s
 
 
 def from_run(spec_file: str, settings: dict[str, Any], overrides: Iterable[str] = ()) -> JobSpec:
@@ -521,6 +530,8 @@ class _Checks:
             self.number(f"optimizer.{key}", o[key])
         if o["schedule"] not in ("cosine", "constant"):
             self.fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
+        if o["lr_scaling"] not in LR_SCALINGS:
+            self.fail("optimizer.lr_scaling", f"expected linear or sqrt, got {o['lr_scaling']!r}", "lr_scaling: linear")
         for field in ("seed", "threads", "max_restarts", "max_steps", "port", "log_every", "loader_workers"):
             self.number(field, s[field])
 

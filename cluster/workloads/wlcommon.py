@@ -20,6 +20,7 @@ TRAIN_ACC_SAMPLES = 512  # per epoch, over all ranks: the training accuracy's sa
 COMPRESSIONS = ("none", "fp16", "powersgd")  # gradient compressions (what the study's comm model prices)
 # not a gradient compression: the model all-reduced every --localsgd-period steps (LocalSteps; torchcomm.py)
 LOCAL_SGD = "localsgd"
+LR_SCALINGS = ("linear", "sqrt")  # how the base learning rate grows with the global batch (peak_lr)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -34,7 +35,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "node's share is split among its processes, each rank weights its loss so the gradient is "
                     "the mean over the whole global batch; empty: --batch on every worker")
     ap.add_argument("--lr", type=float, default=0.01, help=f"learning rate for a global batch of {REF_BATCH}; "
-                    "scaled linearly with the global batch")
+                    "scaled with the global batch as --lr-scaling says")
+    ap.add_argument("--lr-scaling", default="linear", choices=list(LR_SCALINGS),
+                    help="linear: --lr scaled linearly with the global batch; sqrt: linearly up to one worker's "
+                    "batch (what BatchNorm normalizes over), then by the square root of the number of such "
+                    "batches in a step (peak_lr)")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--weight-decay", type=float, default=5e-4, help="L2, added to the gradient (as torch SGD)")
     ap.add_argument("--warmup-epochs", type=float, default=1.0)
@@ -192,7 +197,15 @@ def loss_weight(batches: list[int], rank: int) -> float:
     return len(batches) * batches[rank] / sum(batches)
 
 
-def peak_lr(base_lr: float, global_batch: int) -> float:
+def peak_lr(base_lr: float, global_batch: int, scaling: str = "linear", worker_batch: float = 0.0) -> float:
+    """The schedule's peak rate: `base_lr` is for a global batch of REF_BATCH. linear: scaled with the global
+    batch. sqrt: linearly up to `worker_batch` (a worker's micro-batch, the samples BatchNorm normalizes
+    together), then by the square root of the global batch's multiple of it. BatchNorm's statistics stay per
+    worker, so on k workers the linear rule raises the rate k times over batches normalized as one worker's
+    are; measured on ResNet50 (docs/performance.md), that trains worse than either one worker or one
+    process at the global batch. One worker (no accumulation) gets the same rate by either rule."""
+    if scaling == "sqrt" and 0 < worker_batch < global_batch:
+        return base_lr * worker_batch / REF_BATCH * math.sqrt(global_batch / worker_batch)
     return base_lr * global_batch / REF_BATCH
 
 
@@ -209,6 +222,7 @@ class BatchPlan:
     epochs: int
     warmup_epochs: float
     schedule: str
+    lr_scaling: str = "linear"  # how peak_lr was scaled from the base rate (peak_lr())
 
     @property
     def micro_global(self) -> int:
@@ -234,7 +248,7 @@ class BatchPlan:
     def start_fields(self) -> dict[str, Any]:
         """The plan's fields of the start record that follow the framework's own (docs/metrics.md)."""
         return {"accumulate": self.accumulate, "micro_batch": self.batch, "micro_global_batch": self.micro_global,
-                "lr_scaled_for_batch": self.global_batch}
+                "lr_scaled_for_batch": self.global_batch, "lr_scaling": self.lr_scaling}
 
 
 def plan_batches(a: argparse.Namespace, batch: int, batches: list[int], train_samples: int) -> BatchPlan:
@@ -244,8 +258,8 @@ def plan_batches(a: argparse.Namespace, batch: int, batches: list[int], train_sa
     if a.max_steps:
         steps_per_epoch = min(steps_per_epoch, a.max_steps)
     return BatchPlan(batch=batch, batches=batches, accumulate=a.accumulate, steps_per_epoch=steps_per_epoch,
-                     peak_lr=peak_lr(a.lr, global_batch), epochs=a.epochs, warmup_epochs=a.warmup_epochs,
-                     schedule=a.schedule)
+                     peak_lr=peak_lr(a.lr, global_batch, a.lr_scaling, sum(batches) / len(batches)),
+                     epochs=a.epochs, warmup_epochs=a.warmup_epochs, schedule=a.schedule, lr_scaling=a.lr_scaling)
 
 
 def lr_at(step: int, steps_per_epoch: int, epochs: int, peak: float, warmup_epochs: float, schedule: str) -> float:

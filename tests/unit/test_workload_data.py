@@ -142,10 +142,14 @@ def test_the_step_loop_times_every_step_and_logs_the_first_every_nth_and_the_las
 
     import wlcommon
 
-    a = argparse.Namespace(accumulate=2, max_steps=5, lr=0.01, epochs=2, warmup_epochs=1.0, schedule="cosine")
+    a = argparse.Namespace(accumulate=2, max_steps=5, lr=0.01, epochs=2, warmup_epochs=1.0, schedule="cosine",
+                           lr_scaling="linear")
     plan = wlcommon.plan_batches(a, 3, [3, 5], train_samples=100)  # 16 samples a step: 6 steps, capped at 5
     assert (plan.global_batch, plan.steps_per_epoch, plan.step_batches) == (16, 5, [6, 10])
-    assert plan.peak_lr == wlcommon.peak_lr(0.01, 16)
+    assert plan.peak_lr == wlcommon.peak_lr(0.01, 16) == 0.01 * 16 / 64
+    a.lr_scaling = "sqrt"  # a worker's mean micro-batch is 4: 4 x sqrt(16 / 4)
+    sqrt = wlcommon.plan_batches(a, 3, [3, 5], train_samples=100)
+    assert (sqrt.peak_lr, sqrt.start_fields()["lr_scaling"]) == (pytest.approx(0.01 * 4 / 64 * 2), "sqrt")
     w = wlmetrics.MetricsWriter(tmp_path, 0, "pytorch")
     batches, seen = iter(range(100)), []
 

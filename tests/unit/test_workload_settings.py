@@ -21,6 +21,40 @@ def test_the_programs_defaults_are_the_jobs_defaults() -> None:
     defaults = vars(ap.parse_args([]))
     for key in jobs.COMM_KEYS:
         assert defaults[key] == jobs.DEFAULTS[key], key
+    assert defaults["lr_scaling"] == jobs.DEFAULTS["optimizer"]["lr_scaling"]
+    assert jobs.LR_SCALINGS == wlcommon.LR_SCALINGS
+
+
+def test_sqrt_scaling_is_linear_up_to_a_workers_batch_then_by_the_square_root() -> None:
+    """4 workers of 32: linear gives 4x one worker's rate, sqrt 2x; one worker gets the same by either rule."""
+    one = wlcommon.peak_lr(0.01, 32)
+    assert one == 0.005 == wlcommon.peak_lr(0.01, 32, "sqrt", 32)
+    assert wlcommon.peak_lr(0.01, 128) == pytest.approx(4 * one)
+    assert wlcommon.peak_lr(0.01, 128, "sqrt", 32) == pytest.approx(2 * one)
+    assert wlcommon.peak_lr(0.01, 128, "sqrt", 128) == pytest.approx(4 * one)  # one process at 128: its own batch
+
+
+def test_lr_scaling_reaches_the_program_only_where_set_and_a_bad_one_is_refused() -> None:
+    ap = argparse.ArgumentParser()
+    wlcommon.add_args(ap)
+    assert "--lr-scaling" not in jobs.load("resnet50-tf").program_args("/d/x.npz", "out")
+    for job in ("resnet50-tf", "resnet18-ddp"):
+        args = jobs.load(job, ["optimizer.lr_scaling=sqrt"]).program_args("/d/x.npz", "out")
+        assert ap.parse_args(args).lr_scaling == "sqrt"
+    with pytest.raises(JobError) as e:
+        jobs.load("resnet50-tf", ["optimizer.lr_scaling=log"])
+    assert e.value.field == "optimizer.lr_scaling" and "expected linear or sqrt, got 'log'" in str(e.value)
+    assert e.value.exit_code == 2 and e.value.fix
+
+
+def test_a_run_recorded_before_lr_scaling_reads_as_linear() -> None:
+    """with_defaults fills a group's keys added since (here the optimizer's), so an older run still compares
+    equal to the same job today (the plan's references) and `launch --continue` renders it."""
+    old = dict(jobs.load("resnet50-tf").settings)
+    old["optimizer"] = {k: v for k, v in old["optimizer"].items() if k != "lr_scaling"}
+    filled = jobs.with_defaults(old)
+    assert filled["optimizer"]["lr_scaling"] == "linear" and filled == jobs.load("resnet50-tf").settings
+    assert "--lr-scaling" not in jobs.from_run("resnet50-tf", old).program_args("/d/x.npz", "out")
 
 
 def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_program() -> None:

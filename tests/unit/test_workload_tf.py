@@ -251,8 +251,11 @@ def test_tf_trains_on_to_its_target_with_a_continued_runs_schedule_and_ends_ther
     again = _tf_program(tmp_path / "on", True, *on)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (records(tmp_path / "on")[-1]["epochs_done"], records(tmp_path / "on")[-1]["target_reached"]) == (0, False)
-    hit = _tf_program(tmp_path / "hit", True, "--target-acc", "0.01")
+    hit = _tf_program(tmp_path / "hit", True, "--target-acc", "0.01", "--accumulate", "2", "--lr-scaling", "sqrt")
     assert hit.returncode == 0, hit.stderr[-2000:]
     recs = records(tmp_path / "hit")
     assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0]
+    # sqrt: 2 micro-batches of 32 a step give the rate of 32 x sqrt(2), not of 64
+    assert (recs[0]["lr_scaling"], recs[0]["global_batch"]) == ("sqrt", 64)
+    assert recs[0]["peak_lr"] == pytest.approx(0.01 * 32 / 64 * 2 ** 0.5, rel=1e-12)
     assert (recs[-1]["epochs_done"], recs[-1]["target_reached"]) == (1, True)

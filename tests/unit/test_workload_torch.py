@@ -252,11 +252,15 @@ def test_a_run_trains_on_to_its_target_with_a_continued_runs_schedule_and_ends_t
     assert (_records(tmp_path / "on")[-1]["epochs_done"], len([x for x in _records(tmp_path / "on")
                                                                 if x["type"] == "epoch"])) == (0, 2)
 
-    early = ("--epochs", "3", "--target-acc", "0.01")
+    early = ("--epochs", "3", "--target-acc", "0.01", "--accumulate", "2", "--lr-scaling", "sqrt")
     hit = run_program(tmp_path / "hit", *r18, *early)
     assert hit.returncode == 0, hit.stderr[-2000:]
     recs = _records(tmp_path / "hit")
     assert [x["epoch"] for x in recs if x["type"] == "epoch"] == [0]
+    start = recs[0]  # sqrt: the rate of one micro-batch x sqrt(2), not of both; the steps follow it
+    assert (start["lr_scaling"], start["peak_lr"]) == ("sqrt", pytest.approx(0.01 * 32 / 64 * 2 ** 0.5, rel=1e-12))
+    first = next(x for x in recs if x["type"] == "step")
+    assert first["lr"] == pytest.approx(start["peak_lr"] / 10, rel=1e-12)  # the warm-up's first step
     assert (recs[-1]["epochs_done"], recs[-1]["target_reached"]) == (1, True)
     assert torch.load(tmp_path / "hit" / "checkpoint.pt", weights_only=False)["val_acc"] >= 0.01
     again = run_program(tmp_path / "hit", *r18, *early)
