@@ -209,10 +209,13 @@ def test_on_recorded_lab_benches_the_verdict_flips_with_the_link(spec: jobs.JobS
 
 def test_a_run_recorded_before_a_setting_existed_is_a_reference_and_a_continued_run_is_not(spec: jobs.JobSpec) -> None:
     older = {k: v for k, v in spec.settings.items() if k != "continues"}  # a record written before `continues`
+    older["optimizer"] = {k: v for k, v in older["optimizer"].items() if k != "lr_scaling"}  # and lr_scaling
     _run("old", "one", 1, {**older, "nodes": ["pc0"]})
     _run("cont", "one", 1, {**spec.settings, "nodes": ["pc0"], "continues": "one"})  # began at a checkpoint
+    sqrt = {**spec.settings["optimizer"], "lr_scaling": "sqrt"}  # trained at another rate: not this job's run
+    _run("sqrt", "one", 1, {**spec.settings, "nodes": ["pc0"], "optimizer": sqrt})
     refs = {r.run_id for r in convergence.references(spec, 0.98)}
-    assert "old" in refs and "cont" not in refs
+    assert "old" in refs and "cont" not in refs and "sqrt" not in refs
 
 
 def test_a_configuration_that_sometimes_ends_short_is_priced_as_the_mean_of_its_outcomes() -> None:
