@@ -284,7 +284,8 @@ def main() -> int:
     if given and given != a.wire:  # a DIR measured before --wire came sent float32
         ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
     done["wire"] = a.wire
-    given, a.lr_scaling = a.lr_scaling, done.get("lr_scaling") or ("linear" if "bench" in done else a.lr_scaling or "linear")
+    given = a.lr_scaling
+    a.lr_scaling = done.get("lr_scaling") or ("linear" if "bench" in done else given or "linear")
     if given and given != a.lr_scaling:  # a DIR measured before --lr-scaling came scaled linearly
         ap.error(f"--lr-scaling {given}: {a.save} was measured with {a.lr_scaling}; use another DIR")
     done["lr_scaling"] = a.lr_scaling
@@ -398,8 +399,8 @@ def bf16(wire: str) -> str:
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
-    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, lr_scaling {a.lr_scaling}, 4 nodes at "
-             f"{a.cpu_quota} core, links {rate}"
+    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, "
+             f"lr_scaling {a.lr_scaling}, 4 nodes at {a.cpu_quota} core, links {rate}"
              + (f", the calibration's PowerSGD wire {done['wire']}" if done.get("wire", "float32") != "float32"
                 else "")
              + (f" (plain all-reduce {balance:.0f}x a step)" if balance else ""),
