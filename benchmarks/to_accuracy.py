@@ -12,7 +12,8 @@ reshaped to it and bench runs again; `--bandwidth` fixes the rate instead. As a 
 provision, `bench` (the job's speeds and the gradient noise probe), then per seed:
 1. **1 node**: `launch JOB --set nodes=[node1]` for --epochs; its final validation accuracy minus 1 point is
    the seed's target;
-2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes from
+2. **calibration** (every seed, or seed 0 only with --calibrate first): the slow-link scheme on 4 nodes
+   (--calibration-nodes: the first 2 or 3) from
    the first step (PowerSGD rank --rank, `powersgd_start_step: 1`, for both frameworks since 2026-12-06;
    `--scheme localsgd`: local SGD every --period steps, `localsgd_start_step: 1`), so that `plan --target-acc` has a run of it; with
    the job's epochs, trained on to the target as the pick is (`--calibration-epochs 3x`: 3x the epochs from
@@ -238,6 +239,10 @@ def main() -> int:
     ap.add_argument("--wire", choices=["float32", "bfloat16"],
                     help="PowerSGD's all-reduces in the calibration run (its powersgd_wire; kept in DIR): default "
                          "float32. The plan weighs both wires for the pick (until 2026-12-05: this wire too)")
+    ap.add_argument("--calibration-nodes", type=int, choices=[2, 3, 4],
+                    help="how many of the 4 nodes the calibration run trains on (kept in DIR): default 4. A plan "
+                    "without a noise scale (TensorFlow's) prices only the global batches of the lab's runs, and "
+                    "says which other node count could still be sooner and what run calibrates it (plans.unpriced)")
     ap.add_argument("--bandwidth", help="the links' rate, fixed (e.g. 26mbit); default: from --balance")
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
@@ -289,6 +294,12 @@ def main() -> int:
     if given and given != a.lr_scaling:  # a DIR measured before --lr-scaling came scaled linearly
         ap.error(f"--lr-scaling {given}: {a.save} was measured with {a.lr_scaling}; use another DIR")
     done["lr_scaling"] = a.lr_scaling
+    given = a.calibration_nodes
+    a.calibration_nodes = done.get("calibration_nodes") or (4 if "bench" in done else given or 4)
+    if given and given != a.calibration_nodes:  # a DIR measured before --calibration-nodes calibrated on 4
+        ap.error(f"--calibration-nodes {given}: {a.save} was calibrated on {a.calibration_nodes}; use another DIR")
+    done["calibration_nodes"] = a.calibration_nodes
+    calibrated = [f"node{i + 1}" for i in range(a.calibration_nodes)]
     wire = ["--set", f"powersgd_wire={a.wire}"] if a.scheme == "powersgd" and a.wire != "float32" else []
     if a.scheme == "powersgd":
         scheme_sets = ["--set", f"powersgd_rank={a.rank}", "--set", "powersgd_start_step=1"]
@@ -345,13 +356,14 @@ def main() -> int:
             longer = [*sets, "--set", f"seed={seed}", "--set", f"epochs={3 * a.epochs}"]
             if (seed == 0 or a.calibrate == "every") and "calibration" not in mine:
                 print(f"seed {seed}: calibration, {a.scheme} from the first step, to {target}", file=sys.stderr)
-                scheme = [job, "--set", f"grad_compression={a.scheme}", *scheme_sets, *wire]
+                scheme = [job, "--set", f"grad_compression={a.scheme}", *scheme_sets, *wire,
+                          "--set", f"nodes=[{', '.join(calibrated)}]"]
                 if a.calibration_epochs == "job":  # as the pick runs: the job's schedule, trained on to the target
                     mine["calibration"] = run(env, state, [*scheme, *seeded, *until(target, a)], target, 3 * a.epochs,
                                               stop=False)
                 else:
                     mine["calibration"] = run(env, state, [*scheme, *longer], target, 3 * a.epochs)
-                mine["calibration"]["schedule"] = a.calibration_epochs
+                mine["calibration"].update(schedule=a.calibration_epochs, nodes=calibrated)
                 save()
             made = mine.get("pick") and mine["pick"].get("schedule", "job" if len(mine["pick"]["nodes"]) == 1 else "3x")
             made = "relaunch" if made == "job" else made  # (what `job` did until `continue` came)
@@ -472,7 +484,8 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
         if not cal:
             continue
         tp = cal["to_target_s"]
-        lines.append(f"seed {seed}: calibration run ({a.scheme} from the first step, 4 nodes): "
+        lines.append(f"seed {seed}: calibration run ({a.scheme} from the first step, "
+                     f"{len(cal.get('nodes') or [0] * 4)} nodes): "
                      f"{'not reached' if tp is None else f'{tp:.0f} s'} to the target, "
                      f"{cal['e2e_images_per_s']:.1f} images/s end to end, accuracy by epoch "
                      + " ".join(f"{x:.3f}" for x in cal["val_acc"]))

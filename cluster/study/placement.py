@@ -100,6 +100,10 @@ class Placement:
     # the fewest validation images an outcome's reference had to spare at the epoch that reached the target,
     # of how many it scored, and how many references say (Reference.spare; plans.thin)
     spare: tuple[int, int, int] | None = None
+    # with a target, a candidate of several nodes the lab's runs cannot price (no run of its global batch, no
+    # noise scale to bring one to it): the most whole epochs it may take to the target and still reach it
+    # sooner than the recommended candidate (within_epochs; plans.unpriced)
+    within_epochs: int | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -117,7 +121,8 @@ class Placement:
                 "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
                 "restart_s": self.restart_s,
                 "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None,
-                "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None}
+                "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None,
+                "within_epochs": self.within_epochs}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -137,7 +142,8 @@ class Placement:
                    None if d.get("restart_s") is None else float(d["restart_s"]),
                    (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
                    if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")),
-                   (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None)
+                   (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None,
+                   None if d.get("within_epochs") is None else int(d["within_epochs"]))
 
 
 @dataclass(frozen=True)
@@ -372,8 +378,7 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
             steps = o.samples / c.global_batch  # E_min x growth back at a reference: its own steps
             epochs = _whole(steps / per_epoch, o.reached) if per_epoch else 0
             n = epochs * per_epoch or _whole(steps, o.reached)
-            t = (_steps_s(n, c.shares, sp, network, work, c.scheme, c.step_s)
-                 + epochs * epoch_end(c.shares, sp, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
+            t = _trained_s(n, epochs, c, sp, network, work)
             if work.epochs and epochs > trains_on:
                 t += restart or 0.0
             times.append(t)
@@ -385,6 +390,37 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
         c.spare = (*min(left, key=lambda x: x[0] / x[1]), len(left)) if left else None
         if note:
             c.warnings.append(note)
+
+
+def _trained_s(steps: int, epochs: int, c: Placement, speeds: dict[str, NodeSpeed], network: NetworkBench | None,
+               work: Workload) -> float:
+    """Seconds of c's first `steps` optimizer steps (a scheme's start phase at its own step time) and the
+    ends of its first `epochs` epochs (evaluation, checkpoint, local SGD's sync)."""
+    return (_steps_s(steps, c.shares, speeds, network, work, c.scheme, c.step_s)
+            + epochs * epoch_end(c.shares, speeds, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
+
+
+UNPRICED_EPOCHS = 1000  # how far within_epochs counts: a bound, not a figure anyone plans a run by
+
+
+def bound_unpriced(cands: list[Placement], rec: Placement, speeds: dict[str, NodeSpeed],
+                  network: NetworkBench | None, work: Workload) -> None:
+    """For each candidate of several nodes that to_target could not price (no reference at its global batch
+    and no noise scale: TensorFlow's bench has no probe), the most whole epochs it may take to the target
+    and still reach it sooner than `rec`: what one run of it must show, since the plan learns a
+    configuration's accuracy only from a run of it. A run of it that misses the job's epochs and is
+    continued would pay a restart as well, not counted here."""
+    if not rec.to_target_s or not work.train_samples:
+        return
+    for c in cands:
+        if c.to_target_s is not None or len(c.nodes) < 2:
+            continue
+        sp = {n: speeds[n] for n in c.nodes}
+        per_epoch = _steps_per_epoch(c.shares, work, c.scheme)
+        e = 0
+        while e < UNPRICED_EPOCHS and _trained_s((e + 1) * per_epoch, e + 1, c, sp, network, work) < rec.to_target_s:
+            e += 1
+        c.within_epochs = e
 
 
 def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench | None,
@@ -429,6 +465,12 @@ def recommend(cands: list[Placement]) -> Placement:
     safe = [c for c in cands if not c.warnings] or cands
     top = max(speed(c) for c in safe)
     near = [c for c in safe if speed(c) >= near_best * top]
-    order = {k: i for i, k in enumerate((*wlcommon.COMPRESSIONS, wlcommon.LOCAL_SGD))}
-    return min(near, key=lambda c: (c.accumulate, order.get(c.grad_compression, 9), c.powersgd_wire != "float32",
-                                    -speed(c)))
+    return min(near, key=lambda c: (*changes(c), -speed(c)))
+
+
+def changes(c: Placement) -> tuple[int, int, bool]:
+    """How much a candidate changes training, least first: fewer micro-batches per step, then no compression,
+    fp16, PowerSGD, local SGD, then PowerSGD's float32 wire before bfloat16."""
+    order = (*wlcommon.COMPRESSIONS, wlcommon.LOCAL_SGD)
+    rank = order.index(c.grad_compression) if c.grad_compression in order else len(order)
+    return c.accumulate, rank, c.powersgd_wire != "float32"

@@ -416,9 +416,12 @@ def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monke
     assert len(rec["nodes"]) == 4 and rec["grad_compression"] == "powersgd", rec
     assert "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " in doc["continued"]
     assert rec["epochs_to_target"] == [2, 3] and rec["restart_s"] == pytest.approx(2.3, abs=0.01)
+    # 3 nodes (96) has no run and no noise scale to price it: bounded by the epochs it may take, and named
+    assert doc["unpriced"].startswith("3 nodes (fp16, global batch 96) are not priced to validation accuracy 0.9: "), doc
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
         "only after the job's 2 epochs" in " ".join(r.stdout.split()), r.stdout
+    assert " ".join(doc["unpriced"].split()) in " ".join(r.stdout.split())
 
 
 def test_where_a_run_ends_is_not_how_it_trains_but_a_run_ended_by_its_own_lower_target_is_no_floor(
@@ -485,3 +488,52 @@ def test_a_batch_the_probe_alone_prices_is_not_recommended_and_the_plan_says_whi
     _run("ddp4", "ddp4", 4, {**s, "nodes": NAMES}, names=NAMES)  # a plain run at 128: B_noise from the runs
     fitted = convergence.calibrate(jobs.load("resnet18-ddp", ["epochs=8"]), 0.98, probe=1300.0)
     assert fitted.noise_source == "runs" and at(fitted, 512, Scheme("fp16", 2, 4))[1] is None
+
+
+def test_a_node_count_no_run_can_price_is_bounded_by_the_epochs_it_may_take_and_named_with_its_run() -> None:
+    """No noise scale (TensorFlow's bench has no probe): only the references' own global batches are priced,
+    one node at 32 and 4 x PowerSGD r4 at 128 here (5 epochs to the target, the TensorFlow DIR's). 2 and 3
+    nodes (64, 96) get no time, so the plan said one node and nothing of them, where 3 nodes of PowerSGD reach
+    the target in the job's 2 epochs (loopback, performance.md). Each such candidate now carries the most
+    whole epochs it may take and still be sooner than the recommendation, and `plan` names the likeliest with
+    the run that calibrates it. With a noise scale every candidate is priced, and it says nothing."""
+    per = 11504
+    refs = [convergence.Reference("one", 32, "plain", 2 * (per // 32) * 32, True, epochs=2, nodes=1, restart_s=15.0),
+            convergence.Reference("p4", 128, "powersgd r4", 5 * (per // 128) * 128, True, epochs=2, nodes=4,
+                                  restart_s=20.0)]
+    psgd = Scheme("powersgd", 4, powersgd_wire="bfloat16")
+    work = Workload(R18, "pytorch", 0.0, (Scheme(), psgd, Scheme("powersgd", 4, 2, powersgd_wire="bfloat16")), per, 2,
+                    1.0, 1)
+
+    def planned(noise: float | None) -> placement.PlacementChoice:
+        conv = convergence.Convergence(0.97, noise, "runs" if noise else "none", references=refs)
+        cands = placement.candidates(SPEEDS, 32, SLOW, work=work)
+        placement.to_target(cands, SPEEDS, SLOW, work, conv)
+        rec = placement.recommend(cands)
+        placement.bound_unpriced(cands, rec, SPEEDS, SLOW, work)
+        return placement.PlacementChoice("resnet18-ddp", "pytorch", "lab.yaml", 0.0, 0.0, SPEEDS, SLOW, 32, cands, rec,
+                                         {**conv.to_dict(), "train_samples": per, "job_epochs": 2})
+
+    choice = planned(None)
+    rec = choice.recommended
+    assert rec.nodes == ["node1"] and rec.to_target_s
+    unpriced = [c for c in choice.candidates if c.to_target_s is None]
+    assert {(len(c.nodes), c.global_batch) for c in unpriced} >= {(2, 64), (3, 96)}
+    for c in choice.candidates:
+        if c.to_target_s is not None or len(c.nodes) == 1:
+            assert c.within_epochs is None
+        else:  # no start phase (powersgd_start_step 1): e epochs take e x epoch_s
+            assert c.epoch_s and c.within_epochs is not None
+            assert c.within_epochs * c.epoch_s < rec.to_target_s <= (c.within_epochs + 1) * c.epoch_s + 1e-6
+    three = next(c for c in unpriced if len(c.nodes) == 3 and c.scheme == psgd)
+    assert three.within_epochs and three.within_epochs >= 2
+    said = plans.unpriced(choice)
+    best = max((c for c in unpriced if c.accumulate == 1 and not c.warnings), key=lambda c: c.within_epochs or 0)
+    assert said and said.startswith(f"{len(best.nodes)} nodes ({best.scheme.label()}, global batch "
+                                    f"{best.global_batch}) are not priced to validation accuracy 0.97")
+    assert f"if they do within {best.within_epochs} epochs ({best.epoch_s:.0f} s an epoch; the job trains 2)" in said
+    assert f"clusterctl launch resnet18-ddp --set 'nodes=[{', '.join(best.nodes)}]'" in said
+    again = placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
+    assert plans.unpriced(again) == said  # from the saved plan, as `launch --plan` and scripts read it
+    priced = planned(160.0)
+    assert all(c.to_target_s for c in priced.candidates) and plans.unpriced(priced) is None

@@ -175,7 +175,7 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
                                         "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
                                         "e2e_images_per_s", "localsgd_period", "samples_to_target", "to_target_s",
                                         "epochs_to_target", "restart_s", "to_target_range_s", "powersgd_wire",
-                                        "spare"]
+                                        "spare", "within_epochs"]
     p = plans.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
