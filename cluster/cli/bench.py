@@ -71,8 +71,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory, None, args.ssh_config)
     choice = plans.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
     said = {"verdict": plans.verdict(choice), "uncalibrated": plans.uncalibrated(choice),
-            "unpriced": plans.unpriced(choice), "continued": plans.continued(choice), "other_schedule": plans.other_schedule(choice),
-            "thin": plans.thin(choice)}
+            "unpriced": plans.unpriced(choice), "continued": plans.continued(choice),
+            "other_schedule": plans.other_schedule(choice), "thin": plans.thin(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
@@ -86,8 +86,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if said["verdict"]:
         out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
                   "docs/planning.md)")
-    for line in (said["uncalibrated"], said["unpriced"], said["continued"], said["other_schedule"], said["thin"]):
-        if line:
+    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin"):
+        if line := said[key]:
             out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")
     return errors.EXIT_OK

@@ -102,7 +102,7 @@ class Placement:
     spare: tuple[int, int, int] | None = None
     # with a target, a candidate of several nodes the lab's runs cannot price (no run of its global batch, no
     # noise scale to bring one to it): the most whole epochs it may take to the target and still reach it
-    # sooner than the recommended candidate (within_epochs; plans.unpriced)
+    # sooner than the recommended candidate (bound_unpriced; plans.unpriced)
     within_epochs: int | None = None
 
     @property
