@@ -75,12 +75,13 @@ def unpriced(choice: PlacementChoice) -> str | None:
     """Where candidates of several nodes could not be priced to the target (no collected run at their global
     batch, no noise scale to bring one there) and could still reach it sooner than the recommended one
     (Placement.within_epochs): the likeliest of them (no warning, fewest micro-batches, the most epochs to
-    spare), how many epochs it has, and the run that would calibrate it. Without this a plan of a lab with one
+    spare, then the shortest epoch), how many epochs it has, and the run that would calibrate it. Without this a plan of a lab with one
     calibration run reads as if the node counts between were slower. None where there is none."""
     open_ = [c for c in choice.candidates if c.within_epochs]
     if not open_ or not choice.convergence:
         return None
-    c = min(open_, key=lambda c: (bool(c.warnings), c.accumulate, -(c.within_epochs or 0), *changes(c)[1:]))
+    c = min(open_, key=lambda c: (bool(c.warnings), c.accumulate, -(c.within_epochs or 0), c.epoch_s or 0.0,
+                                  *changes(c)[1:]))
     conv, rec = choice.convergence, choice.recommended
     sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
     epochs = f"; the job trains {conv['job_epochs']}" if conv.get("job_epochs") else ""
