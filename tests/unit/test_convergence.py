@@ -416,8 +416,9 @@ def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monke
     assert len(rec["nodes"]) == 4 and rec["grad_compression"] == "powersgd", rec
     assert "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " in doc["continued"]
     assert rec["epochs_to_target"] == [2, 3] and rec["restart_s"] == pytest.approx(2.3, abs=0.01)
-    # 3 nodes (96) has no run and no noise scale to price it: bounded by the epochs it may take, and named
-    assert doc["unpriced"].startswith("3 nodes (fp16, global batch 96) are not priced to validation accuracy 0.9: ")
+    # fp16 on 4 nodes (plain's family: its only run is one node's, at 32) has no run at 128 and no noise scale
+    # to price it: bounded by the epochs it may take, and named (of those within as many, the shortest epoch)
+    assert doc["unpriced"].startswith("4 nodes (fp16, global batch 128) are not priced to validation accuracy 0.9: ")
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
     assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
         "only after the job's 2 epochs" in " ".join(r.stdout.split()), r.stdout
