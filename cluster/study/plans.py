@@ -65,34 +65,39 @@ def uncalibrated(choice: PlacementChoice) -> str | None:
     if not faster:
         return None
     c = min(faster, key=lambda c: c.to_target_s or 0.0)
-    sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
     return (f"{len(c.nodes)} nodes ({c.scheme.label()}) are priced faster, {c.to_target_s:.0f} s, but not "
-            f"recommended: {'; '.join(c.warnings)}. One run of it calibrates the plan: clusterctl launch {choice.job} "
-            f"{sets} (and the plan's other --set), then clusterctl collect")
+            f"recommended: {'; '.join(c.warnings)}. {_calibrating_run(choice, c)}")
+
+
+def _calibrating_run(choice: PlacementChoice, c: Placement) -> str:
+    """The launch whose collected run would calibrate candidate c (the plan learns a configuration's accuracy
+    only from a run of it)."""
+    sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
+    return (f"One run of it calibrates the plan: clusterctl launch {choice.job} {sets} (and the plan's other "
+            "--set), then clusterctl collect")
 
 
 def unpriced(choice: PlacementChoice) -> str | None:
     """Where candidates of several nodes could not be priced to the target (no collected run at their global
     batch, no noise scale to bring one there) and could still reach it sooner than the recommended one
     (Placement.within_epochs): the likeliest of them (no warning, fewest micro-batches, the most epochs to
-    spare, then the shortest epoch), how many epochs it has, and the run that would calibrate it. Without this a plan of a lab with one
-    calibration run reads as if the node counts between were slower. None where there is none."""
+    spare, then the shortest epoch), how many epochs it has, and the run that would calibrate it. Without
+    this a plan of a lab with one calibration run reads as if the node counts between were slower. None
+    where there is none."""
     open_ = [c for c in choice.candidates if c.within_epochs]
     if not open_ or not choice.convergence:
         return None
     c = min(open_, key=lambda c: (bool(c.warnings), c.accumulate, -(c.within_epochs or 0), c.epoch_s or 0.0,
                                   *changes(c)[1:]))
     conv, rec = choice.convergence, choice.recommended
-    sets = " ".join(f"--set {shlex.quote(x)}" for x in settings_of(c))
     epochs = f"; the job trains {conv['job_epochs']}" if conv.get("job_epochs") else ""
     others = f" ({len(open_) - 1} more such candidates: - in the table's time column)" if len(open_) > 1 else ""
     return (f"{len(c.nodes)} nodes ({c.scheme.label()}, global batch {c.global_batch}) are not priced to "
             f"validation accuracy {float(conv['target']):g}: no collected run at that batch, and no gradient "
             "noise scale to bring a run's samples to it (bench's probe, PyTorch jobs only, or plain runs at two "
             f"batches). They reach it sooner than the recommendation ({rec.to_target_s:.0f} s) if they do "
-            f"within {c.within_epochs} epochs ({c.epoch_s or 0:.0f} s an epoch{epochs}){others}. One run of it "
-            f"calibrates the plan: clusterctl launch {choice.job} {sets} (and the plan's other --set), then "
-            "clusterctl collect")
+            f"within {c.within_epochs} epochs ({c.epoch_s or 0:.0f} s an epoch{epochs}){others}. "
+            + _calibrating_run(choice, c))
 
 
 def continued(choice: PlacementChoice) -> str | None:
