@@ -423,10 +423,18 @@ def bound_unpriced(cands: list[Placement], rec: Placement, speeds: dict[str, Nod
         c.within_epochs = e
 
 
+# Uneven shares must buy this much step rate over the job's even ones: more than bench's own spread between
+# two measurements of a node (5-7% of a step on the lab). Below it they follow bench's noise on nodes of one
+# speed, and they make the run another draw than its even-share references: a run on a reference's shares and
+# seed replays it to the digit, other shares reach the target an epoch sooner or later (docs/planning.md).
+SHARES_GAIN = 1.05
+
+
 def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench | None,
                train_samples: int | None = None, work: Workload | None = None) -> list[Placement]:
     """The k fastest nodes for k = 1..N, each with the job's global batch for k nodes (batch x k),
-    priced with every scheme of `work` (one node: the first scheme only, nothing crosses a network)."""
+    priced with every scheme of `work` (one node: the first scheme only, nothing crosses a network); with
+    balanced shares where they are SHARES_GAIN faster a step than even ones, else even."""
     work = work or Workload.flat(network, train_samples)
     ranked = sorted(speeds, key=lambda n: speeds[n].step(batch))
     out = []
@@ -435,7 +443,10 @@ def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench |
         sp = {n: speeds[n] for n in chosen}
         planned, even = balance(batch * k, sp), {n: batch for n in chosen}
         for scheme in work.schemes[:1] if k == 1 else work.schemes:
-            out.append(_priced(chosen, planned, even, sp, network, work, scheme, batch * k))
+            c = _priced(chosen, planned, even, sp, network, work, scheme, batch * k)
+            if planned != even and c.planned_images_per_s < SHARES_GAIN * c.even_images_per_s:
+                c = _priced(chosen, even, even, sp, network, work, scheme, batch * k)
+            out.append(c)
     return out
 
 

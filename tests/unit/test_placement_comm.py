@@ -219,7 +219,7 @@ def test_powersgd_compute_measured_by_bench_is_added_to_its_steps_only() -> None
     c4 = after[4, "powersgd", 1]  # 0.157 s of all-reduce in all; the last bucket's 0.062 s is what the step waits
     whole = commmodel.comm(R18, Scheme("powersgd", 2), 4, placement.link(SLOW))
     assert before[4, "powersgd", 1].comm_s == pytest.approx(whole.total_s) and c4.comm_s == pytest.approx(whole.tail_s)
-    assert c4.planned_images_per_s == pytest.approx(128 / (128 / 226.1 + 0.2 - whole.total_s + whole.tail_s), rel=0.01)
+    assert c4.planned_images_per_s == pytest.approx(128 / (128 / 221.5 + 0.2 - whole.total_s + whole.tail_s), rel=0.01)
     # saved with the plan, read back the same; plans saved before it load with no cost
     assert NodeSpeed(0.1, 0.01, 0.2).to_dict() == {"fixed_s": 0.1, "per_sample_s": 0.01, "powersgd_s": 0.2}
     assert "powersgd_s" not in NodeSpeed(0.1, 0.01).to_dict()
@@ -234,14 +234,19 @@ def test_bench_files_keep_their_payload_and_old_ones_load_as_resnet50() -> None:
 
 
 def test_the_recorded_bench_predicts_what_the_slow_lab_plan_said() -> None:
-    """`clusterctl plan resnet18-ddp` on that lab: PowerSGD rank 2 on all 4 nodes, shares balanced to the fits
-    (271.7 images/s when the model let PowerSGD's all-reduces hide under backward; measured 165 to 185)."""
+    """`clusterctl plan resnet18-ddp` on that lab: PowerSGD rank 2 on all 4 nodes (271.7 images/s when the model
+    let PowerSGD's all-reduces hide under backward; measured 165 to 185). It balanced the shares to the fits
+    then, 33/33/31/31; those are priced 2% faster a step than even ones, less than SHARES_GAIN: even now."""
     work = Workload(R18, "pytorch", 0.0, tuple(commmodel.schemes(2)), train_samples=1438)
     cands = placement.candidates(RECORDED_NODES, 32, SLOW, work=work)
     rec = placement.recommend(cands)
     assert (rec.grad_compression, rec.accumulate, sorted(rec.nodes)) == ("powersgd", 1, sorted(RECORDED_NODES))
-    assert rec.shares == {"node4": 33, "node2": 33, "node3": 31, "node1": 31}
-    assert rec.planned_images_per_s == pytest.approx(226.1, abs=0.1)  # no overlap: 128 / (0.41 + 0.16) s
+    assert rec.shares == dict.fromkeys(RECORDED_NODES, 32)
+    assert rec.planned_images_per_s == rec.even_images_per_s == pytest.approx(221.5, abs=0.1)  # 128 / (0.42 + 0.16) s
+    balanced = placement.balance(128, RECORDED_NODES)
+    assert balanced == {"node4": 33, "node2": 33, "node3": 31, "node1": 31}
+    t, _ = placement.step_time(balanced, RECORDED_NODES, SLOW, work, rec.scheme)
+    assert 128 / t == pytest.approx(226.1, abs=0.1) and 1 < 226.1 / 221.5 < placement.SHARES_GAIN
     by = {(len(c.nodes), c.grad_compression, c.accumulate): c.planned_images_per_s for c in cands}
     assert by[1, "none", 1] == pytest.approx(81.7, abs=0.1) and by[4, "none", 1] == pytest.approx(6.2, abs=0.1)
     assert by[4, "fp16", 1] == pytest.approx(12.3, abs=0.1)
