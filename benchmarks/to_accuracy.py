@@ -35,7 +35,9 @@ head every 2 s, and asks `clusterctl status` (an SSH session and a Python proces
 time from the start to the last epoch), the launch-to-target time the user waits (the command's start to that
 epoch's record), and the plan's prediction of the time to the target with its error. Saves after every run
 (DIR/runs.json, the head's home with the collected runs in DIR/home) and, run again with the same DIR, resumes
-after the last run done.
+after the last run done. DIR keeps the settings its runs were measured with (dataset, model, job, epochs,
+batch, bn_recompute, cpu quota, wire, lr_scaling, calibration nodes; since 2026-12-06): a pass or --table
+without them reads them there, and one given otherwise is refused.
 Contacts only the lab it starts; removes it at the end.
 """
 from __future__ import annotations
@@ -225,15 +227,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--save", type=Path, required=True, help="measurements and the head's home; resumes from it")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--dataset", default="digits", help="digits | digits-aug (11,496 images an epoch)")
-    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--dataset", help="digits (default) | digits-aug (11,496 images an epoch)")
+    ap.add_argument("--model", help="default resnet18")
     ap.add_argument("--job", help="the built-in job (default resnet18-ddp or resnet50-ddp from --model); "
                     "resnet50-tf is TensorFlow's (ResNet50)")
     ap.add_argument("--scheme", choices=["powersgd", "localsgd"],
                     help="the calibration run's scheme, from the first step (default powersgd; TensorFlow's was "
                     "localsgd until it had PowerSGD, 2026-12-06)")
-    ap.add_argument("--epochs", type=int, default=4, help="of the 1-node run; 4-node runs may go to 3x")
-    ap.add_argument("--batch", type=int, default=32, help="per node")
+    ap.add_argument("--epochs", type=int, help="of the 1-node run, default 4; 4-node runs may go to 3x")
+    ap.add_argument("--batch", type=int, help="per node, default 32")
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD rank of the calibration run")
     ap.add_argument("--period", type=int, default=8, help="local SGD's steps between averagings")
     ap.add_argument("--wire", choices=["float32", "bfloat16"],
@@ -246,7 +248,7 @@ def main() -> int:
     ap.add_argument("--bandwidth", help="the links' rate, fixed (e.g. 26mbit); default: from --balance")
     ap.add_argument("--balance", type=float, default=57.0,
                     help="the model's plain all-reduce over a node's step time that the links are set to give")
-    ap.add_argument("--cpu-quota", type=float, default=0.5)
+    ap.add_argument("--cpu-quota", type=float, help="of a core, each node's, default 0.5")
     ap.add_argument("--calibration-epochs", choices=["job", "3x"], default="job",
                     help="the calibration run's schedule: the job's epochs, trained on to the target up to 3x (as "
                     "the pick runs, and as a user calibrating the plan for the job would: the plan's references "
@@ -256,9 +258,9 @@ def main() -> int:
                     help="which seeds get a 4-node calibration run: the plan's references match a run's settings, "
                     "the seed included, so a seed without one has its compressed schemes priced as plain and "
                     "warned, and the plan keeps to the unwarned (one node)")
-    ap.add_argument("--bn-recompute", type=int, default=512,
-                    help="every run's bn_recompute (docs/jobs.md): accuracy at an epoch's end measured with precise "
-                    "BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
+    ap.add_argument("--bn-recompute", type=int,
+                    help="every run's bn_recompute (docs/jobs.md), default 512: accuracy at an epoch's end measured "
+                    "with precise BatchNorm statistics, not the running averages that lag at 11 steps an epoch; 0: off")
     ap.add_argument("--lr-scaling", choices=["linear", "sqrt"],
                     help="every run's optimizer.lr_scaling (docs/jobs.md; kept in DIR): default linear. One node "
                     "trains at the same rate by either; sqrt gives 4 nodes 2x one node's rate, not 4x")
@@ -280,25 +282,33 @@ def main() -> int:
     done_path = a.save / "runs.json"
     done: dict[str, Any] = json.loads(done_path.read_text()) if done_path.exists() else {}
     env = {**os.environ, "CLUSTERCTL_HOME": str((a.save / "home").resolve())}
-    job = a.job or ("resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp")
-    if job == "resnet50-tf":
-        a.model = "resnet50"
+    def kept(key: str, default: Any, before: Any = None) -> Any:
+        """The DIR's setting (runs.json), so that every pass and --table run what its runs measured: given
+        otherwise, it is refused. A DIR from before the setting was kept took `before` (None: as given)."""
+        given, value = getattr(a, key), done.get(key)
+        if value is None and before is not None and "bench" in done:
+            value = before
+        if value is None:
+            value = default if given is None else given
+        if given is not None and given != value:
+            ap.error(f"--{key.replace('_', '-')} {given}: {a.save} was measured with {value}; use another DIR")
+        done[key] = value
+        return value
+
+    for key, default in (("dataset", "digits"), ("epochs", 4), ("batch", 32), ("bn_recompute", 512),
+                         ("cpu_quota", 0.5)):
+        setattr(a, key, kept(key, default))
+    a.model = kept("model", "resnet50" if a.job in ("resnet50-ddp", "resnet50-tf") else "resnet18")
+    a.job = kept("job", "resnet18-ddp" if a.model == "resnet18" else "resnet50-ddp")
+    job = a.job
+    if job == "resnet50-tf" and a.model != "resnet50":
+        ap.error(f"--job resnet50-tf trains ResNet50, not --model {a.model}: leave --model out")
     a.scheme = a.scheme or "powersgd"
-    # the scheme's settings on every 4-node run and the plan: from the first step, no warm phase
-    given, a.wire = a.wire, done.get("wire") or ("float32" if "bench" in done else a.wire or "float32")
-    if given and given != a.wire:  # a DIR measured before --wire came sent float32
-        ap.error(f"--wire {given}: {a.save} was measured with {a.wire}; use another DIR")
-    done["wire"] = a.wire
-    given = a.lr_scaling
-    a.lr_scaling = done.get("lr_scaling") or ("linear" if "bench" in done else given or "linear")
-    if given and given != a.lr_scaling:  # a DIR measured before --lr-scaling came scaled linearly
-        ap.error(f"--lr-scaling {given}: {a.save} was measured with {a.lr_scaling}; use another DIR")
-    done["lr_scaling"] = a.lr_scaling
-    given = a.calibration_nodes
-    a.calibration_nodes = done.get("calibration_nodes") or (4 if "bench" in done else given or 4)
-    if given and given != a.calibration_nodes:  # a DIR measured before --calibration-nodes calibrated on 4
-        ap.error(f"--calibration-nodes {given}: {a.save} was calibrated on {a.calibration_nodes}; use another DIR")
-    done["calibration_nodes"] = a.calibration_nodes
+    # the scheme's settings on every 4-node run and the plan: from the first step, no warm phase. DIRs from
+    # before these settings were kept sent float32, scaled linearly and calibrated on 4 nodes.
+    a.wire = kept("wire", "float32", "float32")
+    a.lr_scaling = kept("lr_scaling", "linear", "linear")
+    a.calibration_nodes = kept("calibration_nodes", 4, 4)
     calibrated = [f"node{i + 1}" for i in range(a.calibration_nodes)]
     wire = ["--set", f"powersgd_wire={a.wire}"] if a.scheme == "powersgd" and a.wire != "float32" else []
     if a.scheme == "powersgd":
@@ -411,7 +421,7 @@ def bf16(wire: str) -> str:
 def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
     """One row per seed: 1 node and the pick, to the same target; then the means."""
     balance = (done.get("link") or {}).get("balance")
-    lines = [f"{a.job or a.model} on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, "
+    lines = [f"{a.model} ({a.job}) on {a.dataset}, batch {a.batch}/node, bn_recompute {a.bn_recompute}, "
              f"lr_scaling {a.lr_scaling}, 4 nodes at {a.cpu_quota} core, links {rate}"
              + (f", the calibration's PowerSGD wire {done['wire']}" if done.get("wire", "float32") != "float32"
                 else "")
