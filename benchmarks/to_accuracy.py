@@ -282,6 +282,7 @@ def main() -> int:
     done_path = a.save / "runs.json"
     done: dict[str, Any] = json.loads(done_path.read_text()) if done_path.exists() else {}
     env = {**os.environ, "CLUSTERCTL_HOME": str((a.save / "home").resolve())}
+
     def kept(key: str, default: Any, before: Any = None) -> Any:
         """The DIR's setting (runs.json), so that every pass and --table run what its runs measured: given
         otherwise, it is refused. A DIR from before the setting was kept took `before` (None: as given)."""
