@@ -1,6 +1,8 @@
 """Fact parsers on recorded real outputs (tests/fixtures/facts/README.md says where each came from)."""
 from __future__ import annotations
 
+import pytest
+
 from cluster.nodes import facts, health
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.gpus import compute_capability_for
@@ -96,13 +98,28 @@ def test_health_healthy_node_has_no_problem() -> None:
 def test_health_problems_and_fixes() -> None:
     nf = _facts("head-local.txt", clock_offset_s=2.5, address_nic=None)
     nf.values["python"] = facts.parse_python("/usr/bin/python3\n3.8.10\n", 0)
-    nf.values["disk"] = {"path": "/srv", "total_gib": 100.0, "free_gib": 4.0}
+    nf.values["disk"] = {"path": "/srv", "total_gib": 100.0, "free_gib": 1.5}
     probs = {p.code: p for p in health.from_facts(_host(gpu=GpuSpec(1, "GTX 1050 Ti")), nf)}
     assert set(probs) == {"python-old", "disk-low", "clock-skew", "hostname-loopback", "address-nic", "gpu-missing"}
     assert probs["python-old"].blocking and probs["disk-low"].blocking and probs["gpu-missing"].blocking
     assert not probs["clock-skew"].blocking and "+2.50 s" in probs["clock-skew"].message
     assert "timedatectl" in probs["clock-skew"].fix
     assert "127.0.0.1" in probs["hostname-loopback"].message
+
+
+@pytest.mark.parametrize("free, blocking, says", [(1.9, True, "will not fit"), (2.0, False, "first provision"),
+                                                 (9.9, False, "first provision"), (10.0, False, "datasets"),
+                                                 (24.9, False, "datasets"), (25.0, None, "")])
+def test_low_disk_blocks_only_where_no_run_fits_and_leaves_a_first_provision_to_provisions_own_measure(
+        free: float, blocking: bool | None, says: str) -> None:
+    nf = _facts()
+    nf.values["disk"] = {"path": "/srv/cluster", "total_gib": 100.0, "free_gib": free}
+    probs = [p for p in health.from_facts(_host(), nf) if p.code == "disk-low"]
+    if blocking is None:
+        assert probs == []
+    else:
+        assert [p.blocking for p in probs] == [blocking] and says in probs[0].message + probs[0].fix
+        assert f"{free} GiB free at /srv/cluster" in probs[0].message
 
 
 def test_health_gpu_driver_failure_blocks_only_where_a_gpu_is_expected() -> None:
