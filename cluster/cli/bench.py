@@ -72,7 +72,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     choice = plans.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
     said = {"verdict": plans.verdict(choice), "uncalibrated": plans.uncalibrated(choice),
             "unpriced": plans.unpriced(choice), "continued": plans.continued(choice),
-            "other_schedule": plans.other_schedule(choice), "thin": plans.thin(choice)}
+            "other_schedule": plans.other_schedule(choice), "thin": plans.thin(choice),
+            "even_kept": plans.even_kept(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
@@ -86,7 +87,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if said["verdict"]:
         out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
                   "docs/planning.md)")
-    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin"):
+    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin", "even_kept"):
         if line := said[key]:
             out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster.study import bench, commmodel, convergence
@@ -104,6 +104,10 @@ class Placement:
     # noise scale to bring one to it): the most whole epochs it may take to the target and still reach it
     # sooner than the recommended candidate (bound_unpriced; plans.unpriced)
     within_epochs: int | None = None
+    # where the job's even shares were kept: the balanced ones balance() gave and their price, which bought
+    # less than SHARES_GAIN (plans.even_kept says so); None where the shares are balance()'s own
+    balanced: dict[str, int] | None = None
+    balanced_images_per_s: float | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -122,7 +126,9 @@ class Placement:
                 "restart_s": self.restart_s,
                 "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None,
                 "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None,
-                "within_epochs": self.within_epochs}
+                "within_epochs": self.within_epochs,
+                "balanced": dict(self.balanced) if self.balanced else None,
+                "balanced_images_per_s": self.balanced_images_per_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -143,7 +149,9 @@ class Placement:
                    (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
                    if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")),
                    (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None,
-                   None if d.get("within_epochs") is None else int(d["within_epochs"]))
+                   None if d.get("within_epochs") is None else int(d["within_epochs"]),
+                   {str(n): int(b) for n, b in d["balanced"].items()} if d.get("balanced") else None,
+                   None if d.get("balanced_images_per_s") is None else float(d["balanced_images_per_s"]))
 
 
 @dataclass(frozen=True)
@@ -445,7 +453,8 @@ def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench |
         for scheme in work.schemes[:1] if k == 1 else work.schemes:
             c = _priced(chosen, planned, even, sp, network, work, scheme, batch * k)
             if planned != even and c.planned_images_per_s < SHARES_GAIN * c.even_images_per_s:
-                c = _priced(chosen, even, even, sp, network, work, scheme, batch * k)
+                c = replace(_priced(chosen, even, even, sp, network, work, scheme, batch * k),
+                            balanced=planned, balanced_images_per_s=c.planned_images_per_s)
             out.append(c)
     return out
 

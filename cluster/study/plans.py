@@ -16,8 +16,8 @@ from cluster.inventory.model import Inventory
 from cluster.runs import jobs, launch
 from cluster.study import bench, commmodel, convergence
 from cluster.study.bench import NetworkBench
-from cluster.study.placement import (NEAR_BEST_TO_TARGET, NodeSpeed, Placement, PlacementChoice, Workload,
-                                     bound_unpriced, candidates, changes, recommend, speed, to_target)
+from cluster.study.placement import (NEAR_BEST_TO_TARGET, SHARES_GAIN, NodeSpeed, Placement, PlacementChoice,
+                                     Workload, bound_unpriced, candidates, changes, recommend, speed, to_target)
 
 
 def verdict(choice: PlacementChoice) -> str | None:
@@ -144,6 +144,22 @@ def other_schedule(choice: PlacementChoice) -> str | None:
             f"{', '.join(map(str, planned))} epochs, not the job's {epochs}: a schedule of another length decays "
             "its learning rate at another time and reaches a high target at another epoch (docs/planning.md). "
             f"`clusterctl launch {choice.job} --plan` runs it for the job's epochs, and calibrates it once collected")
+
+
+def even_kept(choice: PlacementChoice) -> str | None:
+    """Where the recommended candidate keeps the job's even shares although balance() gave others: which, and
+    how much faster the model priced them (less than SHARES_GAIN, bench's spread between two measurements of a
+    node). None where its shares are balance()'s own."""
+    rec = choice.recommended
+    if not rec.balanced or not rec.balanced_images_per_s:
+        return None
+    gain = rec.balanced_images_per_s / rec.planned_images_per_s - 1
+    return (f"its shares are the job's even ones ({', '.join(f'{n}={b}' for n, b in rec.shares.items())}): "
+            f"balanced ones ({', '.join(f'{n}={b}' for n, b in rec.balanced.items())}) are priced at "
+            f"{rec.balanced_images_per_s:.1f} images/s against {rec.planned_images_per_s:.1f} ({100 * gain:+.1f}%), "
+            f"less than the {100 * (SHARES_GAIN - 1):.0f}% faster that outweighs bench's spread between two "
+            "measurements of a node; and a run on other shares than its references' is another draw of training "
+            "(docs/planning.md)")
 
 
 THIN = 0.01  # passed the target by less than this (a point): seeds' accuracies at one epoch differ by more

@@ -470,6 +470,7 @@ def test_a_batch_the_probe_alone_prices_is_not_recommended_and_the_plan_says_whi
     rec, cands = doc["recommended"], doc["candidates"]
     assert doc["verdict"].startswith("one node is recommended: node4 alone") and doc["continued"] is None
     assert doc["thin"] is None  # node4's references: one node's run passed 0.98 by 4 of 359 images (1.1 points)
+    assert doc["even_kept"] is None  # one node: its share is the job's batch
     assert doc["uncalibrated"].startswith("4 nodes (") and "One run of it calibrates the plan" in doc["uncalibrated"]
     assert not rec["warnings"] and rec["nodes"] == ["node4"], rec  # of the calibrated, one node is fastest here
     paper = min((c for c in cands if c["to_target_s"]), key=lambda c: c["to_target_s"])

@@ -70,11 +70,23 @@ def test_nodes_of_one_speed_keep_the_jobs_even_shares() -> None:
     assert t_balanced > t_even
     four = [c for c in placement.candidates(DIGITS_LAB, 32, NET, work=work) if len(c.nodes) == 4]
     assert len(four) == 2 and all(c.shares == even and c.planned_images_per_s == c.even_images_per_s for c in four)
+    assert all(c.balanced == balanced and c.balanced_images_per_s < placement.SHARES_GAIN * c.even_images_per_s
+               for c in four)
+    kept = plans.even_kept(_choice(four[1], four))  # PowerSGD: balanced priced slower than even, and said so
+    assert kept and "even ones (node2=32, node4=32, node3=32, node1=32)" in kept, kept  # fastest first
+    assert "balanced ones (node2=33, node4=33, node3=31, node1=31)" in kept, kept
+    assert f"at {four[1].balanced_images_per_s:.1f} images/s against {four[1].even_images_per_s:.1f} (-" in kept
     # one node a quarter slower a sample: balancing buys more than SHARES_GAIN and stands
     slow = dict(DIGITS_LAB, node4=NodeSpeed(0.085669, 0.0054765 * 1.25, 0.148492))
     four = [c for c in placement.candidates(slow, 32, NET, work=work) if len(c.nodes) == 4]
-    assert len(four) == 2 and all(c.shares["node4"] < 32 and c.planned_images_per_s >= placement.SHARES_GAIN * c.even_images_per_s
-               for c in four)
+    assert len(four) == 2 and all(c.shares["node4"] < 32
+                                  and c.planned_images_per_s >= placement.SHARES_GAIN * c.even_images_per_s
+                                  for c in four)
+    assert all(c.balanced is None for c in four) and plans.even_kept(_choice(four[1], four)) is None
+
+
+def _choice(rec: placement.Placement, cands: list[placement.Placement]) -> placement.PlacementChoice:
+    return placement.PlacementChoice("resnet50-ddp", "pytorch", "lab.yaml", 1.0, 1.0, DIGITS_LAB, NET, 32, cands, rec)
 
 
 @pytest.mark.parametrize(("job", "start"), [("resnet50-ddp", str(bench.WARMUP_STEPS)), ("resnet50-tf", "1")])
@@ -205,7 +217,7 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
                                         "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
                                         "e2e_images_per_s", "localsgd_period", "samples_to_target", "to_target_s",
                                         "epochs_to_target", "restart_s", "to_target_range_s", "powersgd_wire",
-                                        "spare", "within_epochs"]
+                                        "spare", "within_epochs", "balanced", "balanced_images_per_s"]
     p = plans.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
