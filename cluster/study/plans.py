@@ -154,12 +154,17 @@ def even_kept(choice: PlacementChoice) -> str | None:
     if not rec.balanced or not rec.balanced_images_per_s:
         return None
     gain = rec.balanced_images_per_s / rec.planned_images_per_s - 1
-    return (f"its shares are the job's even ones ({', '.join(f'{n}={b}' for n, b in rec.shares.items())}): "
-            f"balanced ones ({', '.join(f'{n}={b}' for n, b in rec.balanced.items())}) are priced at "
+    return (f"its shares are the job's even ones ({_shares(rec.shares)}): "
+            f"balanced ones ({_shares(rec.balanced)}) are priced at "
             f"{rec.balanced_images_per_s:.1f} images/s against {rec.planned_images_per_s:.1f} ({100 * gain:+.1f}%), "
             f"less than the {100 * (SHARES_GAIN - 1):.0f}% faster that outweighs bench's spread between two "
             "measurements of a node; and a run on other shares than its references' is another draw of training "
             "(docs/planning.md)")
+
+
+def _shares(shares: dict[str, int]) -> str:
+    """Batch shares as the plan prints them: "node1=32, node2=32"."""
+    return ", ".join(f"{n}={b}" for n, b in shares.items())
 
 
 THIN = 0.01  # passed the target by less than this (a point): seeds' accuracies at one epoch differ by more
@@ -208,7 +213,7 @@ def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
                      *([_cell(c.to_target_s, "{:.0f}"), _cell(_epochs(c, choice), "{:.1f}")] if target else []),
                      f"{c.step_s:.3f}", f"{c.comm_s:.3f}",
                      "-" if c.bytes_per_step is None else f"{c.bytes_per_step / 1e6:.2f}",
-                     f"{c.epoch_s:.0f}" if c.epoch_s else "-", ", ".join(f"{n}={b}" for n, b in c.shares.items())])
+                     f"{c.epoch_s:.0f}" if c.epoch_s else "-", _shares(c.shares)])
     return header, rows
 
 
