@@ -73,7 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     said = {"verdict": plans.verdict(choice), "uncalibrated": plans.uncalibrated(choice),
             "unpriced": plans.unpriced(choice), "continued": plans.continued(choice),
             "other_schedule": plans.other_schedule(choice), "thin": plans.thin(choice),
-            "even_kept": plans.even_kept(choice)}
+            "even_kept": plans.even_kept(choice), "other_processor": plans.other_processor(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
@@ -87,7 +87,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if said["verdict"]:
         out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
                   "docs/planning.md)")
-    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin", "even_kept"):
+    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin", "even_kept", "other_processor"):
         if line := said[key]:
             out.print(escape(line))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")

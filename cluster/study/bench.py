@@ -25,6 +25,7 @@ from cluster.study import commmodel
 from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
+from cluster.nodes import facts
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.model import Host, Inventory
 from cluster.nodes.replies import agent_reply, error_tail
@@ -193,12 +194,16 @@ class BenchResult:
     network: NetworkBench | None = None
     errors: dict[str, str] = field(default_factory=dict)  # "job/node" -> why that node has no figure
     unreachable: list[str] = field(default_factory=list)  # nodes lost during the benchmark: exit 3, not 1
+    # node -> facts.processor: what computes its floats (plans.other_processor compares the runs a plan is
+    # priced from); a node whose facts did not come back has none
+    processors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "time": self.time, "steps": self.steps,
                 "compute": {fw: c.to_dict() for fw, c in self.compute.items()},
                 "network": self.network.to_dict() if self.network else None,
-                "errors": dict(self.errors), "unreachable": list(self.unreachable)}
+                "errors": dict(self.errors), "unreachable": list(self.unreachable),
+                **({"processors": dict(self.processors)} if self.processors else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchResult:
@@ -206,7 +211,8 @@ class BenchResult:
                    {str(fw): FrameworkBench.from_dict(c) for fw, c in d["compute"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None,
                    {str(k): str(v) for k, v in (d.get("errors") or {}).items()},
-                   [str(n) for n in d.get("unreachable") or []])
+                   [str(n) for n in d.get("unreachable") or []],
+                   {str(n): str(p) for n, p in (d.get("processors") or {}).items()})
 
 
 def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
@@ -215,6 +221,7 @@ def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[l
     header = ["node"]
     for fw in result.compute:
         header += [f"{fw} images/s", f"{fw} step s"]
+    header += ["processor"] if result.processors else []
     if nodes is None:
         named = [n for c in result.compute.values() for n in c.nodes]
         named += [k.split("/", 1)[-1] for k in result.errors] + list(result.unreachable)
@@ -225,7 +232,7 @@ def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[l
         for c in result.compute.values():
             r = c.nodes.get(n)
             cells += [f"{r.images_per_s:.1f}", f"{r.step_s:.3f}"] if r else ["-", "-"]
-        rows.append(cells)
+        rows.append(cells + ([result.processors.get(n, "-")] if result.processors else []))
     return header, rows
 
 
@@ -389,6 +396,10 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     result = BenchResult(str(inv.path), time.time(), steps)
     with Group(hosts, forks=forks) as group:
         targets = launch.preflight(group, hosts)
+        for name, f in facts.gather(group, hosts).items():
+            proc = facts.processor(f.value.to_dict()) if f.ok else None
+            if proc:
+                result.processors[name] = proc
         for spec in specs:
             prepared = datasets.prepare(spec, log)
             _stage(group, spec, prepared)

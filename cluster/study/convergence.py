@@ -28,12 +28,14 @@ its references: a run planned longer decays its learning rate later and reaches 
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.errors import ClusterError
+from cluster.nodes import facts
 from cluster.runs import jobs, records as runs
 from cluster.study import figures
 from cluster.study.commmodel import Scheme
@@ -58,11 +60,15 @@ class Reference:
     # (the start record's val_samples): how near the target it passed (plans.thin)
     acc: float | None = None
     val_samples: int | None = None
+    # facts.processor of its nodes, each once (empty where collect saved no facts for one of them): the same
+    # program reaches the target at the same epoch on the same processors, another on others (plans.other_processor)
+    processors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "global_batch": self.global_batch, "scheme": self.scheme,
                 "samples": self.samples, "reached": self.reached, "epochs": self.epochs, "nodes": self.nodes,
-                "restart_s": self.restart_s, "acc": self.acc, "val_samples": self.val_samples}
+                "restart_s": self.restart_s, "acc": self.acc, "val_samples": self.val_samples,
+                "processors": list(self.processors)}
 
     def spare(self, target: float) -> tuple[int, int] | None:
         """(the validation images it scored above the fewest that reach `target`, of how many it scored) at
@@ -154,8 +160,25 @@ def references(spec: jobs.JobSpec, target: float) -> list[Reference]:
         out.append(Reference(r.run_id, int(start["global_batch"]), family(scheme), seen[0], seen[1],
                              epochs=int(epochs) if isinstance(epochs, int) else None, nodes=len(r.nodes),
                              restart_s=_restart_s(r, lead, start), acc=seen[2],
-                             val_samples=val if isinstance(val, int) and val > 0 else None))
+                             val_samples=val if isinstance(val, int) and val > 0 else None,
+                             processors=_processors(r)))
     return out
+
+
+def _processors(r: runs.RunRecord) -> tuple[str, ...]:
+    """facts.processor of each of the run's nodes, from the facts collect saved beside its files; () where
+    one of them is not known."""
+    base, seen = runs.run_path(r.run_id), set()
+    for n in r.nodes:
+        try:
+            f = json.loads((base / n.node / "facts.json").read_text())
+        except (OSError, ValueError):
+            return ()
+        p = facts.processor(f) if isinstance(f, dict) else None
+        if not p:
+            return ()
+        seen.add(p)
+    return tuple(sorted(seen))
 
 
 def _restart_s(r: runs.RunRecord, lead: dict[int, list[figures.Record]], start: figures.Record) -> float | None:

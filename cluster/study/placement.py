@@ -108,6 +108,8 @@ class Placement:
     # less than SHARES_GAIN (plans.even_kept says so); None where the shares are balance()'s own
     balanced: dict[str, int] | None = None
     balanced_images_per_s: float | None = None
+    # with a target: the collected runs its time to it is priced from (convergence.Outcome.run_id), each once
+    priced_from: list[str] = field(default_factory=list)
 
     @property
     def scheme(self) -> Scheme:
@@ -128,7 +130,7 @@ class Placement:
                 "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None,
                 "within_epochs": self.within_epochs,
                 "balanced": dict(self.balanced) if self.balanced else None,
-                "balanced_images_per_s": self.balanced_images_per_s}
+                "balanced_images_per_s": self.balanced_images_per_s, "priced_from": list(self.priced_from)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
@@ -151,7 +153,8 @@ class Placement:
                    (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None,
                    None if d.get("within_epochs") is None else int(d["within_epochs"]),
                    {str(n): int(b) for n, b in d["balanced"].items()} if d.get("balanced") else None,
-                   None if d.get("balanced_images_per_s") is None else float(d["balanced_images_per_s"]))
+                   None if d.get("balanced_images_per_s") is None else float(d["balanced_images_per_s"]),
+                   [str(r) for r in d.get("priced_from") or []])
 
 
 @dataclass(frozen=True)
@@ -394,6 +397,7 @@ def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: Net
             epochs_seen.append(epochs)
         c.to_target_s, c.samples_to_target = statistics.fmean(times), statistics.fmean(samples)
         c.epochs_to_target, c.restart_s, c.to_target_range_s = epochs_seen, restart, (min(times), max(times))
+        c.priced_from = list(dict.fromkeys(o.run_id for o in outs))
         left = [o.spare for o in outs if o.spare]
         c.spare = (*min(left, key=lambda x: x[0] / x[1]), len(left)) if left else None
         if note:

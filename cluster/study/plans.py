@@ -188,6 +188,32 @@ def thin(choice: PlacementChoice) -> str | None:
             f"({100 * rec.epoch_s / rec.to_target_s:.0f}% more)")
 
 
+def other_processor(choice: PlacementChoice) -> str | None:
+    """Where collected runs the recommended candidate's time to the target is priced from ran on other
+    processors than its nodes (facts.processor: the CPU's model and vector extension, the GPUs): which. The
+    same program replays a run to the digit on the same processors and computes other floats on others, so
+    its epoch at the target is then another draw (docs/planning.md). None where they are the same, no target
+    was asked, or bench or a run's saved facts do not say."""
+    conv, rec = choice.convergence or {}, choice.recommended
+    mine = conv.get("processors") or {}
+    if not rec.to_target_s or not rec.priced_from or any(n not in mine for n in rec.nodes):
+        return None
+    here = {mine[n] for n in rec.nodes}
+    refs = [r for r in conv.get("references") or [] if r.get("run_id") in rec.priced_from]
+    if not refs or not all(r.get("processors") for r in refs):
+        return None
+    other = [r for r in refs if set(r["processors"]) != here]
+    if not other:
+        return None
+    runs = "a collected run" if len(refs) == 1 else f"{len(other)} of the {len(refs)} collected runs"
+    return (f"{runs} its time to {float(conv['target']):g} is priced from ran on "
+            f"{' / '.join(sorted({p for r in other for p in r['processors']}))}, its nodes are "
+            f"{' / '.join(sorted(here))}: another processor computes other floats, and reaches the target at "
+            "another epoch now and then (on the emulated room, a 1-node run scored 0.986 at its first epoch on "
+            "AVX2 and 0.975 on AVX-512: docs/planning.md). A run of it on these nodes, once collected, is "
+            "priced with the others")
+
+
 def summary_rows(choice: PlacementChoice) -> tuple[list[str], list[list[str]]]:
     """`clusterctl plan`'s table (header, rows of strings): per node set its uncompressed row and its
     fastest scheme, and every scheme of the recommended node set; the recommended row's nodes cell ends
@@ -259,7 +285,8 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
     if target_acc is not None:
         model = convergence.calibrate(spec, target_acc, comp.noise_scale)
         to_target(cands, speeds, b.network, work, model)
-        conv = {**model.to_dict(), "train_samples": work.train_samples, "job_epochs": work.epochs,
+        conv = {**model.to_dict(), "processors": {n: p for n, p in b.processors.items() if n in speeds},
+                "train_samples": work.train_samples, "job_epochs": work.epochs,
                 "job_trains_on": work.trains_on(target_acc)}
     rec = recommend(cands)
     if conv:

@@ -378,15 +378,16 @@ def _two_epochs(fixture: str, accs: tuple[float, float]) -> str:
 NAMES = ["node1", "node2", "node3", "node4"]
 
 
-def _room(tmp_path: Path, link: str, noise_scale: float | None = None) -> Path:
+def _room(tmp_path: Path, link: str, noise_scale: float | None = None, processors: dict[str, str] | None = None) -> Path:
     """An inventory of four nodes and its saved bench: a recorded lab bench's (tests/fixtures/bench) nodes and
-    link, with bench's noise probe where given; the inventory's path."""
+    link, with bench's noise probe and its nodes' processors where given; the inventory's path."""
     inv = tmp_path / "room.yaml"
     inv.write_text("name: room\nhosts:\n" + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in NAMES))
     lab = json.loads((ROOT / "tests" / "fixtures" / "bench" / "resnet18-fast-links.json").read_text())[link]
     comp = {"job": "resnet18-ddp", "size": 32, "batch": 32, "nodes": lab["nodes"],
             **({"noise_scale": noise_scale} if noise_scale else {})}
-    doc = {"inventory": str(inv), "time": 1.0, "steps": 10, "network": lab["network"], "compute": {"pytorch": comp}}
+    doc = {"inventory": str(inv), "time": 1.0, "steps": 10, "network": lab["network"], "compute": {"pytorch": comp},
+           **({"processors": processors} if processors else {})}
     from cluster.inventory import loader
     p = bench.bench_path(loader.load(inv, check_files=False))
     p.parent.mkdir(parents=True)
@@ -423,6 +424,66 @@ def test_plan_says_how_many_runs_like_its_pick_ended_short(tmp_path: Path, monke
     assert r.returncode == 0 and "1 of the 2 collected runs it is priced from reach validation accuracy 0.9 " \
         "only after the job's 2 epochs" in " ".join(r.stdout.split()), r.stdout
     assert " ".join(doc["unpriced"].split()) in " ".join(r.stdout.split())
+
+
+FACTS = ROOT / "tests" / "fixtures" / "facts"
+
+
+def _facts(run_id: str, names: list[str], cpuinfo: str) -> None:
+    """The facts collect saves beside each node's files: a lab node's recorded facts (lab-node1.txt) with the
+    CPU of a recorded /proc/cpuinfo."""
+    from cluster.nodes import facts
+    v = {**facts.parse_all((FACTS / "lab-node1.txt").read_text()),
+         "cpu": facts.parse_cpu((FACTS / cpuinfo).read_text(), 0)}
+    for n in names:
+        (records.run_path(run_id) / n).mkdir(parents=True, exist_ok=True)
+        (records.run_path(run_id) / n / "facts.json").write_text(json.dumps({"host": n, **v}))
+
+
+def test_a_pick_priced_from_runs_on_other_processors_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same program reaches the target at the same epoch on the same processors only (a 1-node run scored
+    0.986 at epoch 1 with oneDNN held to AVX2, 0.975 on AVX-512: performance.md). bench saves each node's
+    processor, collect each run node's facts; the plan says where the runs its pick is priced from ran on
+    others, and says nothing where they match, where a run's facts are missing, or where bench has none."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    epyc = "AMD EPYC (avx512)"
+    inv = _room(tmp_path, "1gbit", processors={n: epyc for n in NAMES})
+    sets = ["epochs=2", "powersgd_rank=4", "powersgd_start_step=1"]
+    spec = jobs.load("resnet18-ddp", sets)
+    s = spec.settings
+    _run("one", "", 1, {**s, "nodes": ["node1"]}, 2.0, NAMES[:1], _two_epochs("one", (0.82, 0.93)))
+    _run("hit", "", 4, {**s, "nodes": NAMES, "grad_compression": "powersgd"}, 2.0, NAMES,
+         _two_epochs("p4s2", (0.85, 0.91)))
+    _facts("one", NAMES[:1], "cpu-i5-2400.txt")  # not what the 4-node pick is priced from
+    from cluster.inventory import loader
+    room = loader.load(inv, check_files=False)
+
+    def said() -> str | None:
+        choice = plans.choose(room, "resnet18-ddp", sets, target_acc=0.9)
+        assert len(choice.recommended.nodes) == 4 and choice.recommended.priced_from == ["hit"]
+        return plans.other_processor(placement.PlacementChoice.from_dict(json.loads(json.dumps(choice.to_dict()))))
+
+    assert said() is None  # the pick's run has no saved facts (collected before they were saved)
+    _facts("hit", NAMES, "cpu-amd-epyc.txt")
+    assert [r.processors for r in convergence.references(spec, 0.9)] == [("Intel(R) Core(TM) i5-2400 CPU @ "
+                                                                          "3.10GHz (avx)",), (epyc,)]
+    assert said() is None  # the same processors
+    _facts("hit", NAMES[2:], "cpu-i5-2400.txt")  # two of its four nodes were other PCs
+    note = said()
+    assert note == ("a collected run its time to 0.9 is priced from ran on AMD EPYC (avx512) / Intel(R) Core(TM) "
+                    "i5-2400 CPU @ 3.10GHz (avx), its nodes are AMD EPYC (avx512): another processor computes "
+                    "other floats, and reaches the target at another epoch now and then (on the emulated room, a "
+                    "1-node run scored 0.986 at its first epoch on AVX2 and 0.975 on AVX-512: docs/planning.md). A "
+                    "run of it on these nodes, once collected, is priced with the others")
+    argv = [sys.executable, "-m", "cluster", "plan", "resnet18-ddp", "-i", str(inv), "--target-acc", "0.9",
+            *(x for k in sets for x in ("--set", k))]
+    r = subprocess.run([*argv, "--json"], capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["other_processor"] == note, r.stderr
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=120)
+    assert r.returncode == 0 and note in " ".join(r.stdout.split()), r.stdout
+    saved = bench.bench_path(room)
+    saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items() if k != "processors"}))
+    assert said() is None  # a bench saved before it recorded processors
 
 
 def test_where_a_run_ends_is_not_how_it_trains_but_a_run_ended_by_its_own_lower_target_is_no_floor(
