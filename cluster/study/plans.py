@@ -208,8 +208,8 @@ def other_processor(choice: PlacementChoice) -> str | None:
     runs = "a collected run" if len(refs) == 1 else f"{len(other)} of the {len(refs)} collected runs"
     return (f"{runs} its time to {float(conv['target']):g} is priced from ran on "
             f"{' / '.join(sorted({p for r in other for p in r['processors']}))}, its nodes are "
-            f"{' / '.join(sorted(here))}: another processor computes other floats, and reaches the target at "
-            "another epoch now and then (on the emulated room, a 1-node run scored 0.986 at its first epoch on "
+            f"{' / '.join(sorted(here))}: a run on other processors computes other floats and may reach the "
+            "target at another epoch (on the emulated room, one node's run scored 0.986 at its first epoch on "
             "AVX2 and 0.975 on AVX-512: docs/planning.md). A run of it on these nodes, once collected, is "
             "priced with the others")
 

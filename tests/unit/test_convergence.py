@@ -378,7 +378,8 @@ def _two_epochs(fixture: str, accs: tuple[float, float]) -> str:
 NAMES = ["node1", "node2", "node3", "node4"]
 
 
-def _room(tmp_path: Path, link: str, noise_scale: float | None = None, processors: dict[str, str] | None = None) -> Path:
+def _room(tmp_path: Path, link: str, noise_scale: float | None = None,
+          processors: dict[str, str] | None = None) -> Path:
     """An inventory of four nodes and its saved bench: a recorded lab bench's (tests/fixtures/bench) nodes and
     link, with bench's noise probe and its nodes' processors where given; the inventory's path."""
     inv = tmp_path / "room.yaml"
@@ -471,9 +472,9 @@ def test_a_pick_priced_from_runs_on_other_processors_says_so(tmp_path: Path, mon
     _facts("hit", NAMES[2:], "cpu-i5-2400.txt")  # two of its four nodes were other PCs
     note = said()
     assert note == ("a collected run its time to 0.9 is priced from ran on AMD EPYC (avx512) / Intel(R) Core(TM) "
-                    "i5-2400 CPU @ 3.10GHz (avx), its nodes are AMD EPYC (avx512): another processor computes "
-                    "other floats, and reaches the target at another epoch now and then (on the emulated room, a "
-                    "1-node run scored 0.986 at its first epoch on AVX2 and 0.975 on AVX-512: docs/planning.md). A "
+                    "i5-2400 CPU @ 3.10GHz (avx), its nodes are AMD EPYC (avx512): a run on other processors "
+                    "computes other floats and may reach the target at another epoch (on the emulated room, one "
+                    "node's run scored 0.986 at its first epoch on AVX2 and 0.975 on AVX-512: docs/planning.md). A "
                     "run of it on these nodes, once collected, is priced with the others")
     argv = [sys.executable, "-m", "cluster", "plan", "resnet18-ddp", "-i", str(inv), "--target-acc", "0.9",
             *(x for k in sets for x in ("--set", k))]
