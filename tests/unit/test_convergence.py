@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster.errors import ClusterError
+from cluster.nodes import facts
 from cluster.runs import jobs, records
 from cluster.study import bench, convergence, placement, plans
 from cluster.study.commmodel import Scheme
@@ -433,7 +434,6 @@ FACTS = ROOT / "tests" / "fixtures" / "facts"
 def _facts(run_id: str, names: list[str], cpuinfo: str) -> None:
     """The facts collect saves beside each node's files: a lab node's recorded facts (lab-node1.txt) with the
     CPU of a recorded /proc/cpuinfo."""
-    from cluster.nodes import facts
     v = {**facts.parse_all((FACTS / "lab-node1.txt").read_text()),
          "cpu": facts.parse_cpu((FACTS / cpuinfo).read_text(), 0)}
     for n in names:
