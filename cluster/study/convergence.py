@@ -28,7 +28,6 @@ its references: a run planned longer decays its learning rate later and reaches 
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -170,11 +169,7 @@ def _processors(r: runs.RunRecord) -> tuple[str, ...]:
     one of them is not known."""
     base, seen = runs.run_path(r.run_id), set()
     for n in r.nodes:
-        try:
-            f = json.loads((base / n.node / "facts.json").read_text())
-        except (OSError, ValueError):
-            return ()
-        p = facts.processor(f) if isinstance(f, dict) else None
+        p = facts.processor(figures.node_facts(base / n.node))
         if not p:
             return ()
         seen.add(p)

@@ -356,11 +356,19 @@ def _usage_figures(p: NodeFigures, samples: list[Record], exit_code: int | None)
     p.cpu_energy_j = round(sum(joules), 1) if joules else None
 
 
+def node_facts(node_dir: Path) -> dict[str, Any]:
+    """The facts collect saved beside a node's files (NodeFacts.to_dict()); {} where there are none."""
+    try:
+        f = json.loads((node_dir / "facts.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return f if isinstance(f, dict) else {}
+
+
 def _hardware(node_dir: Path) -> tuple[str, list[str], int]:
     """'4 cores, 8 GiB, GTX 1050 Ti', GPU names, cores — from the facts collect saved."""
-    try:
-        f = json.loads((node_dir / "facts.json").read_text())  # NodeFacts.to_dict(), as collect saved it
-    except (OSError, ValueError):
+    f = node_facts(node_dir)
+    if not f:
         return "unknown", [], 0
     cores = (f.get("cpu") or {}).get("usable") or 0
     ram = ((f.get("memory") or {}).get("total_mib") or 0) / 1024
