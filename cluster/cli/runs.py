@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -253,7 +254,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
             raise UsageError("give either a JOB or `-- COMMAND`, not both" if args.job else
                              "--plan plans the built-in jobs only", "e.g. clusterctl launch -- python train.py --lr 0.1")
         extra = [f"requirements={args.requirements}"] if args.requirements else []
-        extra += [f"data={Path(args.data).expanduser().resolve()}"] if args.data else []
+        extra += [f"data={os.path.abspath(Path(args.data).expanduser())}"] if args.data else []  # a link stays one
         extra += [f"outputs={json.dumps(args.outputs)}"] if args.outputs else []
         return jobs.from_command(args.command, Path(args.code or "."), args.launcher or "torchrun", args.name,
                                  [*extra, *(args.set or [])])

@@ -15,6 +15,7 @@ agent). A second launch of an unchanged folder sends no byte; an edited file sen
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import json
@@ -139,8 +140,9 @@ def _link_target(root: Path, rel: str, source: str) -> Path:
     target = Path(os.path.realpath(path))
     try:
         st = os.stat(path)
-    except OSError:
-        raise _refuse_link(source, root, rel, f"to {os.readlink(path)!r}, which does not exist (broken)") from None
+    except OSError as e:
+        why = "which leads back to itself (a loop)" if e.errno == errno.ELOOP else "which does not exist (broken)"
+        raise _refuse_link(source, root, rel, f"to {os.readlink(path)!r}, {why}") from None
     if target != root and root not in target.parents:
         raise _refuse_link(source, root, rel, f"to {target}, outside {root}")
     if not stat.S_ISREG(st.st_mode):
@@ -182,7 +184,7 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
             try:
                 rel.encode("utf-8")
             except UnicodeEncodeError:
-                raise CodeError(f"{source}: {here / entry.name!r} has a name that is not UTF-8",
+                raise CodeError(f"{source}: {_shown(here / entry.name)} has a name that is not UTF-8",
                                 f"rename it, or list it in {root / IGNORE_FILE}") from None
             if is_dir:
                 stack.append((rel, levels))
@@ -191,11 +193,19 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
             elif stat.S_ISLNK(mode):
                 found[rel] = _link_target(root, rel, source)
             else:
-                kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                        else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
-                raise CodeError(f"{source}: {root / rel} is {kind}: only regular files can be shipped",
+                raise CodeError(f"{source}: {root / rel} is {_kind(mode)}: only regular files can be shipped",
                                 f"move it out of {root}, or list {rel} in {root / IGNORE_FILE}")
     return found
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
+
+
+def _shown(path: Path) -> str:
+    """A path as the user would type it; a name that is not UTF-8 with its odd bytes as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _size(path: Path, rel: str, root: Path, source: str) -> int:
@@ -248,13 +258,34 @@ def scan(root: Path, *, limit_bytes: int = LIMIT_BYTES, source: str = "code") ->
     return CodeTree(base, files, sum(f.size for f in files.values()), digest)
 
 
-def named(root: Path, names: list[str]) -> CodeTree:
+def named(root: Path, names: list[str], source: str = "program") -> CodeTree:
     """The tree of these files of `root` only (the built-in programs: an entry point and the modules it
     imports, out of cluster/workloads), shipped like any user's code."""
     base = Path(root).resolve()
-    files = {n: _hash(base / n, n, base, "program") for n in sorted(set(names))}
+    files = {n: _hash(base / n, n, base, source) for n in sorted(set(names))}
     digest = hashlib.sha256(canonical(_manifest(files))).hexdigest()
     return CodeTree(base, files, sum(f.size for f in files.values()), digest)
+
+
+def data(path: Path, limit_bytes: int) -> CodeTree:
+    """A job's `data`: a folder (scanned as code is) or one regular file, refused here, on the head, before
+    anything is sent (so `--dry-run` refuses it too): a link loop, a FIFO, a device, over `limit_bytes`."""
+    p = Path(path).expanduser()
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        what = ("is a symbolic link that leads back to itself (a loop)" if e.errno == errno.ELOOP else
+                "does not exist on the head" if e.errno == errno.ENOENT else f"cannot be read: {e.strerror}")
+        raise CodeError(f"data: {_shown(p)} {what}", "data: the path of a file or folder on the head") from None
+    if stat.S_ISDIR(st.st_mode):
+        return scan(p, limit_bytes=limit_bytes, source="data")
+    if not stat.S_ISREG(st.st_mode):
+        raise CodeError(f"data: {_shown(p)} is {_kind(st.st_mode)}: only a regular file or a folder can be shipped",
+                        "data: the path of a file or folder on the head")
+    if st.st_size > limit_bytes:
+        raise CodeError(f"data: {_shown(p)} holds {size_text(st.st_size)}, over the limit of {size_text(limit_bytes)}",
+                        "give the program a smaller file, or a path on the nodes it reads itself")
+    return named(p.parent, [p.name], source="data")
 
 
 # --------------------------------------------------------------------------- ship (head -> nodes)

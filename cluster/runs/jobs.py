@@ -7,6 +7,8 @@ running it is cluster.runs.launch. Every error names the file, line, field and f
 from __future__ import annotations
 
 import copy
+import errno
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -387,6 +389,14 @@ def _relative_inside(path: object) -> bool:
         part not in ("", ".", "..") for part in path.rstrip("/").split("/"))
 
 
+def _loops(path: str) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
 def _head_path_exists(path: Any) -> bool:
     """A non-empty path that exists on the head (`~user` of an unknown user or a NUL byte: it does not)."""
     if not isinstance(path, str) or not path:
@@ -484,7 +494,9 @@ class _Checks:
                           f"`code` ({code}), got {req!r}", "requirements: [tabulate==0.9.0] or requirements: "
                           "requirements.txt")
         if s["data"] is not None and not _head_path_exists(s["data"]):
-            self.fail("data", f"no file or folder {s['data']!r} on the head", "data: the path of your data set on "
+            loop = isinstance(s["data"], str) and os.path.islink(s["data"]) and _loops(s["data"])
+            self.fail("data", f"{s['data']} is a symbolic link that leads back to itself (a loop)" if loop else
+                      f"no file or folder {s['data']!r} on the head", "data: the path of your data set on "
                       "this PC (it is sent to every node once: the lab has no internet)")
         out = s["outputs"]
         if out is not None and not (isinstance(out, list) and out and all(_relative_inside(o) for o in out)):

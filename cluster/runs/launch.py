@@ -212,6 +212,7 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
                        f"set min_nodes to at most {len(hosts)} (0: all of them)")
     log(f"checking {len(hosts)} nodes are provisioned and identical")
     tree = program_tree(spec)  # a user's code refused here (too large, links out), before any node
+    data = data_tree(spec) if spec.own and spec["data"] is not None else None  # and its data, the same way
     left_out: dict[str, str] = {}
     with Group(hosts, forks=forks) as group:
         targets = preflight(group, hosts, spec, left_out)
@@ -223,7 +224,7 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
             log("resolving the job's requirements on the head")
             layer = layers.resolve(spec, *layers.base_environment(group, hosts[0]), log=log)
     request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name), layer=layer)
-    request.code = tree
+    request.code, request.data = tree, data
     request.left_out = left_out
     return request
 
@@ -378,7 +379,8 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
     _ship(group, record, request, request.code if request.code is not None else program_tree(request.job),
           "program", log)
     if request.job.own and request.job["data"] is not None:
-        _ship(group, record, request, data_tree(request.job), "data", log)
+        _ship(group, record, request, request.data if request.data is not None else data_tree(request.job), "data",
+              log)
     if request.layer is not None:
         _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
@@ -437,8 +439,7 @@ def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: co
 
 
 def data_tree(spec: JobSpec) -> code.CodeTree:
-    p = Path(str(spec["data"])).expanduser()
-    return code.scan(p, limit_bytes=DATA_LIMIT_BYTES, source="data") if p.is_dir() else code.named(p.parent, [p.name])
+    return code.data(Path(str(spec["data"])), DATA_LIMIT_BYTES)
 
 
 def _layer_dir(layer: layers.Layer | None) -> str | None:

@@ -67,6 +67,7 @@ class LaunchRequest:
     port_picked_at_start: bool = False
     inventory: dict[str, Any] = field(default_factory=dict)  # the hosts' snapshot the run record keeps
     code: Any = None  # a user's program: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
+    data: Any = None  # its `data`: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
     layer: Any = None  # its requirements: the runs.layers.Layer launch.prepare resolved (installed by execute)
     left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it starts without (min_nodes), why
 

@@ -10,9 +10,11 @@ The cache holds one file per content, CACHE_DIR/<sha256> (mode 0644). A blob is 
 sha256 was checked in this very call: `code-missing` re-hashes the blobs it has and removes any that does
 not match (so the head sends it again); `code-tree` checks each upload (TMPNAME, written into the cache by
 the head's copy) before naming it, then every blob of the manifest before RUN_DIR/program/ gets it.
-A file is a hard link to its blob; a copy when the blob is on another filesystem, and for executables (an
-inode has one mode, the blob's is 0644). A program that writes into its own files changes its blob: the
-next `code-missing` finds the mismatch and has it sent again.
+A run's files are its own, so that a later run's edit never reaches an earlier run's folder (nor what
+`collect` brings back of it): the program's files are copies (code is small: cluster/runs/code.py bounds it);
+a data file is a hard link to its blob, which is read-only (0444), so that a program writing into its data in
+place fails loudly (EACCES) instead of changing every run's copy; where the node's user is root, whom file
+modes do not stop, and where a link cannot be made (another filesystem), a copy.
 
 Paths are confined under RUN_DIR/program: relative, `/`-separated, no empty, `.` or `..` part, no NUL;
 no symbolic link under it is followed. A manifest that breaks a rule is refused whole, before any write.
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # the node's Python may be older than the head's: aliases for
 SHA_RE = re.compile(r"[0-9a-f]{64}\Z")
 PART_RE = re.compile(r"\.([0-9a-f]{64})\.[0-9a-f]{8,64}\.part\Z")  # the names the head uploads into
 MODES = (0o644, 0o755)
+BLOB_MODE = 0o444  # a blob is never written in place: a data file linked to it is read-only too
 STALE_PART_S = 86400.0  # an upload cut short (a lost link) is removed after a day
 SHIPPED = ".shipped-%s.json"  # in the run folder: {path under program/ or data/: sha256} of what was shipped
 
@@ -133,7 +136,7 @@ def _commit(cache: str, files: Files, incoming: object) -> None:
                 os.unlink(part)
             raise Refused("%s: the copy the head sent does not match the manifest's sha256 (removed; did the "
                           "file change on the head since it was scanned? launch again)" % _paths(files, sha))
-        os.chmod(part, 0o644)
+        os.chmod(part, BLOB_MODE)
         os.replace(part, os.path.join(cache, sha))
 
 
@@ -153,7 +156,12 @@ def _folder(base: str, rel: str, made: Dict[str, str]) -> str:
 
 
 def _link(blob: str, dest: str) -> bool:
+    """A read-only hard link to the blob; False where that cannot be had (root ignores modes; another fs)."""
+    if os.geteuid() == 0:
+        return False
     try:
+        if stat.S_IMODE(os.lstat(blob).st_mode) != BLOB_MODE:
+            os.chmod(blob, BLOB_MODE)  # a blob a cache of an older clusterctl left writable
         os.link(blob, dest)
     except OSError:
         return False
@@ -188,9 +196,9 @@ def tree(cache: str, run_dir: str, doc: object) -> Doc:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         blob = os.path.join(cache, f["sha256"])
-        if f["mode"] == 0o644 and _link(blob, tmp):
+        if into == "data" and f["mode"] == 0o644 and _link(blob, tmp):
             linked += 1
-        else:  # an executable (a link would share the blob's mode), another filesystem, no hard links there
+        else:  # the program, an executable (a link shares the blob's mode), root, another filesystem
             shutil.copyfile(blob, tmp)
             os.chmod(tmp, f["mode"])
             copied += 1

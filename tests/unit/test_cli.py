@@ -353,3 +353,26 @@ def test_dry_run_checks_the_env_from_sources_before_any_node(tmp_path: Path) -> 
     assert r.returncode == 2 and "env_from.TOKEN: cannot read" in r.stderr, r.stderr
     r = run("launch", "resnet50-ddp", "-i", str(inv), "--dry-run", "--set", "env_from.TOKEN={env: CLUSTERCTL_NO_SUCH_VAR}")
     assert r.returncode == 2 and "has no CLUSTERCTL_NO_SUCH_VAR" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["device", "loop", "fifo", "broken"])
+def test_dry_run_refuses_data_that_cannot_be_shipped_before_any_node(tmp_path: Path, kind: str) -> None:
+    """`--data` is read on the head in `prepare`, before any node is contacted (this inventory's second node is
+    unreachable: exit 3 otherwise) and before the code upload: a device, a link loop, a FIFO, a broken link."""
+    code = tmp_path / "prog"
+    code.mkdir()
+    (code / "train.py").write_text("print('hi')\n")
+    data = tmp_path / "data"
+    if kind == "device":
+        data = Path("/dev/zero")
+    elif kind == "loop":
+        data.symlink_to(data)
+    elif kind == "fifo":
+        os.mkfifo(data)
+    else:
+        data.symlink_to(tmp_path / "nowhere")
+    r = run("launch", "-i", str(mixed_inventory(tmp_path)), "--dry-run", "--code", str(code), "--data", str(data),
+            "--", "python", "train.py")
+    want = {"device": "is a device: only a regular file or a folder", "loop": "leads back to itself (a loop)",
+            "fifo": "is a FIFO: only a regular file or a folder", "broken": "no file or folder"}[kind]
+    assert r.returncode == 2 and "data: " in r.stderr and str(data) in r.stderr and want in r.stderr, r.stderr

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -214,7 +215,7 @@ def test_ship_sends_only_what_each_node_lacks(tmp_path: Path) -> None:
             assert (prog / "run.sh").stat().st_mode & 0o777 == 0o755  # copied: its own inode and mode
             assert (prog / "train.py").stat().st_mode & 0o777 == 0o644
             blob = Path(code.default_cache_dir(h)) / tree.files["train.py"].sha256
-            assert os.path.samefile(blob, prog / "train.py")  # a hard link to the cache
+            assert not os.path.samefile(blob, prog / "train.py")  # a copy: the run's own (a later run's edit)
 
         second = code.ship(g, hosts, tree, run_dirs(hosts, "r2"))
         assert second.ok and all(r.value.bytes_sent == 0 and r.value.files_sent == 0 for r in second.values())
@@ -255,6 +256,98 @@ def test_a_corrupted_blob_is_detected_and_sent_again(tmp_path: Path) -> None:
     reply = agent("code-tree", str(cache), str(run_dir), stdin=tree.manifest())
     assert reply["ok"] is False and "train.py" in reply["error"] and "corrupted" in reply["error"]
     assert not (run_dir / "program" / "train.py").exists() and not blob.exists()
+
+
+def test_a_runs_shipped_program_and_data_are_its_own(tmp_path: Path) -> None:
+    """Run B of the same folder appends to its helper.py and its data file in place: run A's copies keep what
+    A ran (program files are copies; a data file is a read-only link where the user is not root, a copy as
+    root), and the cache still holds the shipped bytes."""
+    root = write(tmp_path / "prog", {"train.py": "import helper\n", "helper.py": "X = 1\n"})
+    data = write(tmp_path / "data", {"part-0.csv": "1,2\n"})
+    hosts = local_hosts(tmp_path, "a")
+    with Group(hosts) as g:
+        for run in ("A", "B"):
+            assert code.ship(g, hosts, code.scan(root), run_dirs(hosts, run)).ok
+            assert code.ship(g, hosts, code.scan(data, source="data"), run_dirs(hosts, run), into="data").ok
+    runs = Path(hosts[0].workdir) / "runs"
+    with open(runs / "B/program/helper.py", "a") as f:
+        f.write("X = 2  # B's edit\n")
+    with open(runs / "B/data/part-0.csv", "a") as f:  # root: the copy is B's own
+        f.write("3,4\n")
+    assert (runs / "A/program/helper.py").read_text() == "X = 1\n"
+    assert (runs / "A/data/part-0.csv").read_text() == "1,2\n"
+    cache = Path(code.default_cache_dir(hosts[0]))
+    assert sorted(p.read_text() for p in cache.iterdir() if len(p.name) == 64) == ["1,2\n", "X = 1\n",
+                                                                                   "import helper\n"]
+
+
+def test_refusals_say_plainly_what_the_file_is(tmp_path: Path) -> None:
+    """A link loop is called a loop (not "broken"); a name that is not UTF-8 is shown as the user would see it
+    (its odd byte as \\xNN), not as a PosixPath repr."""
+    root = write(tmp_path / "loop", {"train.py": "x\n"})
+    (root / "self").symlink_to("self")
+    with pytest.raises(code.CodeError, match=r"self is a symbolic link to 'self', which leads back to itself \(a loop\)"):
+        code.scan(root)
+    odd = write(tmp_path / "odd", {"train.py": "x\n"})
+    (odd / os.fsdecode(b"caf\xe9.txt")).write_text("x")
+    with pytest.raises(code.CodeError) as e:
+        code.scan(odd)
+    assert f"code: {odd}/caf\\xe9.txt has a name that is not UTF-8" in str(e.value.message), e.value.message
+    assert "PosixPath" not in str(e.value.message)
+
+
+def test_a_single_data_file_is_named_data_and_bounded(tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(2048)  # sparse: its size is what counts
+    with pytest.raises(code.CodeError, match=r"data: .*big.bin holds 2.0 KiB, over the limit of 1.0 KiB"):
+        code.data(big, 1024)
+    assert set(code.data(big, 4096).files) == {"big.bin"}
+
+
+NODE_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(NODE_PYTHON, os.X_OK),
+                    reason="runs the node's half as another user (needs root and the system's python3)")
+def test_a_data_file_written_in_place_by_a_non_root_user_fails_loudly(request: pytest.FixtureRequest) -> None:
+    """The node's user is not root: a data file is a hard link to its read-only blob (no copy of a data set
+    per run), so the program's in-place write is refused by the kernel rather than changing other runs' data."""
+    nobody = 65534
+    top = Path(tempfile.mkdtemp(prefix="cc-nobody-", dir="/tmp"))  # pytest's own folders are root's only
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o755)
+    data = write(top / "data", {"part-0.csv": "1,2\n"})
+    node = top / "node"
+    node.mkdir()
+    shutil.copy(WORKLOADS / "codecache.py", node / "codecache.py")
+    os.chown(node, nobody, nobody)
+    tree = code.scan(data, source="data")
+    blobs = {f.sha256: p for p, f in ((data / rel, f) for rel, f in tree.files.items())}
+    cache = node / "cache"
+    manifest = {**tree.manifest(), "into": "data"}
+
+    def as_nobody() -> None:
+        os.setgid(nobody)
+        os.setuid(nobody)
+
+    script = (f"import json, os, shutil, sys; sys.path.insert(0, {str(node)!r}); import codecache\n"
+              f"os.makedirs({str(cache)!r}, 0o700, exist_ok=True)\n"
+              f"blobs = {({s: str(p) for s, p in blobs.items()})!r}\n"
+              "for sha, src in blobs.items():\n"
+              f"    shutil.copyfile(src, os.path.join({str(cache)!r}, '.' + sha + '.0123456789.part'))\n"
+              f"m = json.loads({json.dumps(manifest)!r}); m['incoming'] = "
+              "{'.' + s + '.0123456789.part': s for s in blobs}\n"
+              f"print(json.dumps(codecache.tree({str(cache)!r}, {str(node / 'runs' / 'A')!r}, m)))\n"
+              f"try:\n    open({str(node / 'runs' / 'A' / 'data' / 'part-0.csv')!r}, 'a').write('x')\n"
+              "except PermissionError as e:\n    print('refused', e.errno)\n")
+    # the node's own Python (the agent's half is stdlib only): this one lies in root's home, out of nobody's reach
+    r = subprocess.run([NODE_PYTHON, "-c", script], preexec_fn=as_nobody, capture_output=True, text=True,
+                       timeout=60, cwd=str(node))
+    assert r.returncode == 0, r.stderr
+    reply, refused = r.stdout.splitlines()
+    assert json.loads(reply)["linked"] == 1 and refused == "refused 13", r.stdout
+    assert (node / "runs/A/data/part-0.csv").read_text() == "1,2\n"
 
 
 def test_ship_reports_a_node_failure_as_data(tmp_path: Path) -> None:
