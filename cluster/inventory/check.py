@@ -9,11 +9,11 @@ import difflib
 import math
 import os
 import re
-import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cluster.bounds import file_problem
 from cluster.errors import InventoryError
 from cluster.inventory.model import (CONNECTIONS, GPU_KEYS, HOST_FIELDS, HOST_ONLY, KNOWN_HOSTS_MAX_BYTES, NUMBERS,
                                      GpuSpec, Host, Inventory, normalize_mac)
@@ -231,25 +231,13 @@ def _resolve_workdir(chk: Checker, host: Host, layers: Layers) -> Host:
     return host
 
 
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, in an error message's words."""
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
+KNOWN_HOSTS_NOUN = "a known_hosts file"  # in "more than a known_hosts file holds"
 
 
 def known_hosts_problem(st: os.stat_result) -> str | None:
     """Why a known_hosts file cannot be read whole on every command (a device or a FIFO never ends or
     blocks the reader: every command hung), or None."""
-    if not stat.S_ISREG(st.st_mode):
-        return f"is {file_kind(st.st_mode)}, not a known_hosts file"
-    if st.st_size > KNOWN_HOSTS_MAX_BYTES:
-        return (f"is {st.st_size / 2**20:.0f} MiB, more than a known_hosts file holds "
-                f"(at most {KNOWN_HOSTS_MAX_BYTES >> 20} MiB)")
-    return None
+    return file_problem(st, KNOWN_HOSTS_MAX_BYTES, KNOWN_HOSTS_NOUN)
 
 
 def check_files(chk: Checker, inv: Inventory, raw: dict[str, Layers]) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
+from cluster.bounds import FileRefused, read_regular
 from cluster.errors import HostKeyError, TransportError
 from cluster.inventory.model import Host
-from cluster.inventory.check import known_hosts_problem
+from cluster.inventory.check import KNOWN_HOSTS_NOUN, known_hosts_problem
 from cluster.inventory.model import KNOWN_HOSTS_MAX_BYTES
 
 _cache: dict[tuple[Path, int, int], KnownHosts] = {}
@@ -113,23 +114,16 @@ def _unusable(path: Path, problem: str, verb: str = "read") -> TransportError:
 
 
 def _read_capped(path: Path) -> bytes:
-    """The file's bytes, read only if it is a regular file of at most KNOWN_HOSTS_MAX_BYTES. Opened without
-    blocking and checked on the open descriptor, so a FIFO or device (or one swapped in after a stat) is
-    refused at once: /dev/zero never ends, and a FIFO with no writer blocks its reader forever."""
+    """The file's bytes, read only if it is a regular file of at most KNOWN_HOSTS_MAX_BYTES (bounds.read_regular:
+    a FIFO or device, even one swapped in after the stat, is refused at once)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path, "", KNOWN_HOSTS_MAX_BYTES, KNOWN_HOSTS_NOUN)
+    except FileRefused as e:
+        raise _unusable(path, e.problem) from None
     except OSError as e:
         raise TransportError(f"cannot read known_hosts file {path}: {e.strerror}",
                              "fix its permissions or point `known_hosts:` in the inventory elsewhere",
                              "known-hosts") from None
-    with os.fdopen(fd, "rb") as f:
-        problem = known_hosts_problem(os.fstat(fd))
-        if problem is not None:
-            raise _unusable(path, problem)
-        text = f.read(KNOWN_HOSTS_MAX_BYTES + 1)  # it may have grown since the fstat
-    if len(text) > KNOWN_HOSTS_MAX_BYTES:
-        raise _unusable(path, f"is more than {KNOWN_HOSTS_MAX_BYTES >> 20} MiB, more than a known_hosts file holds")
-    return text
 
 
 def parsed(path: Path) -> KnownHosts:

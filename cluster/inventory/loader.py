@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from cluster.bounds import FILE_MAX_BYTES, FileRefused, read_regular
 from cluster.inventory import ansible as inventory_ansible
 from cluster.errors import InventoryError
 from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
@@ -27,6 +28,8 @@ from cluster.yamlfile import line_of as _line
 __all__ = ["READERS", "load", "parse_override"]
 
 READERS = ("auto", "ansible", "builtin")
+INVENTORY_FIX = (f"give the inventory itself: its file (a regular file of at most {FILE_MAX_BYTES >> 20} MiB) "
+                 "or its folder")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -74,7 +77,9 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
 
 def _read_text(path: Path) -> str:
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, INVENTORY_FIX, noun="an inventory")
+    except FileRefused as e:
+        raise InventoryError(str(path), None, None, f"cannot read inventory: it {e.problem}", e.fix) from None
     except OSError as e:
         raise InventoryError(str(path), None, None, f"cannot read inventory: {e.strerror}",
                              "check the path, or run `clusterctl lab up 3` for a simulated lab") from None

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+from cluster.bounds import file_problem
 from cluster.errors import InventoryError
 from cluster.inventory.model import Host
 
@@ -98,6 +99,20 @@ class Resolver:
                 self._answers[argv] = known
         return known
 
+    def _check_files(self, config: str) -> None:
+        """The config file(s) `ssh -G` would read, each a regular file of bounded size: a FIFO blocks OpenSSH
+        until the timeout, which would then blame a `Match exec`. (An absent one is OpenSSH's to name.)"""
+        for f in DEFAULT_FILES if config == "default" else (config,):
+            path = Path(f).expanduser()
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            problem = file_problem(st, noun="an OpenSSH config file")
+            if problem is not None:
+                raise InventoryError(self.source, None, "ssh_config", f"cannot read {path}: it {problem}",
+                                     "point `ssh_config` (or -F) at a regular file, or set `ssh_config: none`")
+
     def _run(self, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
         """`ssh -G ARGV`, parsed; an error names the config file OpenSSH refused (or could not be run for)."""
         ssh = shutil.which("ssh")
@@ -145,6 +160,7 @@ class Resolver:
             value = getattr(host, key)
             if key in given and value:
                 opts += ["-o", f"{option}={value}"]
+        self._check_files(config)
         files = [] if config == "default" else ["-F", config]
         got = self._ask((*files, *opts, "--", dest), _shown(config))
         # OpenSSH's defaults for these options: the same for every destination but its hostname, so asked once

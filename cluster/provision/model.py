@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import paths, yamlfile
+from cluster.bounds import FileRefused, read_regular
 from cluster.errors import ClusterError, UsageError
 
 ACTIONS = ("command", "file", "template", "wheels", "pip")
@@ -48,7 +49,10 @@ def load(path: str | Path) -> Playbook:
     if not p.exists() and not p.suffix:
         p = PLAYBOOKS_DIR / f"{path}.yaml"
     try:
-        data = yamlfile.load(p.read_text())
+        data = yamlfile.load(read_regular(p, "give the playbook's YAML file (a regular file)",
+                                          noun="a playbook").decode())
+    except FileRefused as e:  # a FIFO would block, /dev/zero exhaust the memory
+        raise PlaybookError(f"{p}: cannot read playbook: it {e.problem}", e.fix) from None
     except OSError as e:
         raise PlaybookError(f"{p}: cannot read playbook: {e.strerror}", "check the path") from None
     except Exception as e:  # noqa: BLE001 - yaml errors carry their own position

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sysconfig
 import tempfile
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cluster import __version__
+from cluster.bounds import FileRefused, file_kind, open_regular, read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.facts import NodeFacts
 from cluster.provision import apply, compat, playbook, wheelhouse
@@ -49,6 +51,8 @@ KEY_RE = re.compile(r"[0-9a-f]{16}")
 PATH_RE = re.compile(r"(?P<key>[0-9a-f]{16})/(?:manifest\.json|constraints\.txt|files/(?P<wheel>[^/\\\x00]+\.whl))")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 STAGING_PREFIX = ".import-"
+FACTS_FIX = "on the head: clusterctl check INVENTORY --json > facts.json"
+FACTS_MAX_BYTES = 64 << 20  # `check --json` of a few hundred nodes is a few MiB
 CHUNK = 1 << 20
 ROOM_MARGIN = 64 << 20  # free space kept beyond the files themselves
 
@@ -138,13 +142,12 @@ def facts_file(path: Path, hosts: list[Host]) -> tuple[dict[str, NodeFacts], dic
     """Facts from `clusterctl check --json` (run on the head, which reaches the nodes): each node's facts,
     and the nodes check could not reach (unreachable: no facts to plan from)."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_regular(path, FACTS_FIX, FACTS_MAX_BYTES, "a facts file"))
         entries = {str(n["host"]): n for n in doc["nodes"]}
     except OSError as e:
         raise UsageError(f"{path}: cannot read the facts: {e.strerror}", "check the path") from None
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{path}: not the output of `clusterctl check --json`",
-                         "on the head: clusterctl check INVENTORY --json > facts.json") from None
+        raise UsageError(f"{path}: not the output of `clusterctl check --json`", FACTS_FIX) from None
     nf: dict[str, NodeFacts] = {}
     out = {h.name: NodeOutcome(h.name) for h in hosts}
     for h in hosts:
@@ -477,12 +480,16 @@ def _size(p: Path) -> int | None:
         return None
 
 
-def _copy_hashed(src: Path, dest: Path, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
-    """Copy src to dest, hashing what was read; synced to the disk. (sha256, bytes)."""
+def _copy_hashed(src: Path, dest: Path, progress: Callable[[int], None] | None = None,
+                 limit: int | None = None) -> tuple[str, int]:
+    """Copy src to dest, hashing what was read; synced to the disk. (sha256, bytes). `limit`: src is a file
+    of the export, refused unless a regular file of at most `limit` bytes, and no more than one byte past
+    it is read (a file that grows is a mismatch, not a full disk)."""
     h = hashlib.sha256()
     n = 0
-    with open(src, "rb") as fi, open(dest, "wb") as fo:
-        for chunk in iter(lambda: fi.read(CHUNK), b""):
+    with open_regular(src, "a wheel is a regular file: build or export the wheelhouse again", limit,
+                      "its entry in the manifest says") as fi, open(dest, "wb") as fo:
+        for chunk in iter(lambda: fi.read(CHUNK if limit is None else min(CHUNK, limit + 1 - n)), b""):
             h.update(chunk)
             fo.write(chunk)
             n += len(chunk)
@@ -541,8 +548,10 @@ def read_export(src: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     mpath = src / EXPORT_MANIFEST
     not_export = ("export the wheelhouse to the disk on a machine with internet: clusterctl wheelhouse export DIR; "
                   "a disk whose export was cut short has no manifest: export again")
-    try:
-        doc = json.loads(mpath.read_bytes())
+    try:  # a regular file of bounded size: a FIFO would block the import, /dev/zero exhaust the memory
+        doc = json.loads(read_regular(mpath, f"{EXPORT_MANIFEST} is the regular file `clusterctl wheelhouse export "
+                                             "DIR` writes: export again, or copy the export's own files to the disk",
+                                      noun="an export's manifest"))
     except FileNotFoundError:
         raise UsageError(f"{src}: no {EXPORT_MANIFEST}: not a wheelhouse export (or one cut short)",
                          not_export) from None
@@ -594,13 +603,18 @@ def import_dir(src: Path, replace: bool = False, log: Log = lambda s: None,
     def source(rel: str) -> Path | None:
         p = src / rel
         try:
-            if p.is_symlink() or src_real not in p.resolve().parents or not p.is_file():
-                mismatches.append(f"{rel}: " + ("a link" if p.is_symlink() else
-                                                "outside the export" if src_real not in p.resolve().parents
-                                                else "missing"))
+            if p.is_symlink() or src_real not in p.resolve().parents:
+                mismatches.append(f"{rel}: " + ("a link" if p.is_symlink() else "outside the export"))
                 return None
+            mode = p.stat().st_mode
+        except FileNotFoundError:
+            mismatches.append(f"{rel}: missing")
+            return None
         except OSError as e:
             mismatches.append(f"{rel}: unreadable ({e.strerror})")
+            return None
+        if not stat.S_ISREG(mode):  # a FIFO would block the import, a device never end
+            mismatches.append(f"{rel}: is {file_kind(mode)}, not a regular file")
             return None
         return p
 
@@ -672,7 +686,11 @@ def import_dir(src: Path, replace: bool = False, log: Log = lambda s: None,
                 dest = stage / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 try:
-                    digest, size = _copy_hashed(p, dest, advance)
+                    digest, size = _copy_hashed(p, dest, advance, limit=int(meta["size"]))
+                except FileRefused as err:  # changed since source() looked at it
+                    mismatches.append(f"{rel}: {err.problem}" if err.size is None
+                                      else f"{rel}: {err.size} bytes, the manifest says {meta['size']}")
+                    continue
                 except OSError as err:
                     mismatches.append(f"{rel}: unreadable ({err.strerror})")
                     continue
@@ -706,7 +724,10 @@ def _read_verified(p: Path | None, meta: dict[str, Any], mismatches: list[str], 
     if p is None:
         return None
     try:
-        data = p.read_bytes()
+        data = read_regular(p, "export again", noun="a wheelhouse's manifest")
+    except FileRefused as e:
+        mismatches.append(f"{rel}: {e.problem}")
+        return None
     except OSError as e:
         mismatches.append(f"{rel}: unreadable ({e.strerror})")
         return None

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pathspec
 
+from cluster.bounds import FileRefused, read_regular
 from cluster.errors import UsageError
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.runs import render
@@ -96,10 +97,17 @@ Levels = tuple[tuple[str, Spec], ...]  # (folder relative to root, its .gitignor
 
 
 def _read_spec(path: Path, rel: str, source: str) -> Spec:
+    """An ignore file's lines, read only if it is a regular file of bounded size (a FIFO would block the scan,
+    /dev/zero never end): anything else is refused as what it is, not shipped or listed."""
     try:
-        return pathspec.GitIgnoreSpec.from_lines(path.read_text(encoding="utf-8", errors="replace").splitlines())
+        text = read_regular(path, f"make {path} a regular text file of gitignore lines, or remove it",
+                            noun="an ignore file").decode("utf-8", errors="replace")
+    except FileRefused as e:
+        raise CodeError(f"{source}: cannot read {rel} ({path}): it {e.problem}", e.fix) from None
     except OSError as e:
         raise CodeError(f"{source}: cannot read {rel}: {e.strerror}", f"make it readable (chmod u+r {path})") from None
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(text.splitlines())
     except ValueError as e:  # a pattern pathspec cannot compile
         raise CodeError(f"{source}: {rel}: {e}", f"fix or remove that line of {path} (gitignore syntax)") from None
 
@@ -153,7 +161,7 @@ def _link_target(root: Path, rel: str, source: str) -> Path:
 def _walk(root: Path, source: str) -> dict[str, Path]:
     """Every file to ship: relative POSIX path -> the file to read (a link's target inside root)."""
     top_file = root / IGNORE_FILE
-    top = _read_spec(top_file, IGNORE_FILE, source) if top_file.is_file() else None
+    top = _read_spec(top_file, IGNORE_FILE, source) if os.path.lexists(top_file) else None
     found: dict[str, Path] = {}
     stack: list[tuple[str, Levels]] = [("", ())]
     while stack:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, NoReturn
 import yaml
 
 from cluster import paths, yamlfile
-from cluster.bounds import Range
+from cluster.bounds import FileRefused, Range, read_regular
 from cluster.errors import UsageError
 from cluster.inventory.loader import parse_override
 from cluster.runs.records import RUN_ID_RE
@@ -224,11 +224,14 @@ def available() -> list[str]:
 def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     path = find(name_or_path)
     file = str(path)
+    fix = f"name a job ({', '.join(available())}) or the path of a spec file"
     try:
-        data = yamlfile.load(path.read_text())
+        data = yamlfile.load(read_regular(path, fix, noun="a job spec").decode())
+    except FileRefused as e:  # a FIFO would block, /dev/zero exhaust the memory
+        raise JobError(file, None, "job", f"cannot read the job spec: it {e.problem}",
+                       f"{fix} (a regular file)") from None
     except OSError as e:
-        raise JobError(file, None, "job", f"cannot read the job spec: {e.strerror}",
-                       f"name a job ({', '.join(available())}) or the path of a spec file") from None
+        raise JobError(file, None, "job", f"cannot read the job spec: {e.strerror}", fix) from None
     except UnicodeDecodeError as e:
         raise JobError(file, None, "job", f"not UTF-8 text (byte {e.start}: {e.reason})",
                        "save the spec as UTF-8") from None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cluster.bounds import FileRefused, read_regular
 from cluster.errors import ClusterError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group, GroupResult
@@ -53,7 +54,17 @@ def requirements(spec: JobSpec) -> list[str]:
     if isinstance(req, list):
         return [str(r) for r in req]
     path = Path(str(spec["code"])) / str(req)
-    lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
+    fix = "requirements: a requirements file inside `code` (a regular text file), or a list"
+    try:
+        text = read_regular(path, fix, noun="a requirements file").decode()
+    except FileRefused as e:
+        raise JobError(str(spec.path), None, "requirements", f"cannot read {path}: it {e.problem}", fix) from None
+    except OSError as e:
+        raise JobError(str(spec.path), None, "requirements", f"cannot read {path}: {e.strerror}", fix) from None
+    except UnicodeDecodeError as e:
+        raise JobError(str(spec.path), None, "requirements", f"{path} is not UTF-8 text ({e.reason} at byte "
+                       f"{e.start})", "save the requirements file as UTF-8") from None
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
     return [ln for ln in lines if ln]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster import paths
+from cluster.bounds import read_regular
 from cluster.study import commmodel
 from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
@@ -245,7 +246,8 @@ def load(inv: Inventory) -> BenchResult:
     if not p.exists():
         raise ClusterError(f"no benchmark for {inv.name} yet", f"run it first: clusterctl bench -i {inv.path}")
     try:
-        return BenchResult.from_dict(json.loads(p.read_text()))
+        return BenchResult.from_dict(json.loads(read_regular(p, f"remove {p} and run it again: clusterctl bench -i "
+                                                                f"{inv.path}", noun="a benchmark record")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{p}: not a benchmark clusterctl can read ({type(e).__name__}: {e})",
                          f"run it again: clusterctl bench -i {inv.path}") from None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from cluster import paths
+from cluster.bounds import read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
 from cluster.runs import jobs, launch
@@ -325,7 +326,8 @@ def load_recommended(inv: Inventory, job: str) -> Placement:
     if not p.exists():
         raise ClusterError(f"no plan for {job} on {inv.name}", f"make one: clusterctl plan {job} -i {inv.path}")
     try:
-        return Placement.from_dict(json.loads(p.read_text())["recommended"])
+        return Placement.from_dict(json.loads(read_regular(p, f"remove {p} and make it again: clusterctl plan {job} "
+                                                              f"-i {inv.path}", noun="a plan"))["recommended"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{p}: not a plan clusterctl can read ({type(e).__name__}: {e})",
                          f"make it again: clusterctl plan {job} -i {inv.path}") from None

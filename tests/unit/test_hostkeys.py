@@ -214,7 +214,7 @@ def test_a_known_hosts_that_is_no_regular_file_is_refused_at_once(tmp_path: Path
     assert r.returncode == 0 and len(lines) == 3, r.stderr
     for line in lines:  # known_hosts, check_key, record: each refuses, naming the file, what it is and the fix
         assert line.startswith("known-hosts 3 cannot ") and f"known_hosts file {path}: it is {what}, " \
-            "not a known_hosts file" in line and "point `known_hosts:` in the inventory at a regular file" in line
+            "not a regular file" in line and "point `known_hosts:` in the inventory at a regular file" in line
 
 
 def test_a_fifo_known_hosts_returns_at_once_in_this_process(tmp_path: Path) -> None:
@@ -247,7 +247,7 @@ def test_the_inventory_refuses_such_a_known_hosts_naming_its_line(tmp_path: Path
     inv = write(tmp_path, f"defaults:\n  known_hosts: {path}\nhosts:\n  pc1: {{address: 127.0.0.1}}\n")
     e = _at_once(lambda: loader.load(inv))
     assert isinstance(e, InventoryError) and (e.line, e.field, e.exit_code) == (2, "defaults.known_hosts", 2), e
-    assert ("not a known_hosts file" in e.message or "more than a known_hosts file holds" in e.message) \
+    assert ("not a regular file" in e.message or "more than a known_hosts file holds" in e.message) \
         and "regular file" in (e.fix or "")
     r = _child("-m", "cluster", "exec", str(inv), "--", "true")
     assert r.returncode == 2 and "Traceback" not in r.stderr and f"{inv}:2: defaults.known_hosts" in r.stderr
