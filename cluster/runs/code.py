@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pathspec
 
-from cluster.bounds import FileRefused, read_regular
+from cluster.bounds import FileRefused, file_kind, read_regular
 from cluster.errors import UsageError
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.runs import render
@@ -201,14 +201,9 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
             elif stat.S_ISLNK(mode):
                 found[rel] = _link_target(root, rel, source)
             else:
-                raise CodeError(f"{source}: {root / rel} is {_kind(mode)}: only regular files can be shipped",
+                raise CodeError(f"{source}: {root / rel} is {file_kind(mode)}: only regular files can be shipped",
                                 f"move it out of {root}, or list {rel} in {root / IGNORE_FILE}")
     return found
-
-
-def _kind(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
 
 
 def _shown(path: Path) -> str:
@@ -288,7 +283,7 @@ def data(path: Path, limit_bytes: int) -> CodeTree:
     if stat.S_ISDIR(st.st_mode):
         return scan(p, limit_bytes=limit_bytes, source="data")
     if not stat.S_ISREG(st.st_mode):
-        raise CodeError(f"data: {_shown(p)} is {_kind(st.st_mode)}: only a regular file or a folder can be shipped",
+        raise CodeError(f"data: {_shown(p)} is {file_kind(st.st_mode)}: only a regular file or a folder can be shipped",
                         "data: the path of a file or folder on the head")
     if st.st_size > limit_bytes:
         raise CodeError(f"data: {_shown(p)} holds {size_text(st.st_size)}, over the limit of {size_text(limit_bytes)}",

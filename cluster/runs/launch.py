@@ -19,6 +19,7 @@ from typing import Any, Callable, NoReturn
 from cluster import __version__, errors
 from cluster.runs import carryover, code, datasets, elastic, firewall, layers, records as runs, render
 from cluster.provision import verify
+from cluster.bounds import FileRefused, read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.model import Host, Inventory
@@ -173,11 +174,14 @@ def secret_values(spec: JobSpec) -> dict[str, str]:
         field_ = f"env_from.{name}"
         if "file" in src:
             path = Path(str(src["file"])).expanduser()
+            fix = "point `file:` at a readable text file on the head"
             try:
-                out[name] = path.read_text().rstrip("\n")
+                out[name] = read_regular(path, fix, noun="a secret").decode().rstrip("\n")
+            except FileRefused as e:  # a FIFO would block the launch, /dev/zero exhaust the memory
+                raise JobError(str(spec.path), None, field_, f"cannot read {path}: it {e.problem}", fix) from None
             except (OSError, UnicodeDecodeError) as e:
                 raise JobError(str(spec.path), None, field_, f"cannot read {path}: {getattr(e, 'strerror', e)}",
-                               "point `file:` at a readable text file on the head") from None
+                               fix) from None
         else:
             if src["env"] not in os.environ:
                 raise JobError(str(spec.path), None, field_, f"the head's environment has no {src['env']}",

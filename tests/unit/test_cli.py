@@ -353,6 +353,9 @@ def test_dry_run_checks_the_env_from_sources_before_any_node(tmp_path: Path) -> 
     assert r.returncode == 2 and "env_from.TOKEN: cannot read" in r.stderr, r.stderr
     r = run("launch", "resnet50-ddp", "-i", str(inv), "--dry-run", "--set", "env_from.TOKEN={env: CLUSTERCTL_NO_SUCH_VAR}")
     assert r.returncode == 2 and "has no CLUSTERCTL_NO_SUCH_VAR" in r.stderr, r.stderr
+    os.mkfifo(tmp_path / "fifo")  # read without blocking: refused for what it is
+    r = run("launch", "resnet50-ddp", "-i", str(inv), "--dry-run", "--set", f"env_from.TOKEN={{file: {tmp_path / 'fifo'}}}")
+    assert r.returncode == 2 and "env_from.TOKEN: cannot read" in r.stderr and "named pipe (FIFO)" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("kind", ["device", "loop", "fifo", "broken"])
@@ -373,6 +376,6 @@ def test_dry_run_refuses_data_that_cannot_be_shipped_before_any_node(tmp_path: P
         data.symlink_to(tmp_path / "nowhere")
     r = run("launch", "-i", str(mixed_inventory(tmp_path)), "--dry-run", "--code", str(code), "--data", str(data),
             "--", "python", "train.py")
-    want = {"device": "is a device: only a regular file or a folder", "loop": "leads back to itself (a loop)",
-            "fifo": "is a FIFO: only a regular file or a folder", "broken": "no file or folder"}[kind]
+    want = {"device": "is a character device: only a regular file or a folder", "loop": "leads back to itself (a loop)",
+            "fifo": "is a named pipe (FIFO): only a regular file or a folder", "broken": "no file or folder"}[kind]
     assert r.returncode == 2 and "data: " in r.stderr and str(data) in r.stderr and want in r.stderr, r.stderr

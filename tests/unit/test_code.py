@@ -161,7 +161,7 @@ def test_a_link_inside_is_shipped_as_its_file_a_link_leaving_is_refused(tmp_path
 def test_a_fifo_is_refused_unless_ignored(tmp_path: Path) -> None:
     root = write(tmp_path / "prog", {"m.py": "x"})
     os.mkfifo(root / "pipe")
-    with pytest.raises(code.CodeError, match=r"pipe is a FIFO: only regular files") as e:
+    with pytest.raises(code.CodeError, match=r"pipe is a named pipe \(FIFO\): only regular files") as e:
         code.scan(root)  # never opened: a read would block
     assert "pipe" in (e.value.fix or "")
     (root / ".gitignore").write_text("pipe\n")
