@@ -180,12 +180,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                 "drop --on (a Slurm job requeued by Slurm resumes there on its own, docs/slurm.md)")
     if on_slurm:
         return _launch_on_slurm(args, inv)  # `--on NAME`: a Slurm cluster (cluster/slurm/, docs/slurm.md)
+    spec = _spec(args, inv)  # first: it refuses --plan where there is no JOB to plan (--continue, `-- COMMAND`)
     planned = None
     if args.plan:
         from cluster.study import plans
 
         planned = plans.load_recommended(inv, args.job).to_dict()
-    spec = _spec(args, inv)
     if args.poweroff_after and (args.detach or args.dry_run):
         raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
                                 "drop --detach (or --dry-run), or run `clusterctl collect` then `clusterctl poweroff`")
@@ -245,8 +245,11 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     if args.continue_run:
         from cluster.runs import carryover
 
-        if args.job or args.command or args.plan or any(getattr(args, g) for g in OWN_PROGRAM_OPTIONS):
-            raise UsageError("--continue takes the job, its settings and nodes from the run it continues",
+        not_with = [w for w, on in (("JOB", args.job), ("`-- COMMAND`", args.command), ("--plan", args.plan),
+                                    *((f"--{g}", getattr(args, g)) for g in OWN_PROGRAM_OPTIONS)) if on]
+        if not_with:
+            raise UsageError(f"--continue takes the job, its settings and nodes from the run it continues (a plan's "
+                             f"included): drop {', '.join(not_with)}",
                              f"clusterctl launch --continue {args.continue_run} [--set epochs=N]")
         return carryover.spec_for(args.continue_run, args.set or [])
     if args.command:

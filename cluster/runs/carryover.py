@@ -26,7 +26,7 @@ COPY_TIMEOUT_S = 600.0  # a local copy on the node's disk (a checkpoint of ResNe
 
 
 def continued(spec: jobs.JobSpec) -> records.RunRecord | None:
-    """The run `spec` continues, checked: ended, on these PCs, the same job; None when it continues none."""
+    """The run `spec` continues, checked: ended, on these PCs, the same job and model; None when it continues none."""
     rid = spec["continues"]
     if rid is None:
         return None
@@ -41,7 +41,21 @@ def continued(spec: jobs.JobSpec) -> records.RunRecord | None:
         raise UsageError(f"run {old.run_id} is job {old.job} ({old.framework}), this one {spec.name} "
                          f"({spec.framework}): a run continues the same job", f"clusterctl launch --continue "
                          f"{old.run_id} (its job and settings; --set changes any)")
+    _check_model(old, spec)
     return old
+
+
+def _check_model(old: records.RunRecord, spec: jobs.JobSpec) -> None:
+    """A built-in program resumes RUN's checkpoint into the model it builds: another model cannot load it,
+    so `--set model=...` is refused here, before anything is sent, not by every rank on the nodes."""
+    if spec.own:
+        return  # a user's program reads what it wrote: `model` means nothing to it
+    was, now = old.settings.get("model", jobs.DEFAULTS["model"]), spec["model"]
+    if was != now:
+        raise UsageError(f"run {old.run_id} trained {was} ({old.framework}), this one would train {now}: "
+                         f"{old.run_id}'s checkpoint holds {was}'s weights, which {now} cannot load",
+                         f"drop --set model={now} to continue {old.run_id}, or train {now} in a new run "
+                         f"(clusterctl launch without --continue)")
 
 
 def spec_for(run_id: str, overrides: Iterable[str] = ()) -> jobs.JobSpec:

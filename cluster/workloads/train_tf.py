@@ -522,9 +522,10 @@ def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: P
     the survivors new ranks, so the chief's disk may hold an older one or none); the workers agree on the
     one with the newest epoch (ties: the lowest rank) and everyone takes its values, unless every worker
     restored that same save point (epoch and step): then nothing is sent. A worker without a
-    checkpoint joins the collectives all the same. Returns where the values came from: "none" (a fresh
-    start), "each" or "rank R"."""
-    latest = tf.train.latest_checkpoint(str(ckpt_dir))
+    checkpoint joins the collectives all the same, as does one whose checkpoint cannot be read
+    (readable_checkpoint): it takes the source's values. Returns where the values came from: "none" (a
+    fresh start), "each" or "rank R"."""
+    latest = readable_checkpoint(ckpt_dir)
     if latest:
         ckpt.read(latest).expect_partial()
     if w.world == 1:
@@ -541,6 +542,27 @@ def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: P
         return "each"  # every worker restored that same save point: nothing to send (a restart of the same nodes)
     tr.broadcast_from(source=w.rank == src)
     return f"rank {src}"
+
+
+def readable_checkpoint(ckpt_dir: Path) -> str | None:
+    """The latest checkpoint in `ckpt_dir` (its prefix), every tensor of it read once before anything is
+    restored from it; None where there is none, or where it cannot be read (cut short by a full disk,
+    damaged): then the line on stderr (node.log) names it and why, and the resume takes the newest any other
+    worker holds instead of failing the whole restart. Read first, so a damaged one restores nothing."""
+    latest: str | None = None
+    try:
+        latest = tf.train.latest_checkpoint(str(ckpt_dir))
+        if latest:
+            reader = tf.train.load_checkpoint(latest)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - TF raises its own errors (DataLossError, ...) and the protobuf parser's
+        why = " ".join(str(e).split())[:300]
+        print(f"warning: checkpoint {latest or ckpt_dir} cannot be read ({type(e).__name__}: {why}): counted as "
+              "none, the newest another worker holds is taken (none anywhere: training starts at epoch 0)",
+              file=sys.stderr, flush=True)
+        return None
+    return latest
 
 
 def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:

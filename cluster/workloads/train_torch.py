@@ -436,8 +436,9 @@ def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank
     file). Where every rank holds that same save point (every node saves each epoch: a restart of the same
     nodes, a `launch --continue`), each reads its own and nothing crosses the links; else the source's is
     handed to every rank (model and momentum: 90 MB for ResNet18, 38 s to 3 peers on a 57 Mbit/s link).
-    No file anywhere: a fresh start (0, 0) on every rank."""
-    state: dict[str, Any] | None = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+    A file that cannot be read (_read_checkpoint) counts as none: that rank receives the source's. No
+    readable file anywhere: a fresh start (0, 0) on every rank."""
+    state = _read_checkpoint(path)
     source = "none" if state is None else "each"
     if world > 1:
         held: list[tuple[int, int]] = [(-1, -1)] * world
@@ -455,6 +456,24 @@ def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank
     opt.load_state_dict(state["optimizer"])
     acc = state.get("val_acc")
     return int(state["epoch"]) + 1, int(state["step"]), None if acc is None else float(acc), source
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The checkpoint at `path`; None where there is none, or where it cannot be read (cut short by a full
+    disk, damaged, not a checkpoint of this program): then the line on stderr (node.log) names the file and
+    why, and the resume takes the newest any other rank holds instead of failing the whole restart."""
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "step"} <= state.keys():
+            raise ValueError("it holds no model, optimizer, epoch and step")
+    except Exception as e:  # noqa: BLE001 - torch.load raises whatever pickle, zipfile or the storage raise
+        why = " ".join(str(e).split())[:300]
+        print(f"warning: checkpoint {path} cannot be read ({type(e).__name__}: {why}): counted as none, the newest "
+              "another rank holds is taken (none anywhere: training starts at epoch 0)", file=sys.stderr, flush=True)
+        return None
+    return state
 
 
 def same_weights(model: torch.nn.Module, world: int) -> bool:

@@ -159,6 +159,43 @@ def test_ddp_goes_on_without_node3_from_the_last_checkpoint(elab) -> None:
         cleanup(env, state, run_id)
 
 
+def test_ddp_goes_on_when_a_survivors_checkpoint_cannot_be_read(elab) -> None:
+    """node3's link is cut after epoch 0 and, during the grace, node2's checkpoint is cut to 1000 bytes (a disk
+    that filled up): the restart still goes on from epoch 1, node2 taking node1's checkpoint and saying which
+    file it could not read; every epoch is trained and recorded once."""
+    state, env = elab
+    run_id = start(env, "resnet50-ddp", "--set", "model=resnet18")
+    try:
+        wait_until(lambda: in_epoch(state, run_id, 1), 400, "node1 training epoch 1", step=0.5)
+        link(state, 2, False)
+        cut = time.time()
+        ckpt = out_dir(state, 1, run_id) / "checkpoint.pt"
+        assert ckpt.stat().st_size > 1000 and not ended(state, run_id)
+        os.truncate(ckpt, 1000)  # node2 is stuck in an all-reduce with node3: it saves nothing until the restart
+        wait_run(env, run_id, lambda r: len(r["periods"]) == 2 and r["state"] != "restarting", 240,
+                 "the run's second period")
+        wait_run(env, run_id, lambda r: r["state"] in ("succeeded", "failed", "stopped"), 600, "the run's end")
+        rec = saved(env, run_id)
+        assert rec["state"] == "succeeded", rec.get("failure")
+        p2 = rec["periods"][1]
+        assert p2["nodes"] == ["node1", "node2"] and p2["from_epoch"] == 1 and p2["from_step"] == 6, p2
+        for i in (0, 1):
+            starts = [r for r in records(state, i, run_id) if r["type"] == "start"]
+            assert [(s["period"], s["start_epoch"]) for s in starts] == [(1, 0), (2, 1)], starts
+            assert starts[1]["resumed_from"].startswith("rank "), starts[1]  # node1's, sent: not "each"
+            epochs = [r["epoch"] for r in records(state, i, run_id) if r["type"] == "epoch"]
+            assert epochs == [0, 1, 2], epochs  # each epoch trained and recorded once on each node
+        log = (out_dir(state, 1, run_id).parent / "node.log").read_text(errors="replace")
+        said = [x for x in log.splitlines() if "cannot be read" in x]
+        assert len(said) == 1 and str(Path("out") / "checkpoint.pt") in said[0], log[-3000:]
+        assert "cannot be read" not in (out_dir(state, 0, run_id).parent / "node.log").read_text(errors="replace")
+        ROWS.append(("resnet50-ddp, node3's link cut in epoch 2 of 3, node2's checkpoint cut to 1000 bytes",
+                     f"{p2['started'] - cut:.0f} s",
+                     "succeeded on node1+node2 from node1's checkpoint of epoch 1; node2 said its file is unreadable"))
+    finally:
+        cleanup(env, state, run_id)
+
+
 def test_ddp_goes_on_without_node1_the_rendezvous_host(elab) -> None:
     """node1 (rank 0, the rendezvous host) is cut: node2 hosts the new rendezvous and is rank 0."""
     state, env = elab

@@ -67,10 +67,12 @@ def test_a_copied_checkpoint_goes_on_with_the_longer_schedule_and_nothing_to_tra
         r for r in _epochs(tmp_path / "c") if r["type"] == "epoch"]  # it trained nothing from scratch
 
 
-def _record(home: Path, run_id: str, state: str = "succeeded", **kw: object) -> records.RunRecord:
-    spec = jobs.load("resnet18-ddp", ["grad_compression=powersgd", "shares={node1: 40, node2: 24}",
-                                      "nodes=[node1, node2]", "epochs=2"])
-    nodes = [records.RunNode(n, i, 1, f"lab/{n}/runs/{run_id}") for i, n in enumerate(["node1", "node2"])]
+def _record(home: Path, run_id: str, state: str = "succeeded", names: tuple[str, str] = ("node1", "node2"),
+            **kw: object) -> records.RunRecord:
+    a, b = names
+    spec = jobs.load("resnet18-ddp", ["grad_compression=powersgd", f"shares={{{a}: 40, {b}: 24}}",
+                                      f"nodes=[{a}, {b}]", "epochs=2"])
+    nodes = [records.RunNode(n, i, 1, f"lab/{n}/runs/{run_id}") for i, n in enumerate(names)]
     rec = records.RunRecord(run_id, spec.name, spec.framework, state, time.time(), nodes,
                             {"path": "x", "name": "lab", "hosts": []}, settings=spec.settings,
                             spec_file=str(spec.path), **kw)  # type: ignore[arg-type]
@@ -134,3 +136,37 @@ def test_the_copy_takes_what_the_old_folder_holds_and_skips_what_it_does_not(tmp
     assert (new / "results" / "best model.pt").read_text() == "m" and not (new / "missing").exists()
     assert (old / "ckpt" / "w.bin").exists()  # the old run folder is left as it was
 
+
+
+def _cli_continue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> subprocess.CompletedProcess[str]:
+    """`clusterctl launch --continue resnet18-ddp-1 ARGS` as a user types it, on the two local nodes the
+    recorded run (ResNet18, succeeded) ran on: what it says, and that no run was started or recorded."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"defaults: {{connection: local}}\nhosts:\n  a: {{address: 127.0.0.1, workdir: {tmp_path / 'a'}}}\n"
+                   f"  b: {{address: 127.0.0.1, workdir: {tmp_path / 'b'}}}\n")
+    home = tmp_path / "home"
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(home))
+    _record(home, "resnet18-ddp-1", names=("a", "b"))
+    r = subprocess.run([sys.executable, "-m", "cluster", "launch", "--continue", "resnet18-ddp-1", "-i", str(inv),
+                        *args], capture_output=True, text=True, timeout=120)
+    assert [p.name for p in (home / "runs").iterdir()] == ["resnet18-ddp-1"], r.stderr  # nothing started
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists(), r.stderr  # nothing sent to a node
+    return r
+
+
+def test_continue_with_plan_is_a_usage_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's plan (nodes, shares, scheme) comes with it: --plan is refused as docs/jobs.md says, exit 2."""
+    r = _cli_continue(tmp_path, monkeypatch, "--plan")
+    assert r.returncode == 2, r.stderr
+    assert "--continue takes the job, its settings and nodes from the run it continues" in r.stderr
+    assert "drop --plan" in r.stderr and "no plan for" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "launch"])
+def test_continue_with_another_model_is_refused_on_the_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            dry: bool) -> None:
+    """ResNet18's checkpoint cannot load into ResNet50: refused before any node is touched, --dry-run too."""
+    r = _cli_continue(tmp_path, monkeypatch, "--set", "model=resnet50", *(["--dry-run"] if dry else []))
+    assert r.returncode == 2, r.stderr
+    assert "run resnet18-ddp-1 trained resnet18 (pytorch), this one would train resnet50" in r.stderr, r.stderr
+    assert "drop --set model=resnet50 to continue resnet18-ddp-1, or train resnet50 in a new run" in r.stderr

@@ -36,7 +36,8 @@ def _last_start(path: Path) -> dict:
     return [r for r in _records(path) if r["type"] == "start"][-1]
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> None:
+def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
+    """Each process's stderr, once all of them ended with exit code 0."""
     errs = []
     try:
         for p in procs:
@@ -48,6 +49,7 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> None:
                 p.kill()
                 p.wait(timeout=30)
     assert all(p.returncode == 0 for p in procs), "\n---\n".join(e[-2500:] for e in errs)
+    return errs
 
 
 # ---------------------------------------------------------------- PyTorch
@@ -215,6 +217,76 @@ def test_resume_takes_the_newest_checkpoint_any_rank_holds(tmp_path: Path) -> No
                 assert res["weights"] == [float(e)] and res["momenta"] == [float(e)], (epochs, r)
 
 
+# (each rank's checkpoint epoch, whether its file is cut to 1000 bytes, the rank whose checkpoint both must take,
+# None: a fresh start). Every file holds the weights and momentum e + rank / 10 and step 10 e, so even the same
+# save point on both ranks ("each" if both were whole) tells whose values a rank ended with.
+UNREADABLE_CASES = [([3, 3], [False, True], 0),  # rank 1's own copy of the same save point: it must receive rank 0's
+                    ([2, 5], [False, True], 0),  # rank 1 would have been the source
+                    ([5, 2], [True, False], 1),  # rank 0 would have been the source
+                    ([4, 4], [True, True], None)]  # nothing readable anywhere: a fresh start
+
+
+def _unreadable_rank(rank: int, world: int, init: str, tmp: str) -> None:
+    """train_torch._resume over UNREADABLE_CASES in one gloo process group; this rank's stderr (node.log on a
+    node) into a file of its own."""
+    torch.set_num_threads(1)
+    sys.stderr = open(Path(tmp) / f"stderr.{rank}", "w", buffering=1)  # noqa: SIM115 - until os._exit
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    results = []
+    for case, (epochs, cut, _) in enumerate(UNREADABLE_CASES):
+        e = epochs[rank]
+        model = nn.Linear(16, 8)
+        opt = train_torch.make_optimizer(model, _tiny_args())
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()  # creates the momentum buffers
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(e + rank / 10)
+            for s in opt.state.values():
+                s["momentum_buffer"].fill_(e + rank / 10)
+        path = Path(tmp) / f"case{case}" / f"r{rank}" / "checkpoint.pt"
+        path.parent.mkdir(parents=True)
+        train_torch._save(model, opt, e, 10 * e, path, val_acc=e / 10)
+        if cut[rank]:
+            assert path.stat().st_size > 1000
+            os.truncate(path, 1000)  # a disk that filled up mid-copy, a node that lost power mid-save
+        fresh = nn.Linear(16, 8)
+        fresh_opt = train_torch.make_optimizer(fresh, _tiny_args())
+        got = train_torch._resume(fresh, fresh_opt, path, rank, world)
+        weights = sorted({round(float(v), 4) for p in fresh.parameters() for v in p.detach().flatten()})
+        momenta = sorted({round(float(v), 4) for s in fresh_opt.state.values() for v in s["momentum_buffer"].flatten()})
+        results.append({"got": got, "weights": weights, "momenta": momenta, "path": str(path)})
+    torch.save(results, Path(tmp) / f"results.{rank}")
+    ranks.leave()
+
+
+def test_an_unreadable_checkpoint_counts_as_none_and_its_rank_receives_the_sources(tmp_path: Path) -> None:
+    """A checkpoint cut short on one rank fails no restart: that rank takes the source's model, momentum, epoch
+    and step (never its own file, even where it held the same save point), and says which file it could not
+    read; none readable anywhere: a fresh start."""
+    world = 2
+    mp.spawn(_unreadable_rank, args=(world, f"file://{tmp_path / 'rdzv'}", str(tmp_path)), nprocs=world, join=True)
+    for r in range(world):
+        said = (tmp_path / f"stderr.{r}").read_text().splitlines()
+        results = torch.load(tmp_path / f"results.{r}")
+        for (epochs, cut, src), res in zip(UNREADABLE_CASES, results):
+            if src is None:
+                assert res["got"] == (0, 0, None, "none") and res["momenta"] == [], (epochs, r)
+                assert all(w < 1 for w in res["weights"]), (epochs, r)  # the freshly built model's (|w| < 1/4)
+            else:
+                e = epochs[src]
+                assert res["got"] == (e + 1, 10 * e, e / 10, f"rank {src}"), (epochs, cut, r)
+                assert res["weights"] == res["momenta"] == [round(e + src / 10, 4)], (epochs, cut, r)
+            lines = [x for x in said if res["path"] in x]
+            if cut[r]:
+                assert len(lines) == 1 and "cannot be read" in lines[0], said
+            else:
+                assert lines == [], said
+        unread = [x for x in said if "cannot be read" in x]
+        assert len(unread) == sum(cut[r] for _, cut, _ in UNREADABLE_CASES), said  # one line per unreadable file
+
+
 # ---------------------------------------------------------------- TensorFlow
 
 
@@ -307,3 +379,29 @@ def test_every_tf_worker_saves_the_checkpoint_and_the_survivors_resume_with_swap
         start = _last_start(out / f"metrics-rank{rank}.jsonl")
         assert (start["start_epoch"], start["start_step"], start["resumed_from"]) == (4, 8, "each")
     _tf_same(_tf_state(w0), _tf_state(w1))
+
+
+def test_a_tf_worker_whose_checkpoint_cannot_be_read_takes_the_other_workers(tmp_path: Path) -> None:
+    """The chief's copy of the save point both hold, cut short: it restores nothing of it, says so, and takes
+    worker 1's values; both go on from there as one."""
+    import tensorflow as tf
+
+    program = tmp_path / "train_tf_tiny.py"
+    program.write_text(TF_PROGRAM)
+    w0, w1 = tmp_path / "w0", tmp_path / "w1"
+    _wait_all(_tf_procs(program, [w0, w1], epochs=2))
+    latest = tf.train.latest_checkpoint(str(w0 / "checkpoint"))
+    (data,) = Path(latest).parent.glob(Path(latest).name + ".data-*")
+    os.truncate(data, data.stat().st_size // 2)
+    errs = _wait_all(_tf_procs(program, [w0, w1], epochs=3, period=2))
+    said = [x for x in errs[0].splitlines() if "cannot be read" in x]
+    assert len(said) == 1 and latest in said[0], errs[0][-3000:]
+    assert "cannot be read" not in errs[1], errs[1][-3000:]
+    for out, rank in ((w0, 0), (w1, 1)):
+        start = _last_start(out / f"metrics-rank{rank}.jsonl")
+        assert (start["start_epoch"], start["start_step"], start["resumed_from"]) == (2, 4, "rank 1")
+        epochs = [r for r in _records(out / f"metrics-rank{rank}.jsonl") if r["type"] == "epoch"]
+        assert [(r["epoch"], r["step"]) for r in epochs] == [(0, 2), (1, 4), (2, 6)]  # each epoch once
+    s0, s1 = _tf_state(w0), _tf_state(w1)
+    _tf_same(s0, s1)
+    assert (int(s0["epoch/.ATTRIBUTES/VARIABLE_VALUE"]), int(s0["step/.ATTRIBUTES/VARIABLE_VALUE"])) == (2, 6)
