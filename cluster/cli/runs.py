@@ -145,16 +145,27 @@ def _print_details(record: RunRecord) -> None:
                      if set(record.stop_pending) <= set(record.dropped) else ""))
     elif f is not None and record.stop_results:
         out.print("the other nodes were stopped")
+    _print_firewall_left(record)
     if f is not None:
         out.print(f"logs and metrics stay on the nodes (`clusterctl logs {record.run_id}`)")
 
 
+def _print_firewall_left(record: RunRecord) -> None:
+    from cluster.runs import state
+
+    for n, why in state.firewall_left(record).items():
+        out.print(f"[red]firewall rule left open[/red] on {n} ({escape(why)}): run `clusterctl stop {record.run_id}` "
+                  f"again, or remove the rules whose comment is \"clusterctl {record.run_id}\" "
+                  "(`sudo nft -a list ruleset`, then `sudo nft delete rule FAMILY TABLE CHAIN handle N`)")
+
+
 def _watched(record: RunRecord) -> None:
-    """A run still going whose watcher died (killed, the head rebooted) gets a new one: nobody else would
-    judge it, or go on without a node it loses, while no command runs."""
+    """A run still going, or with nodes whose stop is not confirmed (a dropped node, a PC off), whose watcher
+    died (killed, the head rebooted) gets a new one: nobody else would judge it, go on without a node it loses,
+    or stop what a node left running (and close its firewall rule) when it answers again, while no command runs."""
     from cluster.runs import elastic
 
-    if record.active and record.watcher and not elastic.alive(record.watcher.get("pid")):
+    if (record.active or record.stop_pending) and record.watcher and not elastic.alive(record.watcher.get("pid")):
         from cluster.runs import watch
 
         watch.spawn(record.run_id)
@@ -434,6 +445,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return slurm_cli.stop(args, record)
     with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):
         record = launch.stop(record, grace=args.grace)
+    _watched(record)
     results = record.stop_results or {}
     if args.json:
         emit_json(record.to_dict())
@@ -448,6 +460,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         out.print(f"run {record.run_id}: {record.state}{ended}; logs and metrics stay on the nodes"
                   + (f"; run `clusterctl stop {record.run_id}` again when {', '.join(record.stop_pending)} "
                      "can be reached" if record.stop_pending else ""))
+        _print_firewall_left(record)
     if record.stop_pending:  # exit 3 when a node could not be reached, 1 when a reachable one kept processes
         unreachable = any(results.get(n, {}).get("status") == "unreachable" for n in record.stop_pending)
         return errors.EXIT_UNREACHABLE if unreachable else errors.EXIT_FAILED

@@ -149,6 +149,9 @@ def reform(record: records.RunRecord, stop: Stop) -> records.RunRecord:
             return record
         hosts = [h for h in record.hosts() if h.name in record.members()]
         with Group(hosts) as group:
+            if _already_restarted(group, record):  # a restarter killed after it sent the restart: taken over
+                nxt = (record.reform or {})["next"]
+                return _running(record, nxt["nodes"], nxt["world_size"], nxt["endpoint"], nxt["node_batch"], stop)
             stopped = _stop(group, record, hosts)
             bad = {n: why for n, why in stopped.items() if why}
             if bad:
@@ -162,6 +165,7 @@ def reform(record: records.RunRecord, stop: Stop) -> records.RunRecord:
                 lost = ", ".join((record.reform or {}).get("lost", []))
                 return _fail(record, f"cannot restart without {lost}: {e}", stop)
             _upload(group, record, request)
+            _note_next(record, request, batches)
             started = _restart(group, record, request)
             bad = {n: why for n, why in started.items() if why}
             if records.load(record.run_id).stopped_by_user:  # its stop refused the restart, or comes after it
@@ -169,8 +173,41 @@ def reform(record: records.RunRecord, stop: Stop) -> records.RunRecord:
             if bad:
                 record = _drop(record, bad, stop)
                 continue
-        return _running(record, request, batches, stop)
+        return _running(record, [n.node for n in request.nodes], request.world_size, request.endpoint, batches, stop)
     return _fail(record, "the survivors could not be restarted", stop)
+
+
+def _note_next(record: records.RunRecord, request: render.LaunchRequest, batches: dict[str, int] | None) -> None:
+    """The period about to be started, in the record before any node is asked to start it: a process that takes
+    the restart over (this one killed meanwhile) learns from it what the survivors may already be running."""
+    nxt = {"period": len(record.periods) + 1, "nodes": [n.node for n in request.nodes],
+           "world_size": request.world_size, "endpoint": request.endpoint, "node_batch": batches}
+
+    def change(r: records.RunRecord) -> None:
+        if r.reform is not None:
+            r.reform["next"] = nxt
+
+    records.update(record.run_id, change)
+
+
+def _already_restarted(group: Group, record: records.RunRecord) -> bool:
+    """Every node of the period the restarter was starting (`reform.next`) runs it, or ran it: the restart went
+    through before its restarter died, so a takeover records that period instead of stopping and starting
+    it again (which would train part of it twice). Asked of the nodes' agents; any doubt says no."""
+    nxt = (record.reform or {}).get("next")
+    if not isinstance(nxt, dict) or nxt.get("period") != len(record.periods) + 1:
+        return False
+    dirs = record.node_dirs()
+    hosts = [h for h in record.hosts() if h.name in nxt.get("nodes", [])]
+    if len(hosts) != len(nxt.get("nodes", [])):
+        return False
+    res = group.run(lambda h: render.agent_command(h, "status", dirs[h.name], "0"), timeout=AGENT_TIMEOUT_S,
+                    hosts=hosts)
+    for h in hosts:
+        pid = (agent_reply(res[h.name].stdout) or {}).get("pid")
+        if not isinstance(pid, dict) or pid.get("period") != nxt["period"]:
+            return False
+    return True
 
 
 def _stop(group: Group, record: records.RunRecord, hosts: list[Host]) -> dict[str, str | None]:
@@ -288,19 +325,18 @@ def _fail(record: records.RunRecord, reason: str, stop: Stop, node: str | None =
     return stop(record, list(record.stop_pending)) if record.stop_pending else record
 
 
-def _running(record: records.RunRecord, request: render.LaunchRequest, batches: dict[str, int] | None,
-             stop: Stop) -> records.RunRecord:
+def _running(record: records.RunRecord, nodes: list[str], world: int, endpoint: str | None,
+             batches: dict[str, int] | None, stop: Stop) -> records.RunRecord:
     now = time.time()
     reason = str((record.reform or {}).get("reason"))
-    period = _period(len(record.periods) + 1, [n.node for n in request.nodes], request.world_size, reason,
-                     request.endpoint, batches)
+    period = _period(len(record.periods) + 1, nodes, world, reason, endpoint, batches)
 
     def change(r: records.RunRecord) -> None:
         if not r.move("running"):
             return
         r.periods.append(period)
         r.reform = None
-        r.world_size, r.endpoint = request.world_size, request.endpoint
+        r.world_size, r.endpoint = world, endpoint
         r.failure = None
         for n in period["nodes"]:
             r.last_seen[n] = now

@@ -53,10 +53,16 @@ def close_script(h: Host, run_id: str, chains: list[tuple[str, str, str]]) -> st
     """Removes exactly the rules tagged with this run (by handle), wherever they are; safe to run again."""
     pick = shlex.quote('s/.*comment "' + tag(run_id) + '" # handle \\([0-9]*\\)$/\\1/p')
     lines = ["#!/bin/sh", f"# written by clusterctl launch: removes the firewall rules it inserted for {run_id}"]
+    mark = shlex.quote(f'comment "{tag(run_id)}"')
+    lines.append("left=")
     for fam, table, chain in chains:
         c = " ".join(shlex.quote(x) for x in (fam, table, chain))
         lines.append(f"{nft(h)} -a list chain {c} 2>/dev/null | sed -n {pick} | "
                      f'while read -r handle; do {nft(h)} delete rule {c} handle "$handle"; done')
+        # what is still there is said (exit 1), so that the head can name the rule it could not close
+        lines.append(f"if {nft(h)} list chain {c} 2>/dev/null | grep -qF -- {mark}; then "
+                     f'left="$left {fam} {table} {chain}"; fi')
+    lines.append('if [ -n "$left" ]; then echo "still open in:$left"; exit 1; fi')
     return "\n".join(lines) + "\n"
 
 

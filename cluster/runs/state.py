@@ -256,7 +256,26 @@ def _apply(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> None:
         record.stop_pending = [n for n in record.stop_pending if n not in record.members()]
     if state == "failed":  # to be stopped; each node leaves this list once its agent confirms
         record.stop_pending = sorted(set(record.stop_pending) | {
-            n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)})
+            n for n, s in statuses.items() if s.state in ("running", "stopping", *SILENT_STATES)} | opened(record))
+
+
+def opened(record: records.RunRecord) -> set[str]:
+    """The members whose host firewall launch opened for the run: a failed run's stop goes to each of them,
+    since only a stop closes the rule where the node's agent leader was killed (`kill -9`, the OOM killer)
+    before it could."""
+    fw = record.extra.get("firewall")
+    return {n for n, v in fw.items() if isinstance(v, dict) and v.get("opened") and n in record.members()} \
+        if isinstance(fw, dict) else set()
+
+
+def firewall_left(record: records.RunRecord) -> dict[str, str]:
+    """node -> what its stop said is still open: the rules a stop could not remove."""
+    out = {}
+    for n, r in (record.stop_results or {}).items():
+        fw = r.get("firewall") if isinstance(r, dict) else None
+        if isinstance(fw, dict) and fw.get("closed") is False:
+            out[n] = str(fw.get("error") or "not closed")
+    return out
 
 
 def settle(record: records.RunRecord, statuses: dict[str, NodeStatus]) -> records.RunRecord:

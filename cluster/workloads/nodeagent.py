@@ -460,21 +460,27 @@ def stop(run_dir: Path, grace: float = 10.0, reform: bool = False) -> Doc:
     while killed and time.time() < deadline and run_processes(run_dir):
         time.sleep(0.1)
     left = run_processes(run_dir)
-    if not left:
-        _close_firewall(run_dir)
-    return {"ok": not left, "terminated": sent, "killed": killed, "left": left}
+    closed = None if left else _close_firewall(run_dir)
+    return {"ok": not left, "terminated": sent, "killed": killed, "left": left,
+            **({"firewall": closed} if closed is not None else {})}
 
 
-def _close_firewall(run_dir: Path) -> None:
+def _close_firewall(run_dir: Path) -> Doc | None:
     """The run's own firewall rules removed (launch wrote firewall-close.sh where it opened a firewall with
-    `become`): when the run ends, and on `stop` (the leader may be killed with the rest). Bounded, best effort."""
+    `become`): when the run ends, and on `stop` (the leader may be killed with the rest). Bounded; None where
+    the run opened none, else {"closed": bool, "error": what is still open or why the script failed}."""
     script = run_dir / FIREWALL_CLOSE
-    if script.exists():
-        try:
-            subprocess.run(["sh", str(script)], cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            pass
+    if not script.exists():
+        return None
+    try:
+        r = subprocess.run(["sh", str(script)], cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"closed": False, "error": str(e)[-300:]}
+    if r.returncode != 0:
+        return {"closed": False, "error": r.stdout.decode("utf-8", "replace").strip()[-300:] or
+                "exit code %d" % r.returncode}
+    return {"closed": True}
 
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.integration.conftest import (clusterctl, clusterctl_json, procs_of, provisioned_lab,  # noqa: F401
-                                        pytestmark, wait_until)
+                                        pytestmark, wait_until, why)
 
 # tiny, and long enough to cut a link in the middle: 3 epochs of 6 steps, ResNet18 (ResNet50 for TF) on 32-pixel
 # digits; a node silent for 15 s is lost (the default 30 s would cost each test 15 s more for the same paths)
@@ -385,5 +385,87 @@ exec {sys.executable} "$@"
         ROWS.append(("the watcher killed during a restart; then `stop` during the next restart", "-",
                      "`status` took the restart over (period 2, a new watcher); the stop won: stopped, "
                      "node1's restart refused, nothing left"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_a_restart_sent_before_its_watcher_was_killed_is_taken_over_not_run_twice(elab, tmp_path: Path) -> None:
+    """node3 is cut; node1's agent answers its restart only 8 s after starting period 2 (a wrapper), and the
+    watcher is killed in that window: the survivors already run period 2 while the record says `restarting`.
+    The next `status` asks them which period they run and records period 2 as it is, instead of stopping and
+    starting it again (which trained part of it twice: a second attempt folder, steps repeated)."""
+    import sys
+
+    state, env = elab
+    mark = tmp_path / "mark"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$(hostname)" = node1 ] && [ "$2" = restart ]; then
+  {sys.executable} "$@"; rc=$?
+  touch {mark}.$4
+  sleep 8
+  exit $rc
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    code = tmp_path / "mine"
+    code.mkdir()
+    (code / "train.py").write_text(OWN_CKPT.replace("step < 60", "step < 150"))
+    rc, rec = clusterctl_json("launch", "--code", str(code), "--detach", "--set", "min_nodes=2", *GRACE, "--host-set",
+                              f"python={wrapper}", "--", "python", "train.py", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+    steps = out_dir(state, 0, run_id).parent / "program" / "steps.jsonl"
+    try:
+        wait_until(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 5, 300, "5 steps", step=0.5)
+        link(state, 2, False)
+        wait_until(lambda: Path(f"{mark}.2").exists(), 120, "node1 restarted, its reply held back", step=0.2)
+        rec = saved(env, run_id)
+        assert rec["state"] == "restarting", why(rec)
+        os.kill(rec["watcher"]["pid"], signal.SIGKILL)
+        r = clusterctl("status", run_id, env=env, timeout=180)
+        rec = saved(env, run_id)
+        assert r.returncode == 0 and rec["state"] == "running" and len(rec["periods"]) == 2, r.stdout + r.stderr
+        assert rec["periods"][1]["nodes"] == ["node1", "node2"] and rec["periods"][1]["world_size"] == 2
+        wait_run(env, run_id, lambda r: r["state"] in ("succeeded", "failed", "stopped"), 300, "the run's end")
+        rec = saved(env, run_id)
+        assert rec["state"] == "succeeded", why(rec)
+        node1_run = out_dir(state, 0, run_id).parent
+        assert not (node1_run / "attempts" / "period-2").exists()  # period 2 was started once
+        mine = [json.loads(x) for x in steps.read_text().splitlines()]
+        period2 = [x["step"] for x in mine if x["period"] == 2 and x["rank"] == 0]
+        assert period2 == sorted(set(period2)) and period2[-1] == 150, period2[:5]
+        ROWS.append(("the watcher killed after the restart was sent", "-",
+                     "`status` found period 2 running on both survivors and recorded it; trained once, succeeded"))
+    finally:
+        cleanup(env, state, run_id)
+
+
+def test_stop_with_a_node_away_and_no_watcher_stops_it_when_it_is_back(elab, tmp_path: Path) -> None:
+    """The watcher is gone and node3's link is cut when the user stops the run: node1 and node2 stop, node3
+    stays pending (exit 3). `stop` starts a watcher for it, so node3's program is stopped once its link is
+    back, with no further command."""
+    state, env = elab
+    code = tmp_path / "sleeper"
+    code.mkdir()
+    (code / "train.py").write_text("import time\nfor _ in range(900):\n    time.sleep(1)\n")
+    rc, rec = clusterctl_json("launch", "--code", str(code), "--detach", "--launcher", "plain", "--", "python",
+                              "train.py", env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "running", rec
+    run_id = rec["run_id"]
+    try:
+        wait_until(lambda: all(procs_of(run_id, n) for n in ("node1", "node2", "node3")), 60, "the program on every node",
+                   step=0.5)
+        wait_until(lambda: saved(env, run_id)["watcher"], 60, "the run's watcher", step=0.5)
+        os.kill(saved(env, run_id)["watcher"]["pid"], signal.SIGKILL)
+        link(state, 2, False)
+        r = clusterctl("stop", run_id, env=env, timeout=180)
+        assert r.returncode == 3 and saved(env, run_id)["stop_pending"] == ["node3"], r.stdout + r.stderr
+        assert not procs_of(run_id, "node1") and procs_of(run_id, "node3")
+        link(state, 2, True)
+        wait_until(lambda: not procs_of(run_id, "node3"), 120, "node3's program stopped by the new watcher", step=1)
+        wait_run(env, run_id, lambda r: r["state"] == "stopped" and not r["stop_pending"], 60, "the stop confirmed")
+        ROWS.append(("`stop` with a node cut and no watcher", "-", "stop started a watcher; node3 stopped when back"))
     finally:
         cleanup(env, state, run_id)

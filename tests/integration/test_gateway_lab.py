@@ -7,6 +7,8 @@ every hop, and the training traffic stays on the nodes' own network."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark  # noqa: F401
+from tests.integration.conftest import (clusterctl, clusterctl_json, lab_up, procs_of, pytestmark,  # noqa: F401
+                                        wait_until)
 
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
 
@@ -149,6 +152,71 @@ def test_with_become_launch_opens_a_blocking_firewall_for_the_run_and_closes_it_
         assert rec["run_id"] not in left and "tcp dport 22 accept" in left and "policy drop" in left, left
     finally:
         subprocess.run([*nft, "flush", "ruleset"], timeout=30)
+
+
+def test_a_run_whose_processes_are_killed_still_gets_its_firewall_rules_closed(glab, tmp_path: Path) -> None:
+    """Both nodes drop all but SSH; the run's rules are inserted on both. node2's agent leader and program are
+    SIGKILLed (as the OOM killer or a `pkill -9 python` would): nothing of the run on node2 can close its rule,
+    so the verdict (`vanished`, the run failed) sends node2 the stop that closes it, with nobody watching but
+    the run's watcher; the lab's own rules stay."""
+    state, d, env = glab
+    inv = str(d / "bare.yaml")
+    if not (d / "admin_known_hosts").read_text():
+        assert clusterctl("trust", inv, "--yes", env=env, timeout=120).returncode == 0
+    rc, _ = clusterctl_json("provision", inv, "--set", f"python={sys.executable}", "--set",
+                            "vars.python_env=existing", env=env, timeout=900)
+    assert rc == 0
+    nfts = [["ip", "netns", "exec", n.netns, "nft"] for n in state.nodes]
+    for nft in nfts:
+        for rule in ("add table inet filter",
+                     "add chain inet filter input { type filter hook input priority 0; policy drop; }",
+                     "add rule inet filter input tcp dport 22 accept",
+                     "add rule inet filter input ct state established,related accept"):
+            subprocess.run([*nft, *rule.split()], check=True, timeout=30)
+    code = tmp_path / "sleeper"
+    code.mkdir()
+    (code / "train.py").write_text("import time\nfor _ in range(600):\n    time.sleep(1)\n")
+    run_id = ""
+    try:
+        rc, rec = clusterctl_json("launch", "-i", inv, "--code", str(code), "--detach", "--", "python", "train.py",
+                                  env=env, timeout=300)
+        assert rc == 0 and rec["state"] == "running", json.dumps(rec)[-1500:]
+        run_id = rec["run_id"]
+        assert set(rec["firewall"]) == {"node1", "node2"}, rec["firewall"]
+
+        def rules(i: int) -> str:
+            return subprocess.run([*nfts[i], "list", "chain", "inet", "filter", "input"], capture_output=True,
+                                  text=True, timeout=30).stdout
+
+        assert run_id in rules(1)
+        program = f"{state.nodes[1].dir}/srv/runs/{run_id}/program/train.py"
+
+        def runs_program() -> bool:
+            return any(b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes() for p in procs_of(run_id, "node2"))
+
+        wait_until(runs_program, 60, f"node2 running {program}", step=0.5)
+
+        leader = json.loads((Path(program).parent.parent / "pid.json").read_text())["pgid"]
+        os.kill(leader, signal.SIGKILL)  # the agent's leader first: it would close the rule when its program ends
+
+        def killed() -> bool:  # all of them, again until none is left (a worker being spawned escapes one pass)
+            for p in procs_of(run_id, "node2"):
+                os.kill(p, signal.SIGKILL)
+            return not procs_of(run_id, "node2")
+
+        wait_until(killed, 30, "every process of the run on node2 killed", step=0.2)
+        saved = Path(env["CLUSTERCTL_HOME"]) / "runs" / run_id / "run.json"
+        wait_until(lambda: json.loads(saved.read_text())["state"] == "failed"
+                   and not json.loads(saved.read_text())["stop_pending"], 180, "the run failed and stopped", step=1)
+        left = [rules(0), rules(1)]
+        assert all(run_id not in x and "tcp dport 22 accept" in x and "policy drop" in x for x in left), left
+        rc, st = clusterctl_json("status", run_id, env=env, timeout=120)
+        assert st["stop_results"]["node2"]["firewall"] == {"closed": True}, st
+    finally:
+        if run_id:
+            clusterctl("stop", run_id, env=env, timeout=120)
+        for nft in nfts:
+            subprocess.run([*nft, "flush", "ruleset"], timeout=30)
 
 
 def test_poweroff_through_sudo_and_wake_from_the_gateway(glab) -> None:
