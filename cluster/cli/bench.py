@@ -6,7 +6,7 @@ import argparse
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import FRACTION, POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
+from cluster.cli.args import POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
 from cluster.cli.output import emit_json, load_inventory, notes, out, table
 
 RECOMMENDED = " (recommended)"  # how plans.summary_rows marks the recommended node set
@@ -31,10 +31,6 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         add_inventory_option(p)
         add_limit(p, "plan with only these of the job's benchmarked nodes (an Ansible host pattern, docs/cli.md)")
         add_job_settings(p)
-        p.add_argument("--target-acc", type=FRACTION, default=None, metavar="ACC",
-                       help="rank by the predicted time to this validation accuracy (as report --target-acc): "
-                       "calibrated by the collected runs of the job that reached it and bench's gradient noise "
-                       "probe (docs/planning.md)")
         p.set_defaults(fn=cmd_plan)
 
 
@@ -69,11 +65,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cluster.study import plans
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    choice = plans.choose(inv, args.job, args.set or [], limit=args.limit, target_acc=args.target_acc)
-    said = {"verdict": plans.verdict(choice), "uncalibrated": plans.uncalibrated(choice),
-            "unpriced": plans.unpriced(choice), "continued": plans.continued(choice),
-            "other_schedule": plans.other_schedule(choice), "thin": plans.thin(choice),
-            "even_kept": plans.even_kept(choice), "other_processor": plans.other_processor(choice)}
+    choice = plans.choose(inv, args.job, args.set or [], limit=args.limit)
+    said = {"verdict": plans.verdict(choice), "even_kept": plans.even_kept(choice)}
     if args.json:  # the terminal's sentences too, so a script need not derive them from the candidates
         emit_json({**choice.to_dict(), **said})
         return errors.EXIT_OK
@@ -87,8 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if said["verdict"]:
         out.print(escape(said["verdict"]) + " (predicted from the training start: steps and epoch ends; "
                   "docs/planning.md)")
-    for key in ("uncalibrated", "unpriced", "continued", "other_schedule", "thin", "even_kept", "other_processor"):
-        if line := said[key]:
-            out.print(escape(line))
+    if said["even_kept"]:
+        out.print(escape(said["even_kept"]))
     out.print(f"apply it: clusterctl launch {choice.job} --plan")
     return errors.EXIT_OK

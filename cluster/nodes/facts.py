@@ -49,21 +49,13 @@ def parse_python(out: str, rc: int) -> dict[str, Any] | None:
             "version_tuple": [int(x) for x in re.findall(r"\d+", version)[:3]]}
 
 
-# x86 vector extensions, widest first: the kernels oneDNN (PyTorch, TensorFlow on CPU) dispatches to, and so
-# the floats a run computes (docs/planning.md "Other processors")
-ISA_FLAGS = (("amx_tile", "amx"), ("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"))
-
-
 def parse_cpu(out: str, rc: int) -> dict[str, Any]:
     model = re.search(r"^model name\s*:\s*(.+)$", out, re.M)
     usable = re.search(r"^nproc=(\d+)$", out, re.M)
     logical = len(re.findall(r"^processor\s*:", out, re.M))
-    flags = re.search(r"^flags\s*:(.*)$", out, re.M)
-    have = set(flags.group(1).split()) if flags else set()
     return {"model": model.group(1).strip() if model else None,
             "logical": logical or None,
-            "usable": int(usable.group(1)) if usable else None,
-            "isa": next((name for flag, name in ISA_FLAGS if flag in have), None)}
+            "usable": int(usable.group(1)) if usable else None}
 
 
 def parse_memory(out: str, rc: int) -> dict[str, int | None]:
@@ -243,19 +235,6 @@ class NodeFacts:
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, **self.values, "address_nic": self.address_nic,
                 "clock_offset_s": self.clock_offset_s, "clock_uncertainty_s": self.clock_uncertainty_s}
-
-
-def processor(f: dict[str, Any]) -> str | None:
-    """What computes a node's floats, from its facts (NodeFacts.to_dict()): the CPU's model and widest vector
-    extension, and its GPUs' names: "AMD EPYC (avx512)", "Intel(R) Core(TM) i5-2400 CPU @ 3.10GHz (avx);
-    NVIDIA GeForce GTX 1050 Ti". The same program replays a run to the digit on the same processor, not on
-    another (docs/planning.md). None where the CPU's model is not known."""
-    cpu = f.get("cpu") or {}
-    if not cpu.get("model"):
-        return None
-    gpus = [str(g.get("name")) for g in (f.get("gpus") or {}).get("gpus") or []]
-    isa = f" ({cpu['isa']})" if cpu.get("isa") else ""
-    return "; ".join([f"{cpu['model']}{isa}", *gpus])
 
 
 SUMMARY_COLUMNS = ("os", "python", "cpus", "ram", "disk", "gpus", "nic", "clock s")

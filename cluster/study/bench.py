@@ -26,7 +26,6 @@ from cluster.study import commmodel
 from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
-from cluster.nodes import facts
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.model import Host, Inventory
 from cluster.nodes.replies import agent_reply, error_tail
@@ -134,20 +133,15 @@ class FrameworkBench:
     size: int
     batch: int
     nodes: dict[str, NodeBench] = field(default_factory=dict)
-    # PyTorch: the gradient noise scale B_simple at the run's start (the probe on the fastest node; None:
-    # not measured, or no signal above the noise), what `plan --target-acc` scales samples by
-    noise_scale: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"job": self.job, "size": self.size, "batch": self.batch,
-             "nodes": {n: r.to_dict() for n, r in self.nodes.items()}}
-        return {**d, "noise_scale": self.noise_scale} if self.noise_scale is not None else d
+        return {"job": self.job, "size": self.size, "batch": self.batch,
+                "nodes": {n: r.to_dict() for n, r in self.nodes.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FrameworkBench:
         return cls(str(d["job"]), int(d["size"]), int(d["batch"]),
-                   {str(n): NodeBench.from_dict(r) for n, r in d["nodes"].items()},
-                   None if d.get("noise_scale") is None else float(d["noise_scale"]))
+                   {str(n): NodeBench.from_dict(r) for n, r in d["nodes"].items()})
 
 
 @dataclass
@@ -195,16 +189,12 @@ class BenchResult:
     network: NetworkBench | None = None
     errors: dict[str, str] = field(default_factory=dict)  # "job/node" -> why that node has no figure
     unreachable: list[str] = field(default_factory=list)  # nodes lost during the benchmark: exit 3, not 1
-    # node -> facts.processor: what computes its floats (plans.other_processor compares the runs a plan is
-    # priced from); a node whose facts did not come back has none
-    processors: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "time": self.time, "steps": self.steps,
                 "compute": {fw: c.to_dict() for fw, c in self.compute.items()},
                 "network": self.network.to_dict() if self.network else None,
-                "errors": dict(self.errors), "unreachable": list(self.unreachable),
-                **({"processors": dict(self.processors)} if self.processors else {})}
+                "errors": dict(self.errors), "unreachable": list(self.unreachable)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchResult:
@@ -212,8 +202,7 @@ class BenchResult:
                    {str(fw): FrameworkBench.from_dict(c) for fw, c in d["compute"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None,
                    {str(k): str(v) for k, v in (d.get("errors") or {}).items()},
-                   [str(n) for n in d.get("unreachable") or []],
-                   {str(n): str(p) for n, p in (d.get("processors") or {}).items()})
+                   [str(n) for n in d.get("unreachable") or []])
 
 
 def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
@@ -222,7 +211,6 @@ def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[l
     header = ["node"]
     for fw in result.compute:
         header += [f"{fw} images/s", f"{fw} step s"]
-    header += ["processor"] if result.processors else []
     if nodes is None:
         named = [n for c in result.compute.values() for n in c.nodes]
         named += [k.split("/", 1)[-1] for k in result.errors] + list(result.unreachable)
@@ -233,7 +221,7 @@ def summary_rows(result: BenchResult, nodes: list[str] | None = None) -> tuple[l
         for c in result.compute.values():
             r = c.nodes.get(n)
             cells += [f"{r.images_per_s:.1f}", f"{r.step_s:.3f}"] if r else ["-", "-"]
-        rows.append(cells + ([result.processors.get(n, "-")] if result.processors else []))
+        rows.append(cells)
     return header, rows
 
 
@@ -261,18 +249,15 @@ def load(inv: Inventory) -> BenchResult:
 # TensorFlow from the first (its PowerSGD step is a tf.function of its own, traced at the first step it runs:
 # started at the third, the tracing fell in the counted steps and bench read 1.2 s of PowerSGD a step)
 POWERSGD_START = {"pytorch": WARMUP_STEPS, "tensorflow": 1}
-# the gradient noise probe: steps of NOISE_K micro-batches of the job's batch at the same weights each
-NOISE_K, NOISE_STEPS = 4, 8
 
 
 def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, out: str,
-                 powersgd: bool = False, extra: tuple[str, ...] = ()) -> str:
+                 powersgd: bool = False) -> str:
     q = shlex.quote
     args = spec.program_args(f"{h.workdir}/datasets/{data_file}", out)
     args += ["--max-steps", str(steps), "--epochs", "1", "--log-every", "1", "--resume", "no", "--batch", str(batch)]
     if powersgd:
         args += ["--grad-compression", "powersgd", "--powersgd-start-step", str(POWERSGD_START[spec.framework])]
-    args += list(extra)  # (argparse: the last of a repeated option wins)
     prog = f"{h.workdir}/clusterctl/bench/{spec.entry}"
     alone = "CLUSTER_DDP_ALONE=1 " if powersgd else ""
     return (f"cd -- {q(h.workdir)} && . ./cluster.env && rm -rf -- {q(out)} && "
@@ -281,36 +266,9 @@ def _compute_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch:
             f"[ $rc -eq 0 ] || tail -5 -- {q(out)}.err >&2; exit $rc")
 
 
-def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, powersgd: bool = False,
-              extra: tuple[str, ...] = ()) -> str:
+def _node_cmd(h: Host, spec: jobs.JobSpec, data_file: str, steps: int, batch: int, powersgd: bool = False) -> str:
     return _compute_cmd(h, spec, data_file, steps, batch, f"{h.workdir}/clusterctl/bench/out-{spec.framework}",
-                        powersgd, extra)
-
-
-def noise_scale(metrics_text: str) -> float | None:
-    """B_simple from the probe's records (wlcommon.noise_scale)."""
-    from cluster.workloads import wlcommon
-
-    recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
-    return wlcommon.noise_scale([r for r in recs if r.get("type") == "noise"])
-
-
-def _noise(group: Group, fb: FrameworkBench, spec: jobs.JobSpec, data_file: str, result: BenchResult,
-           log: Callable[[str], None]) -> None:
-    """PyTorch jobs: the gradient noise probe on the fastest node (a property of the model and the data, not
-    of the node); a failure is noted and leaves the scale unmeasured, the speeds stand."""
-    if spec.framework != "pytorch" or not fb.nodes:
-        return
-    fastest = min(fb.nodes, key=lambda n: fb.nodes[n].step_s)
-    log(f"{spec.name}: gradient noise probe on {fastest}, {NOISE_STEPS} steps of {NOISE_K} x {spec['batch']}")
-    res = group.run(functools.partial(_node_cmd, spec=spec, data_file=data_file, steps=NOISE_STEPS,
-                                      batch=spec["batch"], extra=("--noise-probe", str(NOISE_K))),
-                    timeout=1800, hosts=[h for h in group.hosts if h.name == fastest])
-    r = res[fastest]
-    if r.ok:
-        fb.noise_scale = noise_scale(r.stdout)
-    else:
-        result.errors[f"{spec.name}/{fastest}/noise"] = r.error or error_tail(r.stderr, 500)
+                        powersgd)
 
 
 def step_rate(metrics_text: str, batch: int) -> StepRate:
@@ -382,7 +340,6 @@ def _compute(group: Group, hosts: list[Host], spec: jobs.JobSpec, data_file: str
                     result.unreachable.append(name)  # the CLI exits 3, not 1
         fb.nodes.update({n: fit(rs[0], rs[1], rs[2] if len(rs) > 2 else None, costs.get(n))
                          for n, rs in rates.items() if len(rs) == len(runs)})
-    _noise(group, fb, spec, data_file, result, log)
     return fb
 
 
@@ -398,10 +355,6 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     result = BenchResult(str(inv.path), time.time(), steps)
     with Group(hosts, forks=forks) as group:
         targets = launch.preflight(group, hosts)
-        for name, f in facts.gather(group, hosts).items():
-            proc = facts.processor(f.value.to_dict()) if f.ok else None
-            if proc:
-                result.processors[name] = proc
         for spec in specs:
             prepared = datasets.prepare(spec, log)
             _stage(group, spec, prepared)

@@ -230,12 +230,6 @@ def _lead(series: list[SeriesRecords]) -> dict[int, list[Record]]:
     return out
 
 
-def lead_records(record: runs.RunRecord) -> dict[int, list[Record]]:
-    """Rank 0's records per period of a collected run, from its node folders on the head (_lead)."""
-    base = runs.run_path(record.run_id)
-    return _lead(_series({n.node: read_metrics(base / n.node) for n in record.nodes}))
-
-
 def record_periods(record: runs.RunRecord) -> dict[int, dict[str, Any]]:
     """The run record's periods by number (none: a record from before periods)."""
     return {p["period"]: p for p in record.periods if isinstance(p.get("period"), int) and p["period"] >= 1}

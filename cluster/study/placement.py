@@ -15,12 +15,10 @@ The even split gives every node `batch`; the balanced split solves f_i + b_i c_i
 """
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.study import bench, commmodel, convergence
+from cluster.study import bench, commmodel
 from cluster.study.bench import NetworkBench, NodeBench
 from cluster.study.commmodel import Scheme
 from cluster.workloads import wlcommon
@@ -87,29 +85,11 @@ class Placement:
     run_s: float | None = None
     e2e_images_per_s: float | None = None
     localsgd_period: int = 8
-    # with a target accuracy (plan --target-acc, convergence.py): samples and seconds of training steps to it
-    samples_to_target: float | None = None
-    to_target_s: float | None = None
-    # per reference (convergence.outcomes), the whole epochs it puts the target at; those past the job's
-    # epochs are priced with a `launch --continue` of restart_s
-    epochs_to_target: list[int] = field(default_factory=list)
-    restart_s: float | None = None
-    # the fastest and slowest of those outcomes' times: where they differ, the mean is a gamble between them
-    to_target_range_s: tuple[float, float] | None = None
     powersgd_wire: str = "float32"
-    # the fewest validation images an outcome's reference had to spare at the epoch that reached the target,
-    # of how many it scored, and how many references say (Reference.spare; plans.thin)
-    spare: tuple[int, int, int] | None = None
-    # with a target, a candidate of several nodes the lab's runs cannot price (no run of its global batch, no
-    # noise scale to bring one to it): the most whole epochs it may take to the target and still reach it
-    # sooner than the recommended candidate (bound_unpriced; plans.unpriced)
-    within_epochs: int | None = None
     # where the job's even shares were kept: the balanced ones balance() gave and their price, which bought
     # less than SHARES_GAIN (plans.even_kept says so); None where the shares are balance()'s own
     balanced: dict[str, int] | None = None
     balanced_images_per_s: float | None = None
-    # with a target: the collected runs its time to it is priced from (convergence.Outcome.run_id), each once
-    priced_from: list[str] = field(default_factory=list)
 
     @property
     def scheme(self) -> Scheme:
@@ -123,38 +103,25 @@ class Placement:
                 "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
                 "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
-                "localsgd_period": self.localsgd_period, "samples_to_target": self.samples_to_target,
-                "to_target_s": self.to_target_s, "epochs_to_target": list(self.epochs_to_target),
-                "restart_s": self.restart_s,
-                "to_target_range_s": list(self.to_target_range_s) if self.to_target_range_s else None,
-                "powersgd_wire": self.powersgd_wire, "spare": list(self.spare) if self.spare else None,
-                "within_epochs": self.within_epochs,
+                "localsgd_period": self.localsgd_period, "powersgd_wire": self.powersgd_wire,
                 "balanced": dict(self.balanced) if self.balanced else None,
-                "balanced_images_per_s": self.balanced_images_per_s, "priced_from": list(self.priced_from)}
+                "balanced_images_per_s": self.balanced_images_per_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
+        """A saved candidate; keys of older plans that this model no longer prices are left aside."""
+        def opt(key: str) -> float | None:
+            return None if d.get(key) is None else float(d[key])
+
         return cls([str(n) for n in d["nodes"]], int(d["global_batch"]),
                    {str(n): int(b) for n, b in d["shares"].items()}, float(d["even_images_per_s"]),
-                   float(d["planned_images_per_s"]), float(d["step_s"]), float(d["comm_s"]),
-                   None if d.get("epoch_s") is None else float(d["epoch_s"]),
+                   float(d["planned_images_per_s"]), float(d["step_s"]), float(d["comm_s"]), opt("epoch_s"),
                    str(d.get("grad_compression", "none")), int(d.get("powersgd_rank", 2)),
                    int(d.get("accumulate", 1)), None if d.get("bytes_per_step") is None else int(d["bytes_per_step"]),
-                   [str(w) for w in d.get("warnings") or []],
-                   None if d.get("run_s") is None else float(d["run_s"]),
-                   None if d.get("e2e_images_per_s") is None else float(d["e2e_images_per_s"]),
-                   int(d.get("localsgd_period", 8)),
-                   None if d.get("samples_to_target") is None else float(d["samples_to_target"]),
-                   None if d.get("to_target_s") is None else float(d["to_target_s"]),
-                   [int(e) for e in d.get("epochs_to_target") or []],
-                   None if d.get("restart_s") is None else float(d["restart_s"]),
-                   (float(d["to_target_range_s"][0]), float(d["to_target_range_s"][1]))
-                   if d.get("to_target_range_s") else None, str(d.get("powersgd_wire", "float32")),
-                   (int(d["spare"][0]), int(d["spare"][1]), int(d["spare"][2])) if d.get("spare") else None,
-                   None if d.get("within_epochs") is None else int(d["within_epochs"]),
+                   [str(w) for w in d.get("warnings") or []], opt("run_s"), opt("e2e_images_per_s"),
+                   int(d.get("localsgd_period", 8)), str(d.get("powersgd_wire", "float32")),
                    {str(n): int(b) for n, b in d["balanced"].items()} if d.get("balanced") else None,
-                   None if d.get("balanced_images_per_s") is None else float(d["balanced_images_per_s"]),
-                   [str(r) for r in d.get("priced_from") or []])
+                   opt("balanced_images_per_s"))
 
 
 @dataclass(frozen=True)
@@ -175,15 +142,6 @@ class Workload:
     localsgd_start_step: int = 0
     val_samples: int = 0  # what every epoch's end scores (with the training sample: wlcommon.eval_images)
     bn_recompute: int = 0  # and the samples it recomputes BatchNorm's statistics from
-    # the job trains on past `epochs` to target_acc, up to max_epochs (docs/jobs.md "Train until an accuracy")
-    target_acc: float = 0.0
-    max_epochs: int = 0
-
-    def trains_on(self, target: float) -> int:
-        """The epochs a run of the job trains, short of `target`, before it ends: past `epochs` only where
-        its own target_acc is at least that high (a lower one ends it first)."""
-        on = self.max_epochs if self.target_acc and self.target_acc >= target else 0
-        return max(self.epochs or 0, on)
 
     @classmethod
     def flat(cls, network: NetworkBench | None, train_samples: int | None = None) -> Workload:
@@ -206,14 +164,12 @@ class PlacementChoice:
     batch: int
     candidates: list[Placement]
     recommended: Placement
-    convergence: dict[str, Any] | None = None  # plan --target-acc: the model's calibration (convergence.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "framework": self.framework, "inventory": self.inventory, "time": self.time,
                 "bench_time": self.bench_time, "speeds": {n: s.to_dict() for n, s in self.speeds.items()},
                 "network": self.network.to_dict() if self.network else None, "batch": self.batch,
-                "candidates": [c.to_dict() for c in self.candidates], "recommended": self.recommended.to_dict(),
-                "convergence": self.convergence}
+                "candidates": [c.to_dict() for c in self.candidates], "recommended": self.recommended.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlacementChoice:
@@ -221,8 +177,7 @@ class PlacementChoice:
                    float(d["bench_time"]),
                    {str(n): NodeSpeed.from_dict(s) for n, s in d["speeds"].items()},
                    NetworkBench.from_dict(d["network"]) if d.get("network") else None, int(d["batch"]),
-                   [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]),
-                   d.get("convergence"))
+                   [Placement.from_dict(c) for c in d["candidates"]], Placement.from_dict(d["recommended"]))
 
 
 # --------------------------------------------------------------------------- the model
@@ -362,83 +317,9 @@ def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], n
     return first * t_before + (steps - first) * t_plan
 
 
-def _whole(x: float, reached: bool) -> int:
-    """The whole units (epochs, steps) that hold `x`, or where it was not enough (a run that missed), the
-    first past it."""
-    return math.ceil(x - 1e-9) if reached else math.floor(x + 1e-9) + 1
-
-
-def to_target(cands: list[Placement], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
-              conv: convergence.Convergence) -> None:
-    """Each candidate's seconds to the target accuracy: the mean over the lab's references
-    (convergence.outcomes) of each one's time, in whole epochs since a run's accuracy is known at an epoch's
-    end (a reference that missed: the first epoch past what it trained), each with its end (evaluation,
-    checkpoint), its steps at the candidate's own step times (a scheme's start phase included); an outcome
-    past the epochs a run of the job trains (Workload.trains_on) adds a `launch --continue`
-    (Convergence.restart_s). The model's caveat as a warning."""
-    trains_on = work.trains_on(conv.target)
-    for c in cands:
-        outs, note = conv.outcomes(c.global_batch, c.scheme, work.epochs or None)
-        if not outs:
-            continue
-        sp = {n: speeds[n] for n in c.nodes}
-        per_epoch = (work.train_samples or 0) // c.global_batch
-        restart = conv.restart_s(len(c.nodes))
-        times, samples, epochs_seen = [], [], []
-        for o in outs:
-            steps = o.samples / c.global_batch  # E_min x growth back at a reference: its own steps
-            epochs = _whole(steps / per_epoch, o.reached) if per_epoch else 0
-            n = epochs * per_epoch or _whole(steps, o.reached)
-            t = _trained_s(n, epochs, c, sp, network, work)
-            if work.epochs and epochs > trains_on:
-                t += restart or 0.0
-            times.append(t)
-            samples.append(n * c.global_batch)
-            epochs_seen.append(epochs)
-        c.to_target_s, c.samples_to_target = statistics.fmean(times), statistics.fmean(samples)
-        c.epochs_to_target, c.restart_s, c.to_target_range_s = epochs_seen, restart, (min(times), max(times))
-        c.priced_from = list(dict.fromkeys(o.run_id for o in outs))
-        left = [o.spare for o in outs if o.spare]
-        c.spare = (*min(left, key=lambda x: x[0] / x[1]), len(left)) if left else None
-        if note:
-            c.warnings.append(note)
-
-
-def _trained_s(steps: int, epochs: int, c: Placement, speeds: dict[str, NodeSpeed], network: NetworkBench | None,
-               work: Workload) -> float:
-    """Seconds of c's first `steps` optimizer steps (a scheme's start phase at its own step time) and the
-    ends of its first `epochs` epochs (evaluation, checkpoint, local SGD's sync)."""
-    return (_steps_s(steps, c.shares, speeds, network, work, c.scheme, c.step_s)
-            + epochs * epoch_end(c.shares, speeds, work) + _syncs_s(epochs, c.shares, network, work, c.scheme))
-
-
-UNPRICED_EPOCHS = 1000  # how far within_epochs counts: a bound, not a figure anyone plans a run by
-
-
-def bound_unpriced(cands: list[Placement], rec: Placement, speeds: dict[str, NodeSpeed],
-                  network: NetworkBench | None, work: Workload) -> None:
-    """For each candidate of several nodes that to_target could not price (no reference at its global batch
-    and no noise scale: TensorFlow's bench has no probe), the most whole epochs it may take to the target
-    and still reach it sooner than `rec`: what one run of it must show, since the plan learns a
-    configuration's accuracy only from a run of it. A run of it that misses the job's epochs and is
-    continued would pay a restart as well, not counted here."""
-    if not rec.to_target_s or not work.train_samples:
-        return
-    for c in cands:
-        if c.to_target_s is not None or len(c.nodes) < 2:
-            continue
-        sp = {n: speeds[n] for n in c.nodes}
-        per_epoch = _steps_per_epoch(c.shares, work, c.scheme)
-        e = 0
-        while e < UNPRICED_EPOCHS and _trained_s((e + 1) * per_epoch, e + 1, c, sp, network, work) < rec.to_target_s:
-            e += 1
-        c.within_epochs = e
-
-
 # Uneven shares must buy this much step rate over the job's even ones: more than bench's own spread between
 # two measurements of a node (5-7% of a step on the lab). Below it they follow bench's noise on nodes of one
-# speed, and they make the run another draw than its even-share references: a run on a reference's shares and
-# seed replays it to the digit, other shares reach the target an epoch sooner or later (docs/planning.md).
+# speed, and a run on them trains on other batches than the even-share run it replaces (docs/planning.md).
 SHARES_GAIN = 1.05
 
 
@@ -464,31 +345,23 @@ def candidates(speeds: dict[str, NodeSpeed], batch: int, network: NetworkBench |
 
 
 NEAR_BEST = 0.8  # within this fraction of the fastest, the plan takes the scheme that changes training least
-# With a target the time to it already prices what a scheme does to training, so only a tie within bench's
-# own spread between two measurements (5-7% of a step on the lab) is settled by the gentler scheme.
-NEAR_BEST_TO_TARGET = 0.95
 
 
 def speed(c: Placement) -> float:
-    """What the recommendation ranks by, higher is better: with a target accuracy, 1 / the seconds to it;
-    else end to end over the job's epochs where known, else the steady step rate."""
-    if c.to_target_s:
-        return 1.0 / c.to_target_s
+    """What the recommendation ranks by, higher is better: end to end over the job's epochs where known,
+    else the steady step rate."""
     return c.e2e_images_per_s if c.e2e_images_per_s is not None else c.planned_images_per_s
 
 
 def recommend(cands: list[Placement]) -> Placement:
     """Among the candidates without an accuracy warning (all, if every one has one), those within 20% of
-    the fastest end to end (a scheme that changes training must buy 25% more throughput), or within 5% of
-    the fastest to a target accuracy; of these the one that changes training least (fewer micro-batches per
-    step, then no compression, fp16, PowerSGD, then PowerSGD's float32 wire before bfloat16), the fastest of
-    equals. One node is a candidate like any other: where it is fastest, it is the answer."""
-    near_best = NEAR_BEST
-    if any(c.to_target_s for c in cands):  # with a target, only the candidates the model could price
-        cands, near_best = [c for c in cands if c.to_target_s], NEAR_BEST_TO_TARGET
+    the fastest end to end (a scheme that changes training must buy 25% more throughput); of these the one
+    that changes training least (fewer micro-batches per step, then no compression, fp16, PowerSGD, then
+    PowerSGD's float32 wire before bfloat16), the fastest of equals. One node is a candidate like any other:
+    where it is fastest, it is the answer."""
     safe = [c for c in cands if not c.warnings] or cands
     top = max(speed(c) for c in safe)
-    near = [c for c in safe if speed(c) >= near_best * top]
+    near = [c for c in safe if speed(c) >= NEAR_BEST * top]
     return min(near, key=lambda c: (*changes(c), -speed(c)))
 
 

@@ -205,8 +205,6 @@ def refused(a: argparse.Namespace) -> str | None:
         return "--localsgd-period must be >= 2 (1 is plain DDP at more bytes), --localsgd-start-step >= 0"
     if a.bn_recompute < 0:
         return "--bn-recompute must be >= 0 (samples in all; 0: off)"
-    if a.noise_probe == 1 or a.noise_probe < 0 or (a.noise_probe and int(os.environ.get("WORLD_SIZE", 1)) > 1):
-        return "--noise-probe needs K >= 2 micro-batches and one process (not under torchrun with several)"
     return None
 
 
@@ -337,44 +335,12 @@ def train_epoch(t: Training, epoch: int) -> float:
     return val_acc
 
 
-def noise_probe(t: Training, k: int, steps: int) -> None:
-    """The gradient noise probe (clusterctl bench, for `plan --target-acc`): `steps` times, k micro-batches
-    of the job's batch at the same weights, one "noise" record each with their gradients' mean squared
-    norm and the squared norm of their mean (wlcommon.noise_scale); then an optimizer step on the mean at
-    the schedule's rate, so the probe walks the run's first steps. The loss's gradient only: weight decay,
-    which the optimizer adds, is no sampling noise."""
-    b, params = t.plan.batches[0], [p for p in t.model.parameters() if p.requires_grad]
-    order = wlcommon.epoch_order(len(t.data.xtr), t.a.seed, 0)
-    t.model.train()
-    for s in range(steps):
-        t.opt.zero_grad(set_to_none=True)
-        total = [torch.zeros_like(p) for p in params]
-        norms = []
-        for j in range(k):
-            idx = torch.from_numpy(order[((s * k + j) * b + np.arange(b)) % len(order)])
-            x, y = t.data.xtr[idx].to(t.proc.device), t.data.ytr[idx].to(t.proc.device)
-            grads = torch.autograd.grad(F.cross_entropy(t.model(x), y), params)
-            norms.append(float(sum((g.double() ** 2).sum() for g in grads)))
-            for acc, g in zip(total, grads):
-                acc.add_(g, alpha=1 / k)
-        t.metrics.write("noise", step=s, b_small=b, b_big=k * b, g2_small=sum(norms) / k,
-                        g2_big=float(sum((g.double() ** 2).sum() for g in total)))
-        for p, g in zip(params, total):
-            p.grad = g
-        for group in t.opt.param_groups:
-            group["lr"] = t.plan.lr(s)
-        t.opt.step()
-
-
 def main(argv: list[str] | None = None) -> int:
     a = wlcommon.parse_args(__doc__, argv, refused, local_sgd=True)
     cpu = wlmetrics.CpuMeter()
     proc = setup_process(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), proc.rank, "pytorch")
     t = build_training(a, proc, load_data(a, proc), metrics)
-    if a.noise_probe:
-        noise_probe(t, a.noise_probe, a.max_steps or 8)
-        return 0
     epoch, acc = t.start_epoch, t.start_acc
     while wlcommon.trains(a, epoch, acc):
         t.plan = t.plan.lasting(max(a.epochs, epoch + 1))

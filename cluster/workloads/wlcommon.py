@@ -88,9 +88,6 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "epoch's training samples in all (each rank passes its share, the ranks' averages are "
                     "averaged: precise BN); 0: the running averages training kept, which lag where an epoch "
                     "has few steps")
-    ap.add_argument("--noise-probe", type=int, default=0,
-                    help="K >= 2: measure the gradient noise scale instead of training (one process; clusterctl "
-                    "bench): --max-steps steps of K micro-batches of --batch at the same weights each")
     ap.add_argument("--accumulate", type=int, default=1,
                     help="micro-batches per optimizer step: one all-reduce per ACCUMULATE batches of --batch")
     ap.add_argument("--bucket-mb", type=float, default=0.0,
@@ -389,21 +386,6 @@ def localsgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -
     if requested:
         return max(1, requested)
     return max(1, int(round(warmup_epochs * steps_per_epoch)))
-
-
-def noise_scale(records: list[dict[str, Any]]) -> float | None:
-    """The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al., "An Empirical Model of
-    Large-Batch Training", 2018, appendix A) from "noise" records: per step, the mean squared norm of
-    gradients of b_small samples and the squared norm of their mean (b_big samples). Unbiased estimates,
-    averaged over the steps before the ratio (one step's is too noisy to divide):
-        |G|^2 = (b_big |g_big|^2 - b_small |g_small|^2) / (b_big - b_small)
-        tr S  = (|g_small|^2 - |g_big|^2) / (1 / b_small - 1 / b_big)
-    None when the signal is not above the noise (|G|^2 <= 0: too few steps)."""
-    if not records:
-        return None
-    g2 = sum((r["b_big"] * r["g2_big"] - r["b_small"] * r["g2_small"]) / (r["b_big"] - r["b_small"]) for r in records)
-    tr = sum((r["g2_small"] - r["g2_big"]) / (1 / r["b_small"] - 1 / r["b_big"]) for r in records)
-    return tr / g2 if g2 > 0 and tr > 0 else None
 
 
 POWERSGD_WIRES = {"float32": 4, "bfloat16": 2}  # --powersgd-wire: bytes an element

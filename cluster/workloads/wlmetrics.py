@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 B = TypeVar("B")
 
 SCHEMA_VERSION = 1
-RECORD_TYPES = ("start", "step", "epoch", "end", "noise")  # noise: the gradient noise probe (train_torch)
+RECORD_TYPES = ("start", "step", "epoch", "end")
 
 
 class MetricsWriter:
@@ -291,7 +291,6 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
               "val_loss": (float, int), "val_acc": (float, int), "epoch_s": (float, int),
               "images_per_s": (float, int), "data_s": (float, int), "compute_s": (float, int)},
     "end": {"epochs_done": (int,), "step": (int,), "wall_s": (float, int)},
-    "noise": {"step": (int,), "b_small": (int,), "b_big": (int,), "g2_small": (float, int), "g2_big": (float, int)},
 }
 COMMON: dict[str, tuple[type, ...]] = {"type": (str,), "schema": (int,), "framework": (str,), "rank": (int,),
                                        "time": (float,), "mono": (float, int)}

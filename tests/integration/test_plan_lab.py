@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from cluster.nodes import facts
 from tests.integration.conftest import clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
 JOB = ["--set", "batch=8", "--set", "threads=1"]
@@ -23,9 +22,6 @@ def test_bench_plan_and_a_planned_launch(qlab) -> None:
     assert rc == 0, b
     speeds = {n: r["images_per_s"] for n, r in b["compute"]["pytorch"]["nodes"].items()}
     assert set(speeds) == {"node1", "node2"} and speeds["node1"] > 1.5 * speeds["node2"]  # the quota is real
-    # what computes each node's floats, from its facts: the lab's nodes run on this machine's CPU
-    cpu = facts.parse_cpu(Path("/proc/cpuinfo").read_text(), 0)
-    assert b["processors"] == {n: facts.processor({"cpu": cpu}) for n in ("node1", "node2")} and cpu["model"]
     net = b["network"]
     assert net["nodes"] == 2 and net["busbw_MBps"] > 0 and 0 < net["latency_s"] < 1
     rc, p = clusterctl_json("plan", "resnet50-ddp", *JOB, env=env)

@@ -197,8 +197,6 @@ def test_a_saved_benchmark_loads_typed_and_saves_unchanged(tmp_path: Path, monke
     assert b.compute["pytorch"].nodes["a"].half == StepRate(13.333333333333334, 0.6, 6, 8)
     assert b.network is not None and b.network.per_node_busbw_MBps["b"] == 112.0
     assert json.dumps(b.to_dict(), indent=1) == p.read_text()
-    procs = {"a": "AMD EPYC (avx512)", "b": "Intel(R) Core(TM) i5-2400 CPU @ 3.10GHz (avx); NVIDIA GeForce GTX 1050 Ti"}
-    assert bench.BenchResult.from_dict({**OLD_BENCH, "processors": procs}).to_dict() == {**OLD_BENCH, "processors": procs}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
     assert speeds == {"a": NodeSpeed(0.2, 0.05), "b": NodeSpeed(0.0, 1 / 8.0)}  # b: from before the fit
 
@@ -217,10 +215,8 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
     assert list(doc["recommended"]) == ["nodes", "global_batch", "shares", "even_images_per_s",
                                         "planned_images_per_s", "step_s", "comm_s", "epoch_s", "grad_compression",
                                         "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
-                                        "e2e_images_per_s", "localsgd_period", "samples_to_target", "to_target_s",
-                                        "epochs_to_target", "restart_s", "to_target_range_s", "powersgd_wire",
-                                        "spare", "within_epochs", "balanced", "balanced_images_per_s",
-                                        "priced_from"]
+                                        "e2e_images_per_s", "localsgd_period", "powersgd_wire", "balanced",
+                                        "balanced_images_per_s"]
     p = plans.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))
@@ -245,10 +241,6 @@ def test_summary_rows_are_the_tables_bench_and_plan_print() -> None:
     assert header == ["node", "pytorch images/s", "pytorch step s"]
     assert rows == [["a", "16.0", "1.000"], ["b", "8.0", "2.000"]]
     assert bench.summary_rows(b, ["b", "c"])[1] == [["b", "8.0", "2.000"], ["c", "-", "-"]]
-    b.processors = {"a": "AMD EPYC (avx512)"}  # a node whose facts did not come back has none
-    assert bench.summary_rows(b) == (["node", "pytorch images/s", "pytorch step s", "processor"],
-                                     [["a", "16.0", "1.000", "AMD EPYC (avx512)"], ["b", "8.0", "2.000", "-"]])
-    b.processors = {}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in b.compute["pytorch"].nodes.items()}
     cands = placement.candidates(speeds, 16, b.network, train_samples=1600)
     choice = placement.PlacementChoice("resnet50-ddp", "pytorch", "/labs/mixed.yaml", 2.0, b.time, speeds,
