@@ -11,6 +11,8 @@ hops' own jump hosts first), ProxyCommand, UserKnownHostsFile, HostKeyAlias. Ide
 with a key file, clusterctl offers that key only (no agent, no ~/.ssh/id_*).
 StrictHostKeyChecking set to "no" or "accept-new" is not followed (host keys are recorded by `clusterctl trust`
 only) and is said once. Without an `ssh` program on the head a config file is refused, not half-read.
+Answers are kept between commands while the files OpenSSH read are unchanged (cluster.inventory.sshconfig_cache);
+host keys are not: they are checked at every connection.
 """
 from __future__ import annotations
 
@@ -19,19 +21,20 @@ import re
 import shutil
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from cluster.bounds import file_problem
 from cluster.errors import InventoryError
+from cluster.inventory import sshconfig_cache
 from cluster.inventory.model import Host
 
 SSH_G_TIMEOUT_S = 10.0  # a `Match exec` in the user's file runs a command: bounded like every wait
 KEYS = ("hostname", "user", "port", "identityfile", "identitiesonly", "proxyjump", "proxycommand",
         "userknownhostsfile", "hostkeyalias", "stricthostkeychecking")
-DEFAULT_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")
+DEFAULT_FILES = ("~/.ssh/config", sshconfig_cache.SYSTEM_CONFIG)
 # ProxyJump hops: [user@]host[:port] or ssh://[user@]host[:port] (OpenSSH's parse_ssh_uri / parse_user_host_port)
 _HOP = re.compile(r"(?:ssh://)?(?:(?P<user>[^@:/\s]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@:/\s\[\]]+)(?::(?P<port>\d{1,5}))?/?\Z")
 _TOKEN = re.compile(r"%(.)")
@@ -76,28 +79,80 @@ def expand_proxy_command(command: str, host: Host, dest: str) -> str:
 
 
 class Resolver:
-    """Resolves hosts against one config choice, asking `ssh -G` once per distinct question."""
+    """Resolves hosts against one config choice, asking `ssh -G` once per distinct question (and not at all
+    while the cache holds its answer for unchanged files)."""
 
     def __init__(self, source: str) -> None:
         self.source = source  # the inventory file, for errors
-        self._answers: dict[tuple[str, ...], dict[str, list[str]]] = {}
+        self._answers: dict[tuple[str, ...], Future[dict[str, list[str]]]] = {}
         self._lock = threading.Lock()  # hosts are resolved in parallel (resolve_all)
         self.notes: list[str] = []
+        self.asked = 0  # `ssh -G` runs (the others were answered from the cache)
+        self.not_kept: dict[str, str] = {}  # config -> why its answers are asked every time
+        self._kept: dict[str, Any] | None = None  # the cache file's entries, read at the first question
+        self._local: list[Any] = []
+        self._inputs: dict[str, str | None] = {}  # config -> the digest of the files OpenSSH reads for it
+        self._new: dict[str, dict[str, Any]] = {}  # answers the cache file does not hold yet
+        self._batch = 0  # inside resolve_all: the cache file is written once, at its end
 
     def resolve_all(self, build: Callable[[str], Host], names: Iterable[str]) -> dict[str, Host]:
-        """`build(name)` for every name at once (each costs an `ssh -G` or two, ~7 ms), in the names' order."""
+        """`build(name)` for every name at once (each costs an `ssh -G` or two, ~7 ms, unless cached), in the
+        names' order."""
         names = list(names)
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
-            return dict(zip(names, pool.map(build, names)))
+        with self._lock:
+            self._batch += 1
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+                return dict(zip(names, pool.map(build, names)))
+        finally:
+            with self._lock:
+                self._batch -= 1
+            self._save()
 
     def _ask(self, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
+        """OpenSSH's answer to `ssh -G ARGV` with `config` ("default", "none" or a -F path). Hosts asking the
+        same question at once wait for the first one's answer."""
         with self._lock:
-            known = self._answers.get(argv)
-        if known is None:
-            known = self._run(argv, config)
+            pending = self._answers.get(argv)
+            mine = pending is None
+            if pending is None:
+                pending = self._answers[argv] = Future()
+        if mine:
+            try:
+                pending.set_result(self._answer(argv, config))
+            except BaseException as e:  # noqa: BLE001 - every asker gets the same error
+                pending.set_exception(e)
+        return pending.result()  # bounded: the first asker's `ssh -G` has SSH_G_TIMEOUT_S
+
+    def _answer(self, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
+        """From the cache while the files OpenSSH reads for `config` are unchanged (their digest taken before
+        `ssh -G` runs: a file changed while it runs is seen as changed next time), else `ssh -G` itself."""
+        ssh = self._ssh(config)
+        with self._lock:
+            if self._kept is None:
+                self._kept = sshconfig_cache.load()
+                self._local = sshconfig_cache.local(ssh)
+            if config not in self._inputs:
+                self._inputs[config], why = sshconfig_cache.inputs(config, system=DEFAULT_FILES[1])
+                if why is not None:
+                    self.not_kept[config] = why
+            digest, key = self._inputs[config], sshconfig_cache.question_key(argv, config, self._local)
+            if digest is not None:
+                got = sshconfig_cache.answer(self._kept.get(key), digest, KEYS)
+                if got is not None:
+                    return got
+            self.asked += 1
+        got = self._run(ssh, argv, config)
+        if digest is not None:
             with self._lock:
-                self._answers[argv] = known
-        return known
+                self._new[key] = {"inputs": digest, "answer": got}
+        return got
+
+    def _save(self) -> None:
+        with self._lock:
+            new, self._new = self._new, {}
+        if new:
+            sshconfig_cache.store(new)
 
     def _check_files(self, config: str) -> None:
         """The config file(s) `ssh -G` would read, each a regular file of bounded size: a FIFO blocks OpenSSH
@@ -113,13 +168,17 @@ class Resolver:
                 raise InventoryError(self.source, None, "ssh_config", f"cannot read {path}: it {problem}",
                                      "point `ssh_config` (or -F) at a regular file, or set `ssh_config: none`")
 
-    def _run(self, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
-        """`ssh -G ARGV`, parsed; an error names the config file OpenSSH refused (or could not be run for)."""
+    def _ssh(self, config: str) -> str:
         ssh = shutil.which("ssh")
         if ssh is None:
-            raise InventoryError(self.source, None, "ssh_config", f"cannot read {config}: no `ssh` program on "
-                                 "this PC (clusterctl asks OpenSSH itself, `ssh -G`, how it reads the file)",
+            raise InventoryError(self.source, None, "ssh_config", f"cannot read {_shown(config)}: no `ssh` program "
+                                 "on this PC (clusterctl asks OpenSSH itself, `ssh -G`, how it reads the file)",
                                  "install openssh-client, or set `ssh_config: none` to read no OpenSSH config")
+        return ssh
+
+    def _run(self, ssh: str, argv: tuple[str, ...], config: str) -> dict[str, list[str]]:
+        """`ssh -G ARGV`, parsed; an error names the config file OpenSSH refused (or could not be run for)."""
+        config = _shown(config)
         try:
             r = subprocess.run([ssh, "-G", *argv], capture_output=True, text=True, timeout=SSH_G_TIMEOUT_S,
                                stdin=subprocess.DEVNULL)
@@ -138,7 +197,13 @@ class Resolver:
         """`host` as OpenSSH would reach it: the config's values where the inventory set none (`given`),
         its jump hosts resolved into `jumps`. A `connection: local` host, or `ssh_config: none` with no
         jump host, is returned as it is."""
-        given = set(given)
+        try:
+            return self._resolve_host(host, set(given))
+        finally:
+            if not self._batch:
+                self._save()
+
+    def _resolve_host(self, host: Host, given: set[str]) -> Host:
         if host.connection != "ssh":
             return host
         config = _config_file(host, self.source)
@@ -162,9 +227,9 @@ class Resolver:
                 opts += ["-o", f"{option}={value}"]
         self._check_files(config)
         files = [] if config == "default" else ["-F", config]
-        got = self._ask((*files, *opts, "--", dest), _shown(config))
+        got = self._ask((*files, *opts, "--", dest), config)
         # OpenSSH's defaults for these options: the same for every destination but its hostname, so asked once
-        base = self._ask(("-F", "none", *opts, "--", "clusterctl-defaults.invalid"), "no config file")
+        base = self._ask(("-F", "none", *opts, "--", "clusterctl-defaults.invalid"), "none")
         changed = {k for k in KEYS if k != "hostname" and got.get(k) != base.get(k)}
         fields: dict[str, object] = {}
         hostname = (got.get("hostname") or [dest])[0]
@@ -237,4 +302,4 @@ def _config_file(host: Host, inventory: str) -> str | None:
 
 
 def _shown(config: str) -> str:
-    return " and ".join(DEFAULT_FILES) if config == "default" else config
+    return {"default": " and ".join(DEFAULT_FILES), "none": "no config file"}.get(config, config)
