@@ -102,12 +102,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _print_collect(run: RunCollect) -> None:
+    from cluster.runs.collect import CHANGED_FIX
+
     t = table(f"collect {run.run_id} -> {escape(str(run.folder))}",
-              ("node", "status", "files", "fetched", "transferred", "node total", "skipped", "refused", "time"))
+              ("node", "status", "files", "fetched", "transferred", "node total", "skipped", "refused", "changed",
+               "time"))
     for c in run.nodes.values():
         t.add_row(c.node, f"[{'green' if c.status == 'ok' else 'red'}]{c.status}[/]", str(c.files),
                   str(c.fetched), f"{c.bytes / 2**20:.2f} MiB", f"{c.total_bytes / 2**20:.2f} MiB",
-                  str(len(c.skipped)), str(len(c.refused)), f"{c.duration:.1f}s")
+                  str(len(c.skipped)), str(len(c.refused)), str(len(c.changed)), f"{c.duration:.1f}s")
     out.print(t)
     for c in run.nodes.values():
         if c.error:
@@ -116,10 +119,14 @@ def _print_collect(run: RunCollect) -> None:
             out.print(f"[red]refused[/red] {c.node}: {escape(x['reason'])}")
         for x in c.skipped:
             out.print(f"[yellow]skipped[/yellow] {c.node}: {escape(x['path'])} ({escape(x['reason'])})")
+        for x in c.changed:
+            out.print(f"[yellow]changed[/yellow] {c.node}: {escape(x['path'])} ({escape(x['reason'])})")
         left = [f"{c.shipped} shipped file(s), unchanged (the head has them)"] if c.shipped else []
         left += [f"{c.not_outputs} path(s) of the program's folder outside its outputs"] if c.not_outputs else []
         if left:
             out.print(f"[dim]left on {c.node}: {'; '.join(left)}[/dim]")
+    if any(c.changed for c in run.nodes.values()):  # a running run's program at work: a note, not a failure
+        out.print(f"[dim]changed: the run's files moved under the copy; {CHANGED_FIX}[/dim]")
 
 
 # --------------------------------------------------------------------------- report

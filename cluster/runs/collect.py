@@ -6,6 +6,11 @@ copy that is a verified prefix of the node's file (a log that grew, a transfer
 that was interrupted) gets only the missing tail. Every file is checked against
 the node's sha256 before it takes its final name. Every path a node sends is
 checked to stay inside runs/<run-id>/<node>/ on the head.
+
+A running run's program deletes and rewrites files while they are listed and copied: a file
+that vanished or changed before its copy verified is tried once more against a fresh listing
+of that one file (the agent's `prefix`), and where it changed again it is named in the node's
+`changed`; every other file is collected and the node stays ok.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from typing import Any, Callable
 from cluster.runs import records as runs, render
 from cluster.nodes import facts
 from cluster.provision.wheelhouse import sha256_file
-from cluster.errors import ClusterError, UsageError
+from cluster.errors import ClusterError, TransportError, UsageError
 from cluster.nodes.fanout import Group
 from cluster.inventory.model import Host
 from cluster.nodes.replies import agent_reply, error_tail
@@ -32,16 +37,25 @@ class UnsafePath(ClusterError):
     """A path from a node that would land outside the run folder."""
 
 
+class Changed(ClusterError):
+    """The node's file vanished or changed between its listing and the end of its copy (a running program's);
+    the message is the reason, collect_node names the file."""
+
+
+CHANGED_FIX = "collect again once the run has ended: its files are final then"
+
+
 @dataclass
 class NodeCollect:
     node: str
     status: str = "ok"  # ok | failed | unreachable
-    files: int = 0
+    files: int = 0  # files the head now holds as the node has them
     fetched: int = 0  # files that needed bytes
     bytes: int = 0  # bytes transferred
     total_bytes: int = 0  # bytes the node holds for this run
     skipped: list[dict[str, str]] = field(default_factory=list)
     refused: list[dict[str, str]] = field(default_factory=list)
+    changed: list[dict[str, str]] = field(default_factory=list)  # vanished or rewritten during the copy, twice
     shipped: int = 0  # files left on the node: shipped by launch, unchanged (the head has them)
     not_outputs: int = 0  # files and folders of the program's folder outside the job's `outputs`, left there
     error: str | None = None
@@ -110,13 +124,49 @@ def _fetch(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
             f.write(chunk)
             on_bytes(len(chunk))
 
-        t.get_range(remote, offset, size - offset, sink)
-    if sha256_file(part) != sha:
-        part.unlink(missing_ok=True)
-        raise ClusterError(f"{remote}: sha256 differs from the node's after the copy (local copy removed)",
-                           "collect again; the file may have been rewritten during the copy")
+        why: str | None = None
+        try:
+            t.get_range(remote, offset, size - offset, sink)
+        except FileNotFoundError:
+            why = "deleted on the node before its copy"
+        except TransportError:  # the node or the connection, not the file: the node fails
+            raise
+        except ClusterError:  # the file ended before the listed size (sftp)
+            why = "shortened on the node during its copy"
+    if why is None and sha256_file(part) != sha:
+        why = "rewritten on the node during its copy (sha256 differs)"
+    if why is not None:
+        part.unlink(missing_ok=True)  # bytes of a file that is no more: nothing to resume from
+        raise Changed(why, CHANGED_FIX)
     os.replace(part, dest)
     return size - offset
+
+
+def _listed_again(t: Transport, remote: str, why: str) -> dict[str, Any]:
+    """A fresh listing (size, sha256) of the one file `remote`, from the agent's `prefix`; Changed where it
+    is gone or cannot be listed (an agent from before `prefix` listed whole files: launch shipped it)."""
+    r = t.run(render.agent_command(t.host, "prefix", remote), timeout=600)
+    doc = agent_reply(r.stdout)
+    if doc is not None and doc.get("ok") and _valid_entry(doc):
+        return doc
+    if doc is not None and doc.get("gone"):
+        raise Changed("gone from the node during the collect (deleted)", CHANGED_FIX)
+    said = (doc or {}).get("error") or error_tail(r.stderr or r.stdout, 160)
+    raise Changed(f"{why}; the node could not list it again: {said}", CHANGED_FIX)
+
+
+def _fetch_settled(t: Transport, remote: str, entry: dict[str, Any], dest: Path,
+                   on_bytes: Callable[[int], None]) -> tuple[int, int]:
+    """_fetch, and where the file vanished or changed meanwhile, once more as the node has it now:
+    (bytes transferred, the size the head holds). Changed where it changed again."""
+    try:
+        return _fetch(t, remote, entry, dest, on_bytes), int(entry["size"])
+    except Changed as e:
+        fresh = _listed_again(t, remote, e.message)
+    try:
+        return _fetch(t, remote, fresh, dest, on_bytes), int(fresh["size"])
+    except Changed as e:
+        raise Changed(f"{e.message}, again after a fresh listing", CHANGED_FIX) from None
 
 
 def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
@@ -145,9 +195,13 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
         except UnsafePath as e:
             res.refused.append({"path": str(rel), "reason": f"{h.name}: {e.message}; nothing written for it"})
             continue
+        try:
+            n, size = _fetch_settled(t, f"{run_dir}/{rel}", entry, target, on_bytes)
+        except Changed as e:
+            res.changed.append({"path": rel, "reason": e.message})
+            continue
         res.files += 1
-        res.total_bytes += int(entry["size"])
-        n = _fetch(t, f"{run_dir}/{rel}", entry, target, on_bytes)
+        res.total_bytes += size
         if n:
             res.fetched += 1
             res.bytes += n
@@ -208,7 +262,8 @@ class RunCollect:
 
     @property
     def verdict(self) -> str:
-        """unreachable: a node could not be reached; failed: a node failed or a file was refused; else ok."""
+        """unreachable: a node could not be reached; failed: a node failed or a file was refused; else ok
+        (files a running program changed during the copy are named in `changed`, a note: collect again)."""
         if any(c.status == "unreachable" for c in self.nodes.values()):
             return "unreachable"
         if any(c.status != "ok" or c.refused for c in self.nodes.values()):

@@ -489,20 +489,24 @@ SHIPPED = ".shipped-%s.json"  # codecache.SHIPPED: what launch shipped into prog
 FIREWALL_CLOSE = "firewall-close.sh"  # runs/firewall.py CLOSE: removes the firewall rules launch opened for the run
 
 
-def _sha256_prefix(path: Path, length: int | None = None) -> str:
+def _sha256_prefix(path: Path, length: int | None = None) -> "tuple[str, int]":
+    """(sha256, bytes hashed) of the first `length` bytes (the whole file without one). Fewer bytes than
+    asked when a running program shortened the file meanwhile: the pair always describes the same bytes.
+    Never follows a link (a file swapped for one after the listing's lstat fails with ELOOP)."""
     import hashlib
 
     h = hashlib.sha256()
-    left = length
-    with open(path, "rb") as f:
+    left, done = length, 0
+    with os.fdopen(os.open(str(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
         while left is None or left > 0:
             chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
             if not chunk:
                 break
             h.update(chunk)
+            done += len(chunk)
             if left is not None:
                 left -= len(chunk)
-    return h.hexdigest()
+    return h.hexdigest(), done
 
 
 def _shipped(run_dir: Path) -> "dict[str, str]":
@@ -543,7 +547,9 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     """Every regular file under the run folder (never following a link), with size and sha256;
     links and other special files are listed as skipped, not read. Left out, and counted: files the
     launch shipped that are unchanged (the head has them: `shipped`) and, where the job names its
-    `outputs`, the rest of the program's folder (`not_outputs`)."""
+    `outputs`, the rest of the program's folder (`not_outputs`). A running program deletes files while
+    this lists them: a file (or folder: os.walk passes over one it cannot open) gone by the time it is read
+    is not there, so it is not listed."""
     import stat as stat_mod
 
     files, skipped = [], []
@@ -571,25 +577,36 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if not _wanted(rel, outputs, False):
                 left += 1
                 continue
-            st = os.lstat(full)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue  # deleted since the walk listed it (a running program's temporary file): not there
             if not stat_mod.S_ISREG(st.st_mode):
                 skipped.append({"path": rel, "reason": "symbolic link" if stat_mod.S_ISLNK(st.st_mode)
                                 else "not a regular file"})
                 continue
             try:
-                sha = _sha256_prefix(full, st.st_size)
+                sha, size = _sha256_prefix(full, st.st_size)
+            except FileNotFoundError:
+                continue  # deleted since the lstat
             except OSError as e:
                 skipped.append({"path": rel, "reason": "unreadable: %s" % e.strerror})
                 continue
             if shipped.get(rel) == sha:
                 unchanged += 1
                 continue
-            files.append({"path": rel, "size": st.st_size, "sha256": sha})
+            files.append({"path": rel, "size": size, "sha256": sha})
     return {"ok": True, "files": files, "skipped": skipped, "shipped": unchanged, "not_outputs": left}
 
 
-def prefix_sha(path: Path, length: int) -> Doc:
-    return {"ok": True, "sha256": _sha256_prefix(path, length)}
+def prefix_sha(path: Path, length: int | None) -> Doc:
+    """sha256 and size of a file's first `length` bytes (resuming a copy), or of all of it: the head's fresh
+    listing of one file that changed or vanished while it was copied. `gone`: it is not there any more."""
+    try:
+        sha, size = _sha256_prefix(path, length)
+    except OSError as e:
+        return {"ok": False, "gone": isinstance(e, FileNotFoundError), "error": "%s: %s" % (path, e.strerror)}
+    return {"ok": True, "sha256": sha, "size": size}
 
 
 def freeport() -> Doc:
@@ -620,8 +637,8 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[0] == "freeport":
         result = freeport()
-    elif argv[0] == "prefix":  # prefix FILE LENGTH: sha256 of the first LENGTH bytes (resuming a copy)
-        result = prefix_sha(Path(argv[1]), int(argv[2]))
+    elif argv[0] == "prefix":  # prefix FILE [LENGTH]: sha256 of the first LENGTH bytes, or of the whole file
+        result = prefix_sha(Path(argv[1]), int(argv[2]) if len(argv) > 2 else None)
     else:
         run_dir = Path(argv[1]).resolve()
         if not run_dir.is_dir():

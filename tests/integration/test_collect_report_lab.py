@@ -235,3 +235,73 @@ def test_collect_while_running_after_stop_and_with_a_node_down(clab) -> None:
     by = {x["node"]: x for x in down["nodes"]}
     assert rc == 3 and by["node2"]["status"] == "unreachable" and by["node2"]["error"]
     assert by["node1"]["status"] == "ok" and by["node1"]["files"] > 0  # the others are collected all the same
+
+
+ROTATING = '''"""Rotates temporary files under its own folder in a tight loop and rewrites one file in place,
+as a running program does; writes one file once; its log grows."""
+import os
+import time
+
+os.makedirs("rot", exist_ok=True)
+with open("stable.txt", "w") as f:
+    f.write("written once\\n")
+with open("state.bin", "wb") as f:
+    f.write(bytes(131072))
+live, i = [], 0
+with open("state.bin", "r+b") as state:
+    while True:
+        i += 1
+        name = os.path.join("rot", "%08x.dat" % (i * 2654435761 % 2 ** 32))
+        with open(name, "wb") as f:
+            f.write(b"%d " % i * 8192)
+        live.append(name)
+        if len(live) > 16:
+            os.unlink(live.pop(0))
+        state.seek(0)
+        state.write(bytes([i % 256]) * 131072)  # the same size, other bytes
+        state.flush()
+        if i % 50 == 0:
+            print("rotated", i, flush=True)
+        time.sleep(0.002)
+'''
+
+
+def test_collect_of_a_running_program_that_rotates_and_rewrites_files(clab, tmp_path: Path) -> None:
+    """Files deleted under the listing or rewritten under the copy never fail a node: each is fetched as the
+    node has it or named in the node's `changed`, and every file that holds still comes to the head."""
+    state, env, _, home = clab
+    code = tmp_path / "rotating"
+    code.mkdir()
+    (code / "rotate.py").write_text(ROTATING)
+    rc, rec = clusterctl_json("launch", "--code", str(code), "--launcher", "plain", "--detach", "--",
+                              "python", "rotate.py", env=env, timeout=300)
+    assert rc == 0, json.dumps(rec)[-2000:]
+    run_id = rec["run_id"]
+    programs = [Path(n.dir) / "srv" / "runs" / run_id / "program" for n in state.nodes]
+    deadline = time.monotonic() + 120
+    while not all(len(list((p / "rot").glob("*.dat"))) >= 16 for p in programs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        for attempt in range(3):
+            rc, res = clusterctl_json("collect", run_id, env=env, timeout=600)
+            assert rc == 0, (attempt, res)
+            assert [(x["node"], x["status"]) for x in res["nodes"]] == [("node1", "ok"), ("node2", "ok")], res
+            for x in res["nodes"]:
+                got = home / "runs" / run_id / x["node"]
+                assert (got / "program" / "stable.txt").read_text() == "written once\n"
+                assert (got / "program" / "rotate.py").exists() is False  # shipped, unchanged: left there
+                assert (got / "node.log").is_file() and (got / "job.json").is_file()
+                assert all(c["path"] == "program/state.bin" or c["path"].startswith("program/rot/")
+                           for c in x["changed"]), x["changed"]  # only what the program moves is named
+                assert x["files"] > 0 and not list(got.rglob("*.part"))
+            print(f"\ncollect {attempt + 1} while it runs: " + "; ".join(
+                f"{x['node']} {x['files']} files, changed {sorted({c['reason'] for c in x['changed']})}"
+                for x in res["nodes"]))
+    finally:
+        rc, stopped = clusterctl_json("stop", run_id, env=env, timeout=120)
+    assert rc == 0, stopped
+    rc, after = clusterctl_json("collect", run_id, env=env, timeout=600)  # stopped: every file holds still
+    assert rc == 0 and all(x["changed"] == [] for x in after["nodes"]), after
+    for i, n in enumerate(state.nodes):
+        want = node_files(state, i, run_id)
+        assert "program/state.bin" in want and {k: sha(home / "runs" / run_id / n.name / k) for k in want} == want
