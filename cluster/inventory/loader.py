@@ -14,7 +14,6 @@ from typing import Any, Iterable
 import yaml
 
 from cluster.bounds import FILE_MAX_BYTES, FileRefused, read_regular
-from cluster.inventory import ansible as inventory_ansible
 from cluster.errors import InventoryError
 from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
 from cluster.inventory.check import check_files as _check_files
@@ -61,6 +60,8 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
     cli = [parse_override(o) for o in overrides]
     chk = Checker(path)
     if path.is_dir():
+        from cluster.inventory import ansible as inventory_ansible  # only Ansible's inventories: a cold command's start
+
         return inventory_ansible.finish(chk, path, inventory_ansible.answer(chk, path, None, reader), cli,
                                         check_files)
     text = _read_text(path)
@@ -71,6 +72,8 @@ def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = Tr
     if yaml_error is None and isinstance(data, dict) and data and set(data) <= set(TOP_KEYS) \
             and (is_yaml_file or path.suffix == "") and not _ansible_slurm_group(data):
         return _load_own(chk, path, data, cli, check_files)
+    from cluster.inventory import ansible as inventory_ansible
+
     ans = inventory_ansible.answer(chk, path, data if yaml_error is None else None, reader)
     return inventory_ansible.finish(chk, path, ans, cli, check_files)
 
