@@ -73,12 +73,10 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": 0,
     "log_every": 10,
     # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
-    "grad_compression": "none",  # none | fp16 | powersgd | localsgd (model averaging)
+    "grad_compression": "none",  # none | fp16 | powersgd
     "powersgd_rank": 2,
     "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
     "powersgd_wire": "float32",  # powersgd: P, Q and the uncompressed tensors all-reduced as float32 | bfloat16
-    "localsgd_period": 8,  # localsgd: steps between two averagings of the model
-    "localsgd_start_step": 0,  # localsgd: steps of gradient all-reduce first; 0: the warm-up's steps (at least 1)
     "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
     "bucket_mb": 0,  # DDP bucket size in MiB; 0: DDP's default
     "tf_implementation": "auto",  # TF CommunicationOptions: auto | ring | nccl
@@ -95,10 +93,19 @@ DEFAULTS: dict[str, Any] = {
     # new run folders, and the built-in programs resume from them with this run's epochs (docs/jobs.md)
     "continues": None,
 }
-COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire", "localsgd_period",
-             "localsgd_start_step", "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack",
-             "collective_timeout_s")
-LOCALSGD_KEYS = ("localsgd_period", "localsgd_start_step")  # passed to the program only with grad_compression: localsgd
+COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire", "accumulate", "bucket_mb",
+             "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
+COMPRESSIONS = ("none", "fp16", "powersgd")  # grad_compression's values (wlcommon.COMPRESSIONS; a test checks)
+# Retired settings and values (docs/jobs.md "Retired settings"): a spec or --set that names one is refused
+# (exit 2) with what replaces it. A run recorded with one reads as today's job without it (with_defaults).
+LOCAL_SGD_GONE = ("grad_compression: localsgd is retired (it never beat one node on a measured room): use "
+                  "grad_compression: powersgd, which `clusterctl plan` weighs on both wires (docs/jobs.md "
+                  "\"Retired settings\")")
+RETIRED: dict[str, str] = {
+    "localsgd_period": f"remove it; {LOCAL_SGD_GONE}",
+    "localsgd_start_step": f"remove it (PowerSGD's start is powersgd_start_step); {LOCAL_SGD_GONE}",
+}
+RETIRED_VALUES: dict[str, dict[Any, str]] = {"grad_compression": {"localsgd": LOCAL_SGD_GONE}}
 POWERSGD_WIRES = ("float32", "bfloat16")
 LR_SCALINGS = ("linear", "sqrt")  # the programs' --lr-scaling (wlcommon.LR_SCALINGS; a test checks)
 # what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
@@ -130,8 +137,6 @@ NUMBERS: dict[str, Range] = {
     "procs_per_node": Range(1, 64, integer=True),  # or auto
     "powersgd_rank": Range(1, 1024, integer=True),
     "powersgd_start_step": Range(0, 10**9, integer=True),
-    "localsgd_period": Range(2, 10**6, integer=True),  # 1 would average the model every step: more bytes than DDP
-    "localsgd_start_step": Range(0, 10**9, integer=True),
     "accumulate": Range(1, 1024, integer=True),
     "bucket_mb": Range(0, 4096),
     "tf_bytes_per_pack": Range(0, 2**30, integer=True),
@@ -190,8 +195,7 @@ class JobSpec:
         if o["lr_scaling"] != DEFAULTS["optimizer"]["lr_scaling"]:
             args += ["--lr-scaling", o["lr_scaling"]]
         for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
-            if (key in LOCALSGD_KEYS and s["grad_compression"] != "localsgd"
-                    or key == "powersgd_wire" and s["grad_compression"] != "powersgd"):
+            if key == "powersgd_wire" and s["grad_compression"] != "powersgd":
                 continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
                 args += ["--" + key.replace("_", "-"), s[key]]
@@ -262,9 +266,9 @@ def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lin
 
 
 def with_defaults(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """A recorded run's settings with every key added since it ran at its default, so that an older run
-    compares equal to the same job run today."""
-    s = copy.deepcopy({**DEFAULTS, **(settings or {})})
+    """A recorded run's settings with every key added since it ran at its default and every retired key left
+    out, so that an older run compares equal to the same job run today."""
+    s = copy.deepcopy({**DEFAULTS, **{k: v for k, v in (settings or {}).items() if k not in RETIRED}})
     for key, default in DEFAULTS.items():  # a group's keys too (optimizer.lr_scaling came after runs without it)
         if isinstance(default, dict) and key not in FREE_MAPS and isinstance(s[key], dict):
             s[key] = {**copy.deepcopy(default), **s[key]}
@@ -331,6 +335,8 @@ def _merge(into: dict[str, Any], data: dict[str, Any], prefix: str, file: str, l
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         line = yamlfile.line_of(data, key)
+        if dotted in RETIRED:
+            raise JobError(file, line, dotted, "a retired setting", RETIRED[dotted])
         if key not in into:
             raise JobError(file, line, dotted, "unknown setting",
                            f"allowed here: {', '.join(into)} (docs/jobs.md)")
@@ -348,6 +354,8 @@ def _set(settings: dict[str, Any], key: str, value: Any, file: str,
          lines: dict[str, int | None] | None = None) -> None:
     """--set a.b=value; env.NAME=value adds a variable; a.b={c: 1} sets a group of sub-settings, checked
     like a spec file's (a group given a plain value is refused: it would be misread later)."""
+    if key in RETIRED:
+        raise JobError("command line (--set)", None, key, "a retired setting", RETIRED[key])
     parts = key.split(".")
     node = settings
     for i, part in enumerate(parts[:-1]):
@@ -552,19 +560,18 @@ class _Checks:
 
     def communication(self, s: dict[str, Any]) -> None:
         """The communication settings (docs/jobs.md "Communication")."""
-        if s["grad_compression"] not in ("none", "fp16", "powersgd", "localsgd"):
-            self.fail("grad_compression", f"expected none, fp16, powersgd or localsgd, got {s['grad_compression']!r}",
-                      "grad_compression: fp16 halves the bytes; powersgd sends a low-rank approximation; "
-                      "localsgd all-reduces the model every localsgd_period steps instead of the "
-                      "gradients every step")
+        for field, gone in RETIRED_VALUES.items():
+            if isinstance(s[field], str) and s[field] in gone:
+                self.fail(field, f"{s[field]!r} is retired", gone[s[field]])
+        if s["grad_compression"] not in COMPRESSIONS:
+            self.fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
+                      "grad_compression: fp16 halves the bytes; powersgd sends a low-rank approximation")
         self.number("powersgd_rank", s["powersgd_rank"])
         self.number("powersgd_start_step", s["powersgd_start_step"])
         if s["powersgd_wire"] not in POWERSGD_WIRES:
             self.fail("powersgd_wire", f"expected float32 or bfloat16, got {s['powersgd_wire']!r}",
                       "powersgd_wire: bfloat16 halves PowerSGD's bytes (its products stay float32); float32 is "
                       "torch's own hook")
-        self.number("localsgd_period", s["localsgd_period"])
-        self.number("localsgd_start_step", s["localsgd_start_step"])
         self.number("accumulate", s["accumulate"])
         self.number("bucket_mb", s["bucket_mb"])
         if s["tf_implementation"] not in ("auto", "ring", "nccl"):

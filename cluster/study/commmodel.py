@@ -1,12 +1,10 @@
 """What a training step costs on the wire, per communication scheme (docs/planning.md "Communication").
 
-A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (local SGD: x `localsgd_period`;
-PowerSGD: x `powersgd_wire`, both weighed).
+A scheme is the job's `grad_compression` x `powersgd_rank` x `accumulate` (PowerSGD: x `powersgd_wire`, both
+weighed).
 Bytes come from the model's real parameter shapes (wlcommon.comm_volume, the figure the training programs
 record); time from the link bench measured (latency per all-reduce + seconds per byte each rank sends);
 overlap from DDP's buckets: gradients all-reduce while backward still computes, all but the last bucket.
-Local SGD sends no gradients: every H-th step all-reduces the whole model once, after the optimizer step
-(nothing hides it), priced here per step as that all-reduce over H.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 BACKWARD_SHARE = 2 / 3  # of the per-sample compute: backward does about twice the forward's FLOPs
 LARGE_BATCH = 1024  # effective global batches above this may need more epochs for the same accuracy
 FEW_STEPS = 20  # optimizer steps per epoch below this: the same epochs make fewer updates
-LONG_PERIOD = 16  # local SGD's periods up to this kept accuracy in Lin et al. (ICLR 2020) and here (H = 8)
 
 RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
            "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
@@ -37,16 +34,11 @@ class Scheme:
     grad_compression: str = "none"
     powersgd_rank: int = 2
     accumulate: int = 1
-    localsgd_period: int = 8  # with localsgd: optimizer steps between two averagings of the model
     powersgd_wire: str = "float32"  # with powersgd: the dtype of its all-reduces (wlcommon.POWERSGD_WIRES)
 
-    @property
-    def local(self) -> bool:
-        return self.grad_compression == wlcommon.LOCAL_SGD
-
     def label(self) -> str:
-        c = {"powersgd": f"powersgd r{self.powersgd_rank}" + (" bf16" if self.powersgd_wire == "bfloat16" else ""),
-             wlcommon.LOCAL_SGD: f"localsgd H{self.localsgd_period}"}.get(self.grad_compression, self.grad_compression)
+        c = (f"powersgd r{self.powersgd_rank}" + (" bf16" if self.powersgd_wire == "bfloat16" else "")
+             if self.grad_compression == "powersgd" else self.grad_compression)
         return c + (f" x{self.accumulate}" if self.accumulate > 1 else "")
 
 
@@ -131,12 +123,9 @@ def _payload(shapes: list[Shape], scheme: Scheme) -> float:
 
 
 def wire_bytes(shapes: list[Shape], scheme: Scheme, world: int) -> int:
-    """Bytes each rank sends per optimizer step (ring all-reduce, 2(W-1)/W of the payload; local SGD: one
-    float32 model's every H steps, per step, as torchcomm.LocalSGD records it)."""
+    """Bytes each rank sends per optimizer step (ring all-reduce, 2(W-1)/W of the payload)."""
     vol = wlcommon.comm_volume(shapes, world, scheme.grad_compression, scheme.powersgd_rank,
                                powersgd_wire=scheme.powersgd_wire)
-    if scheme.local:
-        return round(vol["bytes_sent_per_step_ring_uncompressed"] / scheme.localsgd_period)
     return int(vol["bytes_sent_per_step_ring"])
 
 
@@ -151,31 +140,14 @@ class Comm:
 
 def comm(shapes: list[Shape], scheme: Scheme, world: int, link: Link, bucket_mb: float = 0.0) -> Comm:
     """All-reduces per bucket (PowerSGD: 3, its uncompressed tensors, P, Q; else 1), each paying the
-    latency, plus the bytes sent at the link's cost per byte. The tail is the last bucket's share. Local
-    SGD: one all-reduce of the whole model (torch's averager flattens the parameters into one buffer) every
-    H steps, per step; all of it tail."""
+    latency, plus the bytes sent at the link's cost per byte. The tail is the last bucket's share."""
     if world < 2:
         return Comm(0.0, 0.0, 0)
     ring = 2 * (world - 1) / world
-    if scheme.local:
-        t = (link.latency_s + _payload(shapes, scheme) * ring * link.per_byte_s) / scheme.localsgd_period
-        return Comm(t, t, wire_bytes(shapes, scheme, world))
     calls = 3 if scheme.grad_compression == "powersgd" else 1
     times = [calls * link.latency_s + _payload(b, scheme) * ring * link.per_byte_s
              for b in buckets(shapes, bucket_mb)]
     return Comm(sum(times), times[-1], wire_bytes(shapes, scheme, world))
-
-
-def epoch_sync_s(shapes: list[Shape], scheme: Scheme, world: int, link: Link) -> float:
-    """Local SGD's sync at an epoch's end (torchcomm.LocalSGD.after_step, train_tf's average_model): the
-    momentum buffers averaged, and the parameters too unless the epoch's last step averaged them (one epoch
-    in H, on average): 2 - 1/H model all-reduces. At 11 steps an epoch with H = 8 it is more than the
-    epoch's own averagings (resnet50-tf on the emulated room: 128 s an epoch after the first, where 53 s
-    were priced without it and 108 s are with it). Other schemes keep the ranks equal: nothing."""
-    if world < 2 or not scheme.local:
-        return 0.0
-    one = link.latency_s + _payload(shapes, Scheme()) * 2 * (world - 1) / world * link.per_byte_s
-    return (2.0 - 1.0 / scheme.localsgd_period) * one
 
 
 def exposed(c: Comm, backward_s: float, overlap: bool = True) -> float:
@@ -188,16 +160,16 @@ def exposed(c: Comm, backward_s: float, overlap: bool = True) -> float:
 
 def overlaps(framework: str, scheme: Scheme, powersgd_priced: bool = True) -> bool:
     """Whether the all-reduce hides under backward: DDP's buckets do, PowerSGD's too where its own compute
-    is priced (`powersgd_priced`: bench measured `powersgd_s` on every node); local SGD averages after the
-    optimizer step; TensorFlow's loop all-reduces after backward.
+    is priced (`powersgd_priced`: bench measured `powersgd_s` on every node); TensorFlow's loop all-reduces
+    after backward.
 
     PowerSGD without its compute priced does not overlap: that sum was the stand-in for its compute on the
     slow lab (0.69 s a step against 0.41 s of compute and 0.16 s of all-reduce, before bench measured
     `powersgd_s`). With both, its all-reduces counted in full besides its compute priced the 4-node runs of
     the three newest benchmarks/to_accuracy.py DIRs 9-22% slow an epoch; overlapped, those of the two DIRs
-    whose runs nothing slowed come within 5%, as their 1-node rows (benchmarks/plan_backtest.py,
-    docs/performance.md): the bytes travel while backward computes."""
-    if framework != "pytorch" or scheme.grad_compression == wlcommon.LOCAL_SGD:
+    whose runs nothing slowed come within 5%, as their 1-node rows (docs/performance.md): the bytes travel
+    while backward computes."""
+    if framework != "pytorch":
         return False
     return powersgd_priced or scheme.grad_compression != "powersgd"
 
@@ -207,9 +179,6 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
     out = []
     if scheme.grad_compression == "powersgd" and scheme.powersgd_rank < 2:
         out.append("PowerSGD rank 1 may cost accuracy; compare the validation accuracy with an uncompressed run")
-    if scheme.local and scheme.localsgd_period > LONG_PERIOD:
-        out.append(f"the model averaged every {scheme.localsgd_period} steps: periods above {LONG_PERIOD} may cost "
-                   "accuracy; compare the validation accuracy with an uncompressed run")
     if scheme.accumulate > 1:
         steps = train_samples // global_batch if train_samples else None
         if global_batch > max(LARGE_BATCH, base_batch):
@@ -222,12 +191,11 @@ def warnings(scheme: Scheme, global_batch: int, train_samples: int | None, base_
 
 
 def schemes(powersgd_rank: int, accumulates: tuple[int, ...] = (1, 2, 4),
-            localsgd_period: int = 8, powersgd_wires: tuple[str, ...] = ("float32",)) -> list[Scheme]:
-    """Every scheme the plan weighs, the same for both frameworks: local SGD at the job's period, without
-    accumulation (its period already is a number of steps between syncs); PowerSGD on each of
-    `powersgd_wires`."""
+            powersgd_wires: tuple[str, ...] = ("float32",)) -> list[Scheme]:
+    """Every scheme the plan weighs, the same for both frameworks: each compression with each accumulation,
+    PowerSGD on each of `powersgd_wires`."""
     out = []
     for c in wlcommon.COMPRESSIONS:
         for wire in powersgd_wires if c == "powersgd" else ("float32",):
             out += [Scheme(c, powersgd_rank, k, powersgd_wire=wire) for k in accumulates]
-    return out + [Scheme(wlcommon.LOCAL_SGD, powersgd_rank, 1, localsgd_period)]
+    return out

@@ -84,7 +84,6 @@ class Placement:
     # what the recommendation ranks by where the job's length is known (Workload.epochs)
     run_s: float | None = None
     e2e_images_per_s: float | None = None
-    localsgd_period: int = 8
     powersgd_wire: str = "float32"
     # where the job's even shares were kept: the balanced ones balance() gave and their price, which bought
     # less than SHARES_GAIN (plans.even_kept says so); None where the shares are balance()'s own
@@ -93,8 +92,7 @@ class Placement:
 
     @property
     def scheme(self) -> Scheme:
-        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate, self.localsgd_period,
-                      self.powersgd_wire)
+        return Scheme(self.grad_compression, self.powersgd_rank, self.accumulate, self.powersgd_wire)
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "global_batch": self.global_batch, "shares": dict(self.shares),
@@ -103,7 +101,7 @@ class Placement:
                 "grad_compression": self.grad_compression, "powersgd_rank": self.powersgd_rank,
                 "accumulate": self.accumulate, "bytes_per_step": self.bytes_per_step,
                 "warnings": list(self.warnings), "run_s": self.run_s, "e2e_images_per_s": self.e2e_images_per_s,
-                "localsgd_period": self.localsgd_period, "powersgd_wire": self.powersgd_wire,
+                "powersgd_wire": self.powersgd_wire,
                 "balanced": dict(self.balanced) if self.balanced else None,
                 "balanced_images_per_s": self.balanced_images_per_s}
 
@@ -119,7 +117,7 @@ class Placement:
                    str(d.get("grad_compression", "none")), int(d.get("powersgd_rank", 2)),
                    int(d.get("accumulate", 1)), None if d.get("bytes_per_step") is None else int(d["bytes_per_step"]),
                    [str(w) for w in d.get("warnings") or []], opt("run_s"), opt("e2e_images_per_s"),
-                   int(d.get("localsgd_period", 8)), str(d.get("powersgd_wire", "float32")),
+                   str(d.get("powersgd_wire", "float32")),
                    {str(n): int(b) for n, b in d["balanced"].items()} if d.get("balanced") else None,
                    opt("balanced_images_per_s"))
 
@@ -139,7 +137,6 @@ class Workload:
     epochs: int | None = None
     warmup_epochs: float = 1.0
     powersgd_start_step: int = 0
-    localsgd_start_step: int = 0
     val_samples: int = 0  # what every epoch's end scores (with the training sample: wlcommon.eval_images)
     bn_recompute: int = 0  # and the samples it recomputes BatchNorm's statistics from
 
@@ -244,15 +241,13 @@ def _priced(nodes: list[str], shares: dict[str, int], even: dict[str, int], spee
     total = scheme.accumulate * sum(shares.values())
     t_even, _ = step_time(even, speeds, network, work, scheme)
     t_plan, wait = step_time(shares, speeds, network, work, scheme)
-    epoch = ((work.train_samples // total) * t_plan + epoch_end(shares, speeds, work)
-             + commmodel.epoch_sync_s(work.shapes, scheme, len(nodes), link(network)) if work.train_samples else None)
+    epoch = (work.train_samples // total) * t_plan + epoch_end(shares, speeds, work) if work.train_samples else None
     sent = commmodel.wire_bytes(work.shapes, scheme, len(nodes)) if len(nodes) > 1 else 0
     run = _run_s(shares, speeds, network, work, scheme, t_plan)
     return Placement(nodes, total, shares, total / t_even, total / t_plan, t_plan, wait, epoch,
                      scheme.grad_compression, scheme.powersgd_rank, scheme.accumulate, sent,
                      commmodel.warnings(scheme, total, work.train_samples, base),
-                     run[0] if run else None, run[1] if run else None, scheme.localsgd_period,
-                     powersgd_wire=scheme.powersgd_wire)
+                     run[0] if run else None, run[1] if run else None, scheme.powersgd_wire)
 
 
 def epoch_end(shares: dict[str, int], speeds: dict[str, NodeSpeed], work: Workload) -> float:
@@ -269,26 +264,13 @@ def _steps_per_epoch(shares: dict[str, int], work: Workload, scheme: Scheme) -> 
     return max(1, (work.train_samples or 0) // (scheme.accumulate * sum(shares.values())))
 
 
-def _syncs_s(epochs: int, shares: dict[str, int], network: NetworkBench | None, work: Workload,
-             scheme: Scheme) -> float:
-    """Local SGD's syncs at the ends of a run's first `epochs` epochs (commmodel.epoch_sync_s): those whose
-    last step runs local SGD (step >= its start), as the programs do."""
-    if len(shares) < 2 or not scheme.local or not work.train_samples:
-        return 0.0
-    per_epoch = _steps_per_epoch(shares, work, scheme)
-    start = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs)
-    synced = sum(1 for e in range(epochs) if (e + 1) * per_epoch - 1 >= start)
-    return synced * commmodel.epoch_sync_s(work.shapes, scheme, len(shares), link(network))
-
-
 def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None, work: Workload,
            scheme: Scheme, t_plan: float) -> tuple[float, float] | None:
     """(seconds, images/s) of the job end to end: every epoch at the step time, except PowerSGD's first
     steps, which go as fp16 until it starts (wlcommon.powersgd_start: after the warm-up and 1000 steps, at
-    most half the run): on a slow link that phase is where the time goes; and local SGD's, which all-reduce
-    plain gradients until it starts (wlcommon.localsgd_start: after the warm-up); plus every epoch's end
-    (evaluation and checkpoint; local SGD's sync of the ranks). images/s: every sample trained / that time,
-    as the report's end-to-end figure."""
+    most half the run): on a slow link that phase is where the time goes; plus every epoch's end
+    (evaluation and checkpoint). images/s: every sample trained / that time, as the report's end-to-end
+    figure."""
     if not work.train_samples or not work.epochs:
         return None
     total = scheme.accumulate * sum(shares.values())
@@ -296,23 +278,19 @@ def _run_s(shares: dict[str, int], speeds: dict[str, NodeSpeed], network: Networ
     if not steps:
         return None
     seconds = _steps_s(steps, shares, speeds, network, work, scheme, t_plan)
-    seconds += work.epochs * epoch_end(shares, speeds, work) + _syncs_s(work.epochs, shares, network, work, scheme)
+    seconds += work.epochs * epoch_end(shares, speeds, work)
     return seconds, steps * total / seconds
 
 
 def _steps_s(steps: int, shares: dict[str, int], speeds: dict[str, NodeSpeed], network: NetworkBench | None,
              work: Workload, scheme: Scheme, t_plan: float) -> float:
-    """Seconds of the run's first `steps` optimizer steps: those before the scheme starts at their own step
-    time (PowerSGD's fp16, local SGD's plain all-reduce), the rest at t_plan."""
-    per_epoch = _steps_per_epoch(shares, work, scheme)
-    if len(shares) > 1 and scheme.grad_compression == "powersgd":
-        first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs or 1)
-        before = Scheme("fp16", scheme.powersgd_rank, scheme.accumulate)
-    elif len(shares) > 1 and scheme.local:
-        first, before = wlcommon.localsgd_start(work.localsgd_start_step, per_epoch, work.warmup_epochs), Scheme()
-    else:
+    """Seconds of the run's first `steps` optimizer steps: PowerSGD's before it starts at fp16's step time,
+    the rest at t_plan."""
+    if len(shares) < 2 or scheme.grad_compression != "powersgd":
         return steps * t_plan
-    t_before, _ = step_time(shares, speeds, network, work, before)
+    per_epoch = _steps_per_epoch(shares, work, scheme)
+    first = wlcommon.fp16_steps(work.powersgd_start_step, per_epoch, work.warmup_epochs, work.epochs or 1)
+    t_before, _ = step_time(shares, speeds, network, work, Scheme("fp16", scheme.powersgd_rank, scheme.accumulate))
     first = min(steps, first)
     return first * t_before + (steps - first) * t_plan
 
@@ -367,7 +345,7 @@ def recommend(cands: list[Placement]) -> Placement:
 
 def changes(c: Placement) -> tuple[int, int, bool]:
     """How much a candidate changes training, least first: fewer micro-batches per step, then no compression,
-    fp16, PowerSGD, local SGD, then PowerSGD's float32 wire before bfloat16."""
-    order = (*wlcommon.COMPRESSIONS, wlcommon.LOCAL_SGD)
+    fp16, PowerSGD, then PowerSGD's float32 wire before bfloat16."""
+    order = wlcommon.COMPRESSIONS
     rank = order.index(c.grad_compression) if c.grad_compression in order else len(order)
     return c.accumulate, rank, c.powersgd_wire != "float32"

@@ -122,16 +122,15 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
 def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
     """The job's gradients (its model's real shapes with its dataset's classes) and the schemes to weigh:
     no compression, fp16 and PowerSGD at the job's rank on either wire, each with accumulate 1, 2, 4 and the
-    job's own, and local SGD at the job's period."""
+    job's own."""
     shapes, samples, val = commmodel.job_model(spec)
     if shapes is None:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
-                    tuple(commmodel.schemes(int(spec["powersgd_rank"]), accumulates,
-                                            int(spec["localsgd_period"]), jobs.POWERSGD_WIRES)), samples,
+                    tuple(commmodel.schemes(int(spec["powersgd_rank"]), accumulates, jobs.POWERSGD_WIRES)), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
-                    int(spec["localsgd_start_step"]), val or 0, int(spec["bn_recompute"]))
+                    val or 0, int(spec["bn_recompute"]))
 
 
 def choice_path(inv: Inventory, job: str) -> Path:
@@ -166,5 +165,4 @@ def settings_of(c: Placement) -> list[str]:
             + [f"grad_compression={c.grad_compression}"]
             + ([f"powersgd_rank={c.powersgd_rank}"] if powersgd else [])
             + [f"accumulate={c.accumulate}"]
-            + ([f"localsgd_period={c.localsgd_period}"] if c.scheme.local else [])
             + ([f"powersgd_wire={c.powersgd_wire}"] if powersgd else []))

@@ -1,7 +1,5 @@
 """DDP's gradient compression for the PyTorch program: the communication hooks it registers (fp16,
-PowerSGD with fp16 before its start step), post-local SGD (gradients all-reduced until a start step,
-then the model averaged every H steps: LocalSGD) and what each sends. Runs on the nodes next to
-train_torch.py."""
+PowerSGD with fp16 before its start step) and what each sends. Runs on the nodes next to train_torch.py."""
 from __future__ import annotations
 
 import datetime
@@ -17,9 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
     from torch._C._distributed_c10d import GradBucket
-    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
-    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
     from cluster.workloads import wlcommon
 
@@ -31,12 +27,10 @@ else:
 
 def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str, powersgd_rank: int = 2,
                       powersgd_start: int = 2, done_steps: int = 0, bucket_mb: float = 0.0,
-                      max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0, localsgd_period: int = 8,
-                      localsgd_start: int = 1, powersgd_from_first: bool = False,
+                      max_groups: int = 8, seed: int = 0, timeout_s: float = 0.0, powersgd_from_first: bool = False,
                       powersgd_wire: str = "float32") -> wlcommon.Compression:
-    """Register the DDP communication hook for `kind` (none: DDP's own float32 all-reduce; localsgd:
-    LocalSGD, whose averaging the training loop runs after each optimizer step). `done_steps`: the
-    optimizer steps a resumed run has done.
+    """Register the DDP communication hook for `kind` (none: DDP's own float32 all-reduce). `done_steps`:
+    the optimizer steps a resumed run has done.
 
     PowerSGD on gloo with several buckets: torch's powerSGD_hook issues each bucket's second and third
     all-reduces (P, then Q) from future callbacks, so on one process group they interleave with the next
@@ -60,8 +54,6 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     if kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return wlcommon.Compression(kind, shapes, world, powersgd_rank)
-    if kind == wlcommon.LOCAL_SGD:
-        return LocalSGD.register(ddp, shapes, world, localsgd_period, localsgd_start, done_steps)
     if kind != "powersgd":
         raise ValueError(f"unknown gradient compression {kind!r}")
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
@@ -191,68 +183,3 @@ def _powersgd_hook(n_groups: int, timeout_s: float,
     powersgd_fp16_first_hook.__annotations__ = {"state": psgd.PowerSGDState, "bucket": GradBucket,
                                                 "return": torch.futures.Future[torch.Tensor]}
     return powersgd_fp16_first_hook
-
-
-class LocalSGD(wlcommon.LocalSteps):
-    """Post-local SGD (Lin et al., "Don't use large mini-batches, use local SGD", ICLR 2020) with torch's
-    own pieces: DDP's post_localSGD_hook all-reduces the gradients (float32, as DDP would) for the first
-    `start` optimizer steps and sends nothing after them (post_local_gradient_allreduce off: torch's
-    default would all-reduce within each node's subgroup every step, dist.new_subgroups(), which needs
-    as many ranks on every node as it has GPUs); every rank then steps on its own gradient, and a
-    PeriodicModelAverager (warmup_steps = start: its step counter is the optimizer's) averages the
-    parameters after steps start, start + H, start + 2H, ... (0-based; one all-reduce of every
-    parameter in float32).
-
-    The averager is stepped by the training loop after each optimizer step (after_step), not from
-    PostLocalSGDOptimizer.step: with mixed precision GradScaler skips optimizer.step() on a step whose
-    gradients overflowed, which with local gradients each rank decides alone; PostLocalSGDOptimizer's
-    counter would then drift apart between ranks and their averaging all-reduces pair up wrongly.
-
-    Optimizer state (SGD momentum) is each rank's own after the start. At the end of every epoch the
-    ranks are made equal again (after_step, epoch_end): the momentum buffers averaged, and the
-    parameters too unless that step averaged them, in one all-reduce (torch's average_parameters). The
-    evaluation then scores one model, every node's checkpoint holds the same parameters and optimizer
-    state, and a resume continues exactly as the uninterrupted run does (it makes the same sync)."""
-
-    def __init__(self, shapes: list[tuple[int, ...]], world: int, period: int, start: int,
-                 hook_state: PostLocalSGDState, averager: PeriodicModelAverager) -> None:
-        super().__init__(shapes, world, period, start)
-        self.hook_state, self.averager = hook_state, averager
-
-    @classmethod
-    def register(cls, ddp: DistributedDataParallel, shapes: list[tuple[int, ...]], world: int, period: int,
-                 start: int, done_steps: int = 0) -> LocalSGD:
-        """The hook on `ddp` and the averager, both continuing from `done_steps` (a resume)."""
-        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post
-        from torch.distributed.algorithms.model_averaging import averagers
-
-        if period < 2 or start < 1:
-            raise ValueError(f"local SGD needs a period >= 2 and a start step >= 1, got {period}, {start}")
-        state = post.PostLocalSGDState(process_group=None, subgroup=None,  # type: ignore[no-untyped-call]
-                                       start_localSGD_iter=start, post_local_gradient_allreduce=False)
-        state.iter = min(done_steps, start)  # the hook's count of all-reduced steps (it stops at the start)
-        ddp.register_comm_hook(state, post.post_localSGD_hook)
-        averager = averagers.PeriodicModelAverager(period=period, warmup_steps=start)
-        averager.step = done_steps  # as PostLocalSGDOptimizer.load_state_dict restores it
-        return cls(shapes, world, period, start, state, averager)
-
-    def steps_done(self) -> int:
-        return int(self.averager.step)  # the averager's own count of optimizer steps
-
-    def after_step(self, opt: torch.optim.Optimizer, epoch_end: bool = False) -> int:
-        """After each optimizer step: the averager's step (it averages every `period` steps); after an
-        epoch's last step, also the sync of the class doc. Returns the bytes that sync sent (ring model)."""
-        from torch.distributed.algorithms.model_averaging import utils
-
-        local, averaged = self.compressing(), self.averages()
-        self.averager.average_parameters(opt.param_groups)
-        if not (epoch_end and local):  # before the start the gradients' all-reduce keeps the ranks equal
-            return 0
-        params: list[torch.nn.Parameter] = utils.get_params_to_average(opt.param_groups)  # those with a gradient
-        state: list[torch.Tensor] = [t for p in params for t in opt.state.get(p, {}).values()  # momentum
-                                     if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape]
-        tensors: list[torch.Tensor] = [*state, *([] if averaged else params)]
-        if not tensors or self.ring == 0.0:
-            return 0
-        utils.average_parameters(iter(cast(list[torch.nn.Parameter], tensors)), self.averager.process_group)
-        return round(sum(t.numel() * t.element_size() for t in tensors) * self.ring)

@@ -78,7 +78,7 @@ class Trainer:
         self.strategy, self.a, self.global_batch = strategy, a, global_batch
         self.accumulate = int(getattr(a, "accumulate", 1))
         self.compression = getattr(a, "grad_compression", "none")
-        if self.compression not in ("none", "fp16", "powersgd", wlcommon.LOCAL_SGD):
+        if self.compression not in wlcommon.COMPRESSIONS:
             raise ValueError(f"gradient compression {self.compression!r} is not implemented for TensorFlow")
         self.comm_options = comm_options
         with strategy.scope():
@@ -159,46 +159,6 @@ class Trainer:
     def powersgd_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """train_step with the gradients sent by PowerSGD (tfcomm)."""
         return self._step(x, y, compress=True)
-
-    @compiled
-    def local_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        """Local SGD's step: this worker's own mean gradient over its batch (its share of the global-batch
-        loss, scaled back), its weight decay, its own SGD step: no all-reduce; the workers' models part
-        until the next average_model."""
-        def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            loss, grads = self._accumulated_grads(x, y)
-            share = self.global_batch / tf.cast(tf.shape(y)[0], loss.dtype)  # global-batch mean -> own mean
-            variables = self.model.trainable_variables
-            mine = [g * share + self.a.weight_decay * v for g, v in zip(grads, variables)]
-            self.opt.apply_gradients(zip(mine, variables), skip_gradients_aggregation=True)
-            return loss * share
-
-        per_replica = self.strategy.run(replica, args=(x, y))
-        return self.strategy.experimental_local_results(per_replica)[0]
-
-    def average_model(self, params: bool, momentum: bool) -> int:
-        """Local SGD's sync: the workers' parameters (and, at an epoch's end, their SGD momentum) replaced
-        by their mean, one float32 all-reduce (a collective: every worker calls it alike). Returns the
-        bytes it sent (ring model)."""
-        chosen = list(self.model.trainable_variables) if params else []
-        if momentum:
-            opt_vars = self.opt.variables() if callable(self.opt.variables) else self.opt.variables
-            chosen += [v for v in opt_vars if v.dtype.is_floating and len(v.shape) > 0]  # momentum, not lr
-        world = self.strategy.num_replicas_in_sync
-        if not chosen or world < 2:
-            return 0
-
-        @compiled
-        def mean() -> Any:
-            def replica() -> Any:
-                ctx = tf.distribute.get_replica_context()
-                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, [v.read_value() for v in chosen])
-
-            return self.strategy.run(replica)
-
-        for v, total in zip(chosen, mean()):
-            v.assign(self.strategy.experimental_local_results(total)[0] / world)
-        return int(round(sum(v.shape.num_elements() * v.dtype.size for v in chosen) * 2 * (world - 1) / world))
 
     @compiled
     def eval_sums(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -351,11 +311,6 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     wlcommon.check_continued(a, start_epoch, acc if acc >= 0 else None)
     if isinstance(comp.state, tfcomm.StepCount):
         comp.state.iter = step  # resumed: fp16 or PowerSGD as the steps done say
-    lsgd = a.grad_compression == wlcommon.LOCAL_SGD
-    if lsgd:  # resumed: the schedule continues from the steps done
-        comp = wlcommon.LocalSteps(shapes, w.world, a.localsgd_period,
-                                   wlcommon.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs),
-                                   step)
     device = "cpu" if not tf.config.list_physical_devices("GPU") else "gpu"
     metrics.start(**wlmetrics.run_fields(a, ds, plan, start_epoch, world=w.world, local_rank=0, device=device,
                                          amp=False, start_step=step),
@@ -369,8 +324,6 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
                   powersgd_from_first=comp.from_first if psgd else None,
                   powersgd_wire=a.powersgd_wire if psgd else None,
-                  localsgd_period=a.localsgd_period if lsgd else None,
-                  localsgd_start_step=comp.start if isinstance(comp, wlcommon.LocalSteps) else None,
                   bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
     return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step, acc if acc >= 0 else None)
 
@@ -393,26 +346,14 @@ def train_epoch(t: Training, epoch: int) -> float:
         xb, yb = next(feed)
         return tf.constant(xb), tf.constant(yb)
 
-    left = [plan.steps_per_epoch]  # the epoch's steps still to run
-
     def train(batch: tuple[tf.Tensor, tf.Tensor], lr: float) -> wlmetrics.StepOutcome:
         tr.opt.learning_rate.assign(lr)
         sent = t.comp.bytes_sent_ring()
-        left[0] -= 1
+        step = tr.train_step
         if isinstance(t.comp.state, tfcomm.StepCount):
             step = tr.powersgd_step if t.comp.compressing() else tr.train_step
             t.comp.state.iter += 1
-            return wlmetrics.StepOutcome(float(step(*batch).numpy()), int(batch[1].shape[0]), sent)
-        if not isinstance(t.comp, wlcommon.LocalSteps):
-            return wlmetrics.StepOutcome(float(tr.train_step(*batch).numpy()), int(batch[1].shape[0]), sent)
-        local, averages = t.comp.compressing(), t.comp.averages()
-        loss = float((tr.local_step if local else tr.train_step)(*batch).numpy())
-        if averages:
-            tr.average_model(params=True, momentum=False)
-        if local and left[0] == 0:  # the epoch's end: one model, one momentum on every worker (train_torch alike)
-            sent += tr.average_model(params=not averages, momentum=True)
-        t.comp.done += 1
-        return wlmetrics.StepOutcome(loss, int(batch[1].shape[0]), sent)
+        return wlmetrics.StepOutcome(float(step(*batch).numpy()), int(batch[1].shape[0]), sent)
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
     train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
@@ -432,7 +373,7 @@ def train_epoch(t: Training, epoch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = wlcommon.parse_args(__doc__, argv, refused, local_sgd=True)
+    a = wlcommon.parse_args(__doc__, argv, refused)
     cpu = wlmetrics.CpuMeter()
     w = setup_worker(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), w.rank, "tensorflow")

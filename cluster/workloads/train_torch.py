@@ -201,8 +201,6 @@ def refused(a: argparse.Namespace) -> str | None:
     """What this program does not accept (wlcommon.parse_args)."""
     if a.accumulate < 1 or a.powersgd_rank < 1 or a.collective_timeout_s < 0 or a.bucket_mb < 0:
         return "--accumulate and --powersgd-rank must be >= 1, --collective-timeout-s and --bucket-mb >= 0"
-    if a.localsgd_period < 2 or a.localsgd_start_step < 0:
-        return "--localsgd-period must be >= 2 (1 is plain DDP at more bytes), --localsgd-start-step >= 0"
     if a.bn_recompute < 0:
         return "--bn-recompute must be >= 0 (samples in all; 0: off)"
     return None
@@ -266,13 +264,11 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
         dist.all_gather_object(batches, batch)
     plan = wlcommon.plan_batches(a, batch, batches, len(data.ds.x_train))
     psgd_start = wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs)
-    lsgd_start = wlcommon.localsgd_start(a.localsgd_start_step, plan.steps_per_epoch, a.warmup_epochs)
     comp = torchcomm.setup_compression(ddp, a.grad_compression, proc.world, proc.backend, a.powersgd_rank, psgd_start,
                              step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s,
-                             localsgd_period=a.localsgd_period, localsgd_start=lsgd_start,
                              powersgd_from_first=a.powersgd_start_step == wlcommon.FROM_FIRST,
                              powersgd_wire=a.powersgd_wire)
-    psgd, lsgd = comp.kind == "powersgd", comp.kind == wlcommon.LOCAL_SGD
+    psgd = comp.kind == "powersgd"
     metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
                                          device=str(proc.device), amp=amp, start_step=step),
                   torch=torch.__version__, threads=torch.get_num_threads(),
@@ -281,8 +277,6 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
                   collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
                   powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
                   powersgd_from_first=comp.from_first if psgd else None, powersgd_wire=a.powersgd_wire if psgd else None,
-                  localsgd_period=a.localsgd_period if lsgd else None,
-                  localsgd_start_step=lsgd_start if lsgd else None,
                   **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, bn_recompute=a.bn_recompute, **comp.volume)
     return Training(a, proc, data, model, ddp, opt, torch.amp.GradScaler("cuda") if amp else None, plan,
                     wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step, acc)
@@ -290,9 +284,8 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
 
 def train_epoch(t: Training, epoch: int) -> float:
     """One epoch's steps, its evaluation and its record (returns its validation accuracy); then LOCAL_RANK 0
-    of every node saves the
-    checkpoint (all ranks hold the same model and optimizer state after the step's all-reduce; with
-    local SGD after the sync that ends its last step, torchcomm.LocalSGD)."""
+    of every node saves the checkpoint (all ranks hold the same model and optimizer state after the step's
+    all-reduce)."""
     a, proc, data, plan = t.a, t.proc, t.data, t.plan
     order = wlcommon.epoch_order(len(data.xtr), a.seed, epoch)
     mine = order[wldata.shard(len(order), proc.rank, proc.world)]
@@ -309,15 +302,10 @@ def train_epoch(t: Training, epoch: int) -> float:
         x, y = x.to(proc.device, non_blocking=True), y.to(proc.device, non_blocking=True)
         return (x.contiguous(memory_format=torch.channels_last), y) if proc.cuda else (x, y)
 
-    left = [plan.steps_per_epoch]  # the epoch's steps still to run
-
     def train(batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> wlmetrics.StepOutcome:
         x, y = batch
         sent = t.comp.bytes_sent_ring()
         loss = train_step(t.ddp, t.opt, x, y, lr, t.scaler, t.weight, plan.accumulate)
-        left[0] -= 1
-        if isinstance(t.comp, torchcomm.LocalSGD):  # the model averaged every H steps, all equal at the epoch's end
-            sent += t.comp.after_step(t.opt, epoch_end=left[0] == 0)
         return wlmetrics.StepOutcome(loss.item(), len(y), sent)  # item(): waits for the step and its all-reduce
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
@@ -336,7 +324,7 @@ def train_epoch(t: Training, epoch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = wlcommon.parse_args(__doc__, argv, refused, local_sgd=True)
+    a = wlcommon.parse_args(__doc__, argv, refused)
     cpu = wlmetrics.CpuMeter()
     proc = setup_process(a)
     metrics = wlmetrics.MetricsWriter(Path(a.out), proc.rank, "pytorch")

@@ -18,8 +18,6 @@ T = TypeVar("T")
 REF_BATCH = 64  # the global batch the base learning rate is given for
 TRAIN_ACC_SAMPLES = 512  # per epoch, over all ranks: the training accuracy's sample, scored in eval mode
 COMPRESSIONS = ("none", "fp16", "powersgd")  # gradient compressions (what the study's comm model prices)
-# not a gradient compression: the model all-reduced every --localsgd-period steps (LocalSteps; torchcomm.py)
-LOCAL_SGD = "localsgd"
 LR_SCALINGS = ("linear", "sqrt")  # how the base learning rate grows with the global batch (peak_lr)
 
 
@@ -66,10 +64,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "on GPU nodes, 0 on CPU-only nodes (whose cores do the training)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="mixed precision; auto: only with tensor cores (compute capability >= 7.0)")
-    ap.add_argument("--grad-compression", default="none", choices=[*COMPRESSIONS, LOCAL_SGD],
+    ap.add_argument("--grad-compression", default="none", choices=list(COMPRESSIONS),
                     help="gradients on the wire: none (float32), fp16 (cast for the all-reduce and back), "
-                    "powersgd (low-rank with error feedback and warm start); localsgd: post-local "
-                    "SGD, the model averaged every --localsgd-period steps instead")
+                    "powersgd (low-rank with error feedback and warm start)")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="PowerSGD's matrix approximation rank")
     ap.add_argument("--powersgd-start-step", type=int, default=0,
                     help="optimizer steps of fp16 all-reduce before PowerSGD starts (>= 2); 0: after the "
@@ -78,11 +75,6 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--powersgd-wire", default="float32", choices=list(POWERSGD_WIRES),
                     help="powersgd: the dtype its all-reduces send (P, Q, the uncompressed tensors); bfloat16 "
                     "halves the bytes, its matrix products stay float32")
-    ap.add_argument("--localsgd-period", type=int, default=8,
-                    help="localsgd: optimizer steps between two averagings of the model (>= 2)")
-    ap.add_argument("--localsgd-start-step", type=int, default=0,
-                    help="localsgd: optimizer steps of plain gradient all-reduce before local SGD starts; "
-                    "0: the learning-rate warm-up's steps, at least 1")
     ap.add_argument("--bn-recompute", type=int, default=0,
                     help="before each evaluation, BatchNorm's statistics recomputed from this many of the "
                     "epoch's training samples in all (each rank passes its share, the ranks' averages are "
@@ -140,19 +132,15 @@ def reached(a: argparse.Namespace, acc: float | None) -> bool:
 
 
 def parse_args(doc: str | None, argv: list[str] | None,
-               refused: Callable[[argparse.Namespace], str | None], local_sgd: bool = False) -> argparse.Namespace:
+               refused: Callable[[argparse.Namespace], str | None]) -> argparse.Namespace:
     """A program's settings (add_args); `refused` says what that program cannot do with them, which
-    ends it as argparse's usage errors do (exit status 2). --grad-compression localsgd only where the
-    program says it implements it (`local_sgd`: train_torch.py)."""
+    ends it as argparse's usage errors do (exit status 2)."""
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     add_args(ap)
     a = ap.parse_args(argv)
     problem = refused(a)
     if not problem and not (0 <= a.target_acc <= 1 and a.max_epochs >= 0):
         problem = "--target-acc must be within 0-1 (0: none), --max-epochs >= 0"
-    if not problem and a.grad_compression == LOCAL_SGD and not local_sgd:
-        problem = (f"--grad-compression {LOCAL_SGD} is implemented for PyTorch only (train_torch.py: torch's "
-                   "post-local SGD); use none or fp16 here")
     if problem:
         ap.error(problem)
     return a
@@ -379,15 +367,6 @@ def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float, e
     return max(2, warm, min(TORCH_POWERSGD_START, steps_per_epoch * epochs // 2))
 
 
-def localsgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float) -> int:
-    """The optimizer step local SGD starts at: as asked; else after the learning-rate warm-up (the
-    steps where the rate still grows, and the model moves fastest, all-reduce their gradients); at
-    least 1, so that every rank's first step is the same synchronous one."""
-    if requested:
-        return max(1, requested)
-    return max(1, int(round(warmup_epochs * steps_per_epoch)))
-
-
 POWERSGD_WIRES = {"float32": 4, "bfloat16": 2}  # --powersgd-wire: bytes an element
 FROM_FIRST = 1  # powersgd_start_step 1: PowerSGD from the first step (torchcomm: its first two without memory)
 
@@ -459,40 +438,3 @@ class Compression:
     def bytes_sent_ring(self) -> int:
         """Bytes this rank sends in the next step's all-reduces (ring model, comm_volume)."""
         return int((self.volume if self.compressing() else self.before_start)["bytes_sent_per_step_ring"])
-
-
-class LocalSteps(Compression):
-    """Local SGD's schedule and bytes, the same for both programs: the gradients' float32 all-reduce for the
-    first `start` optimizer steps, then each rank steps alone and the parameters are averaged after steps
-    start, start + H, start + 2H, ... (0-based; one float32 all-reduce of the parameters). `steps_done`
-    counts the optimizer steps done (a resume starts from its own); torchcomm.LocalSGD reads torch's
-    averager's count instead."""
-
-    def __init__(self, shapes: list[tuple[int, ...]], world: int, period: int, start: int, done_steps: int = 0) -> None:
-        super().__init__(LOCAL_SGD, shapes, world)  # before_start: float32 gradients
-        self.period, self.start, self.done = period, start, done_steps
-        self.ring = 2.0 * (world - 1) / world if world > 1 else 0.0
-        params = int(self.before_start["grad_bytes"])  # the parameters, float32: the gradients' shapes
-        self.average_bytes = round(params * self.ring)  # what one averaging sends
-        # per step on average once local SGD runs: the parameters every `period` steps
-        self.volume = {**self.before_start, "allreduce_payload_bytes": round(params / period),
-                       "bytes_sent_per_step_ring": round(params * self.ring / period)}
-
-    def steps_done(self) -> int:
-        return self.done
-
-    def compressing(self) -> bool:
-        """Whether local SGD runs at the next step (before it: the gradients' all-reduce)."""
-        return self.steps_done() >= self.start
-
-    def averages(self) -> bool:
-        """Whether the parameters are averaged after the next step (PeriodicModelAverager's rule)."""
-        s = self.steps_done()
-        return s >= self.start and (s - self.start) % self.period == 0
-
-    def bytes_sent_ring(self) -> int:
-        """Bytes this rank sends in the next step (ring model): the gradients before the start; then the
-        parameters on an averaging step, nothing on the others (an epoch end's sync is the program's)."""
-        if not self.compressing():
-            return int(self.before_start["bytes_sent_per_step_ring"])
-        return self.average_bytes if self.averages() else 0

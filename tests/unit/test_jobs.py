@@ -108,44 +108,30 @@ def test_the_bounds_keep_the_values_people_use() -> None:
     assert spec["optimizer"]["lr"] == 10 and spec["batch"] == 65536 and spec["bucket_mb"] == 1000
 
 
-def test_localsgd_settings_reach_the_program_only_with_local_sgd() -> None:
-    import argparse
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "workloads"))
-    import wlcommon
-
-    ap = argparse.ArgumentParser()
-    wlcommon.add_args(ap)
-    spec = jobs.load("resnet50-ddp", ["grad_compression=localsgd", "localsgd_period=16", "localsgd_start_step=50"])
-    a = ap.parse_args(spec.program_args("/d/x.npz", "out"))
-    assert (a.grad_compression, a.localsgd_period, a.localsgd_start_step) == ("localsgd", 16, 50)
-    default = jobs.load("resnet50-ddp", ["grad_compression=localsgd"]).program_args("/d/x.npz", "out")
-    assert not any(x.startswith("--localsgd") for x in default)  # the defaults are the program's (8, 0)
-    other = jobs.load("resnet50-ddp", ["grad_compression=fp16", "localsgd_period=16"]).program_args("/d/x.npz", "out")
-    assert not any(x.startswith("--localsgd") for x in other)  # another scheme: not passed
-
-
-@pytest.mark.parametrize("job, override, field, message", [
-    ("resnet50-ddp", "localsgd_period=1", "localsgd_period", "expected a whole number >= 2, got 1"),
-    ("resnet50-ddp", "localsgd_period=2.5", "localsgd_period", "expected a whole number >= 2"),
-    ("resnet50-ddp", "localsgd_period=often", "localsgd_period", "expected a whole number >= 2"),
-    ("resnet50-ddp", "localsgd_start_step=-1", "localsgd_start_step", "expected a whole number >= 0"),
-    ("resnet50-ddp", "localsgd_start_step=.nan", "localsgd_start_step", "expected a whole number >= 0"),
-])
-def test_bad_localsgd_settings_name_the_field_and_a_fix(job: str, override: str, field: str, message: str) -> None:
-    with pytest.raises(JobError) as e:
-        jobs.load(job, [override])
-    assert e.value.field == field and e.value.file == "command line (--set)"
-    assert message in e.value.message and e.value.exit_code == 2 and e.value.fix
-    assert f"{field} is {jobs.NUMBERS[field]}" in e.value.fix
-
-
-def test_localsgd_is_named_in_the_fix_of_an_unknown_scheme() -> None:
-    with pytest.raises(JobError) as e:
-        jobs.load("resnet50-ddp", ["grad_compression=local"])
-    assert "localsgd" in (e.value.fix or "")
-    assert jobs.load("resnet50-ddp", ["grad_compression=localsgd"])["grad_compression"] == "localsgd"
+def test_a_retired_setting_or_value_is_refused_naming_where_and_what_replaces_it(tmp_path: Path) -> None:
+    """grad_compression: localsgd and its two settings are retired (docs/jobs.md "Retired settings"): a spec
+    file or --set that names one stops with exit 2, the file and line (or the command line), the field and
+    what to use instead; a run recorded with one reads as today's job without it."""
+    f = tmp_path / "job.yaml"
+    for text, line, field in (("grad_compression: localsgd\n", 4, "grad_compression"),
+                              ("localsgd_period: 8\n", 4, "localsgd_period"),
+                              ("grad_compression: powersgd\nlocalsgd_start_step: 1\n", 5, "localsgd_start_step")):
+        f.write_text("# a job\nname: j\nframework: pytorch\n" + text)
+        with pytest.raises(JobError) as e:
+            jobs.load(str(f))
+        assert (e.value.file, e.value.line, e.value.field, e.value.exit_code) == (str(f), line, field, 2)
+        assert "retired" in e.value.message and "grad_compression: powersgd" in (e.value.fix or ""), e.value
+    for override, field in (("grad_compression=localsgd", "grad_compression"), ("localsgd_period=16", "localsgd_period"),
+                            ("localsgd_start_step=0", "localsgd_start_step")):
+        with pytest.raises(JobError) as e:
+            jobs.load("resnet50-tf", [override])
+        assert (e.value.file, e.value.field, e.value.exit_code) == ("command line (--set)", field, 2)
+        assert str(e.value).startswith(f"command line (--set): {field}: ") and "retired" in str(e.value)
+        assert 'docs/jobs.md "Retired settings"' in (e.value.fix or "")
+    old = {**jobs.load("resnet50-ddp").settings, "localsgd_period": 8, "localsgd_start_step": 0}
+    assert jobs.with_defaults(old) == jobs.load("resnet50-ddp").settings  # an older run, the same job
+    with pytest.raises(JobError, match="'localsgd' is retired"):
+        jobs.from_run("resnet50-ddp", {**old, "grad_compression": "localsgd"})  # launch --continue of such a run
 
 
 def test_a_launcher_that_is_not_a_name_is_refused_by_field(tmp_path: Path) -> None:

@@ -215,8 +215,7 @@ def test_a_plan_document_round_trips_and_a_damaged_one_names_its_file(tmp_path: 
     assert list(doc["recommended"]) == ["nodes", "global_batch", "shares", "even_images_per_s",
                                         "planned_images_per_s", "step_s", "comm_s", "epoch_s", "grad_compression",
                                         "powersgd_rank", "accumulate", "bytes_per_step", "warnings", "run_s",
-                                        "e2e_images_per_s", "localsgd_period", "powersgd_wire", "balanced",
-                                        "balanced_images_per_s"]
+                                        "e2e_images_per_s", "powersgd_wire", "balanced", "balanced_images_per_s"]
     p = plans.choice_path(inv, "resnet50-ddp")
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps(doc))

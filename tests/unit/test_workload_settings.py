@@ -22,7 +22,8 @@ def test_the_programs_defaults_are_the_jobs_defaults() -> None:
     for key in jobs.COMM_KEYS:
         assert defaults[key] == jobs.DEFAULTS[key], key
     assert defaults["lr_scaling"] == jobs.DEFAULTS["optimizer"]["lr_scaling"]
-    assert jobs.LR_SCALINGS == wlcommon.LR_SCALINGS
+    assert jobs.LR_SCALINGS == wlcommon.LR_SCALINGS and jobs.COMPRESSIONS == wlcommon.COMPRESSIONS
+    assert not set(jobs.RETIRED) & {k.replace("-", "_") for k in defaults}  # retired: gone from both
 
 
 def test_sqrt_scaling_is_linear_up_to_a_workers_batch_then_by_the_square_root() -> None:
@@ -84,7 +85,7 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
 
 
 @pytest.mark.parametrize("job, override, field, message", [
-    ("resnet50-ddp", "grad_compression=int8", "grad_compression", "expected none, fp16, powersgd or localsgd, got 'int8'"),
+    ("resnet50-ddp", "grad_compression=int8", "grad_compression", "expected none, fp16 or powersgd, got 'int8'"),
     ("resnet50-ddp", "powersgd_rank=0", "powersgd_rank", "expected a whole number >= 1"),
     ("resnet50-ddp", "accumulate=0", "accumulate", "expected a whole number >= 1"),
     ("resnet50-ddp", "accumulate=1.5", "accumulate", "expected a whole number >= 1"),

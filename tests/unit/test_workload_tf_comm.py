@@ -1,5 +1,5 @@
-"""fp16 all-reduce, PowerSGD, local SGD and gradient accumulation in the TensorFlow program: 2 MWMS
-workers on loopback.
+"""fp16 all-reduce, PowerSGD and gradient accumulation in the TensorFlow program: 2 MWMS workers on
+loopback.
 
 The Trainer of train_tf.py runs a tiny Keras model here (build_model replaced) in float64, so the
 comparisons see the arithmetic and the runs take seconds, not minutes.
@@ -107,22 +107,11 @@ for step in range(2):  # two steps: the momentum slots are exercised too
                 e[i] = mw - approx / 2
             grads.append(approx.T.reshape(v.shape))
         tr.opt.apply_gradients(zip([tf.constant(g) + 5e-4 * v for g, v in zip(grads, variables)], variables))
-    elif mode.startswith("shard"):  # by hand: worker r's local SGD steps alone (its own mean gradient, its momentum)
-        part = wlcommon.batch_slice(step, [4, 4], int(mode[5:]))
-        tr.train_step(tf.constant(x[part]), tf.constant(y[part]))
-    elif mode == "local":
-        part = wlcommon.batch_slice(step, split, rank)
-        tr.local_step(tf.constant(x[part]), tf.constant(y[part]))
     elif world > 1:
         part = wlcommon.batch_slice(step, [k * b for b in split], rank)  # as the program feeds it
         (tr.powersgd_step if comp == "powersgd" else tr.train_step)(tf.constant(x[part]), tf.constant(y[part]))
     else:
         tr.train_step(tf.constant(x[step * n:(step + 1) * n]), tf.constant(y[step * n:(step + 1) * n]))
-if mode == "local":
-    before = [w.copy() for w in tr.model.get_weights()]
-    sent = tr.average_model(params=True, momentum=False)
-    np.savez(out + f".before{{rank}}.npz", *before)
-    np.save(out + f".sent{{rank}}.npy", np.array(sent))
 weights = tr.model.get_weights()
 if rank == 0:
     np.savez(out, *weights)
@@ -203,26 +192,6 @@ def test_tf_powersgd_on_two_workers_equals_torchs_algorithm_done_by_hand(tmp_pat
     assert worst <= 1e-6
     compressed, _ = _delta(init, plain, mwms)
     assert compressed > 1e-2  # a rank-1 approximation, not the full gradient
-
-
-def test_tf_local_sgd_steps_each_worker_alone_then_averages_the_models(tmp_path: Path) -> None:
-    """Two local steps on two MWMS workers, then average_model: the result is the mean of the two workers'
-    models trained alone on their own batches (by hand, one process each), and before the average the
-    workers' models differ (no all-reduce in local_step)."""
-    helper, init, data = _setup(tmp_path, 16)
-    refs = [tmp_path / f"shard{r}.npz" for r in range(2)]
-    _ok(*[_run(helper, [f"shard{r}", str(init), str(data), str(refs[r]), "4", "1", "none"]) for r in range(2)])
-    out = tmp_path / "local.npz"
-    _two_workers(helper, ["local", str(init), str(data), str(out), "4,4", "1", "localsgd"])
-    with np.load(refs[0]) as a, np.load(refs[1]) as b, np.load(out) as m, \
-            np.load(f"{out}.before0.npz") as w0, np.load(f"{out}.before1.npz") as w1:
-        for key in m.files:
-            assert np.allclose(m[key], (a[key] + b[key]) / 2, rtol=0, atol=1e-12), key
-            assert np.allclose(w0[key], a[key], rtol=0, atol=1e-12) and np.allclose(w1[key], b[key], rtol=0,
-                                                                                    atol=1e-12), key
-        assert max(float(np.abs(w0[k] - w1[k]).max()) for k in m.files) > 1e-6  # they had parted
-        params = sum(m[k].size for k in m.files)
-    assert int(np.load(f"{out}.sent0.npy")) == params * 8  # float64 here, 2 (W-1)/W = 1 for two workers
 
 
 @pytest.mark.parametrize(("args", "says"), [
