@@ -337,12 +337,12 @@ def table(done: dict[str, Any], a: argparse.Namespace, rate: str) -> list[str]:
                 continue
             nodes = 1 if name == "one" else len(r.get("nodes") or [0] * 4)
             scheme = "none" if name == "one" else r.get("scheme", "none")
-            acc = 1 if name == "one" else r.get("accumulate", 1)
+            k = 1 if name == "one" else int(r.get("accumulate", 1))
             wire = r.get("wire", "float32") if scheme == "powersgd" else "float32"
-            epoch = predicted(plan, nodes, scheme, acc, wire)
+            epoch = predicted(plan, nodes, scheme, k, wire)
             wall, trained = (epoch * r["epochs"] if epoch else None), r.get("trained_s")
             err = f"{wall / trained - 1:+.0%}" if wall and trained else "-"
-            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{bf16(wire)}{'' if acc == 1 else f' acc {acc}'}) | "
+            lines.append(f"| {seed} | {name} ({nodes} x {scheme}{bf16(wire)}{'' if k == 1 else f' acc {k}'}) | "
                          f"{'-' if wall is None else f'{wall:.0f}'} | {'-' if trained is None else f'{trained:.0f}'} | "
                          f"{err} | {r.get('host_load', '-')} |")
     return lines
