@@ -27,7 +27,7 @@ out = Console(highlight=False, width=_WIDE)
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # messages stay whole: grep-able, copy-able
 
 # How a run's (or a node's) state is coloured wherever it is shown.
-RUN_STYLE = {"running": "yellow", "starting": "yellow", "restarting": "yellow", "succeeded": "green", "failed": "red",
+RUN_STYLE = {"running": "yellow", "starting": "yellow", "queued": "cyan", "restarting": "yellow", "succeeded": "green", "failed": "red",
              "stopped": "magenta", "stopping": "magenta", "vanished": "red", "unreachable": "red", "missing": "red",
              "not started": "dim"}
 

@@ -67,8 +67,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from cluster.runs import collect
-    from cluster.runs.records import run_path
     from cluster.inventory import loader
+    from cluster.schedulers import api
 
     records = collect.chosen_runs(args.run, args.all)
     override = loader.load(args.inventory).hosts if args.inventory else None
@@ -81,17 +81,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
             tasks[(run, node)] = prog.add_task(f"{run} {node}", total=None)
         prog.advance(tasks[(run, node)], n)
 
-    with prog:
-        summary = collect.collect_runs([r for r in records if r.target is None], checkpoints=args.with_checkpoints,
-                                       forks=args.forks, on_bytes=advance, inventory_hosts=override)
-        for r in (r for r in records if r.target is not None):  # Slurm runs: the job's folder on the cluster
-            from cluster.slurm import run as slurm_run
-
-            def bytes_in(node: str, n: int, rid: str = r.run_id) -> None:
-                advance(rid, node, n)
-
-            nodes = slurm_run.collect(r, checkpoints=args.with_checkpoints, on_bytes=bytes_in)
-            summary.runs.append(collect.RunCollect(r.run_id, run_path(r.run_id), nodes))
+    with prog:  # each run through its scheduler: its PCs over SSH, or the job's folder on a cluster
+        summary = api.collect_runs(records, checkpoints=args.with_checkpoints, forks=args.forks, on_bytes=advance,
+                                   inventory_hosts=override)
     if args.json:
         docs = [r.to_dict() for r in summary.runs]
         emit_json(docs if args.all else docs[0])
@@ -166,15 +158,15 @@ def _sizes(text: str) -> list[int]:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    from cluster.schedulers import api
     from cluster.study import matrix
 
     from cluster.cli.nodes import poweroff_after, wake_first
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    if args.on and (args.wake or args.poweroff_after):
-        raise errors.UsageError("--wake and --poweroff-after power the inventory's PCs, not a Slurm cluster's nodes",
-                                f"leave them out with --on {args.on}")
-    hosts = [] if args.on else inv.select(args.limit)
+    api.check_options(api.for_launch(args.on), {k: getattr(args, k) for k in ("wake", "poweroff_after", "limit")},
+                      args.on)  # the PCs' own options
+    hosts = inv.select(args.limit) if args.wake or args.poweroff_after else []
     wake_first(args, inv, hosts)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
                                  log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks,

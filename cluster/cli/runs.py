@@ -5,7 +5,7 @@ import argparse
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from rich.markup import escape
 from rich.table import Table
@@ -67,24 +67,22 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
                    help="a new run that takes an ended RUN further from what it left on its nodes (its checkpoint): "
                         "RUN's job, settings and nodes; --set epochs=N for N epochs in all (docs/jobs.md)")
     add_power(p)
-    _declare_slurm(p)
+    _declare_schedulers(p)
 
 
-def _declare_slurm(p: argparse.ArgumentParser) -> None:
-    """`launch JOB --on NAME`: the same job on a Slurm cluster of the inventory (docs/slurm.md)."""
-    from cluster.cli.args import POSITIVE_INT
+def _declare_schedulers(p: argparse.ArgumentParser) -> None:
+    """`--on NAME` and each scheduler's own options, as the schedulers declare them (cluster/schedulers)."""
+    from cluster.cli.args import NON_NEGATIVE_INT, POSITIVE_INT
+    from cluster.schedulers import api
 
-    g = p.add_argument_group("on a Slurm cluster (docs/slurm.md)")
-    g.add_argument("--on", metavar="NAME", help="run the job on the inventory's Slurm cluster NAME (`slurm:`)")
-    g.add_argument("--partition", metavar="P", help="with --on: the partition (default: the inventory's, else Slurm's)")
-    g.add_argument("--account", metavar="A", help="with --on: the account charged (default: the inventory's)")
-    g.add_argument("--qos", metavar="Q", help="with --on: the quality of service (default: the inventory's)")
-    g.add_argument("--nodes", type=POSITIVE_INT, metavar="N",
-                   help="with --on: how many nodes (default: as many as the job uses on the inventory's hosts)")
-    g.add_argument("--time", metavar="T", help="with --on: the time limit, e.g. 30, 2:00:00, 1-12:00:00")
-    g.add_argument("--mem", metavar="M", help="with --on: memory per node, e.g. 16G (default: Slurm's)")
-    g.add_argument("--gpus-per-node", type=NON_NEGATIVE_INT, metavar="G", help="with --on: GPUs per node")
-    g.add_argument("--cpus-per-task", type=POSITIVE_INT, metavar="C", help="with --on: CPUs of each node's task")
+    p.add_argument("--on", metavar="NAME", help="run the job on the inventory's cluster NAME (`slurm:`, docs/slurm.md) "
+                   "instead of its PCs")
+    kinds: dict[str, Callable[[str], Any]] = {"text": str, "positive": POSITIVE_INT, "count": NON_NEGATIVE_INT}
+    for sched in api.registry().values():
+        if sched.options:
+            g = p.add_argument_group(sched.title)
+            for o in sched.options:
+                g.add_argument(o.flag, dest=o.name, metavar=o.metavar, type=kinds[o.kind], help=o.help)
 
 
 # --------------------------------------------------------------------------- a run, shown
@@ -108,73 +106,52 @@ def _cell(value: Any, fmt: str = "") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]]) -> Table:
-    t = table(f"{record.run_id}: {styled(record.state)} ({record.job}, world size {record.world_size})",
-              ("node", "state", "procs", "CPU %", "mem MB", "world", "epoch", "step", "loss", "images/s"))
-    for n in record.nodes:
-        s = statuses.get(n.node)
-        if s is None:
-            t.add_row(n.node, "?", *["-"] * 8)
+METRICS = (("procs", "processes", ""), ("CPU %", "cpu_percent", ".0f"), ("mem MB", "rss_mb", ".0f"),
+           ("world", "world", ""), ("epoch", "epoch", ""), ("step", "step", ""), ("loss", "loss", ".4f"),
+           ("images/s", "images_per_s", ".1f"), ("exit", "exit_code", ""))
+
+
+def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]], where: str = "") -> Table:
+    """One row per node: the columns its scheduler's statuses carry (an SSH run's agents give processes, CPU
+    and training metrics; a Slurm run's tasks an exit code and their last line)."""
+    rows = {n: (s if isinstance(s, dict) else s.to_dict()) for n, s in statuses.items()}
+    cols = [c for c in METRICS if any(c[1] in d for d in rows.values())]
+    tails = any(d.get("log_tail") for d in rows.values())
+    t = table(f"{record.run_id}: {styled(record.state)} ({record.job}, world size {record.world_size}"
+              + (f"; {escape(where)}" if where else "") + ")",
+              ("node", "state", *(c[0] for c in cols), *(("last line",) if tails else ())),
+              overflow="fold" if tails else "ellipsis")
+    names = [n.node for n in record.nodes] or list(rows)
+    for name in names:
+        d = rows.get(name)
+        if d is None:
+            t.add_row(escape(name), "?", *["-"] * (len(cols) + tails))
             continue
-        d = s if isinstance(s, dict) else s.to_dict()
-        t.add_row(n.node, styled(d["state"]), str(d["processes"]), _cell(d.get("cpu_percent"), ".0f"),
-                  _cell(d.get("rss_mb"), ".0f"), str(d["world"] or "-"), _cell(d["epoch"]),
-                  _cell(d["step"]), _cell(d["loss"], ".4f"), _cell(d["images_per_s"], ".1f"))
+        cells = [_cell(d.get(key), fmt) for _, key, fmt in cols]
+        tail = [x for x in d.get("log_tail") or [] if x.strip()]
+        t.add_row(escape(name), styled(str(d.get("state"))), *cells,
+                  *((escape(tail[-1][:160] if tail else ""),) if tails else ()))
     return t
 
 
 def _print_details(record: RunRecord) -> None:
-    """Below the table: the run it continues, its membership periods, its failure, nodes not confirmed stopped."""
-    from cluster.runs import elastic
+    """Below the table: the run's failure, then what its scheduler has to say (cluster/schedulers)."""
+    from cluster.schedulers import api
 
-    cont = record.extra.get("continues")
-    if cont:
-        out.print(f"continues run {escape(cont['run'])} (from what it left on {escape(', '.join(cont['copied']))})")
-    for line in elastic.describe(record):  # the membership periods of a run that lost a node and went on
-        out.print(escape(line))
     f = record.failure
     if f is not None:
-        out.print(f"[red]run failed[/red] on {f.node}: {escape(f.reason)}"
+        out.print(f"[red]run failed[/red] on {escape(f.node)}: {escape(f.reason)}"
                   + (f" (also: {', '.join(f.also)})" if f.also else ""))
         for line in f.log:
-            out.print(f"  [dim]{f.node}|[/dim] {escape(line)}")
-    if record.stop_pending:
-        out.print(f"[red]not confirmed stopped[/red] (unreachable): {', '.join(record.stop_pending)}; "
-                  f"run `clusterctl stop {record.run_id}` when they are back"
-                  + (" (the watcher stops what a dropped node left running when it answers again)"
-                     if set(record.stop_pending) <= set(record.dropped) else ""))
-    elif f is not None and record.stop_results:
-        out.print("the other nodes were stopped")
-    _print_firewall_left(record)
-    if f is not None:
-        out.print(f"logs and metrics stay on the nodes (`clusterctl logs {record.run_id}`)")
-
-
-def _print_firewall_left(record: RunRecord) -> None:
-    from cluster.runs import state
-
-    for n, why in state.firewall_left(record).items():
-        out.print(f"[red]firewall rule left open[/red] on {n} ({escape(why)}): run `clusterctl stop {record.run_id}` "
-                  f"again, or remove the rules whose comment is \"clusterctl {record.run_id}\" "
-                  "(`sudo nft -a list ruleset`, then `sudo nft delete rule FAMILY TABLE CHAIN handle N`)")
-
-
-def _watched(record: RunRecord) -> None:
-    """A run still going, or with nodes whose stop is not confirmed (a dropped node, a PC off), whose watcher
-    died (killed, the head rebooted) gets a new one: nobody else would judge it, go on without a node it loses,
-    or stop what a node left running (and close its firewall rule) when it answers again, while no command runs."""
-    from cluster.runs import elastic
-
-    if (record.active or record.stop_pending) and record.watcher and not elastic.alive(record.watcher.get("pid")):
-        from cluster.runs import watch
-
-        watch.spawn(record.run_id)
+            out.print(f"  [dim]{escape(f.node)}|[/dim] {escape(line)}")
+    for line in api.of(record).details(record):
+        out.print(escape(line))
 
 
 def _run_exit(record: RunRecord) -> int:
     if set(record.stop_pending) & set(record.members()):  # a node it dropped is retried, and said (_print_details)
         return errors.EXIT_UNREACHABLE
-    return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK,
+    return {"succeeded": errors.EXIT_OK, "running": errors.EXIT_OK, "starting": errors.EXIT_OK, "queued": errors.EXIT_OK,
             "restarting": errors.EXIT_OK, "dry-run": errors.EXIT_OK}.get(record.state, errors.EXIT_FAILED)
 
 
@@ -182,15 +159,11 @@ def _run_exit(record: RunRecord) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from cluster.runs import launch
+    from cluster.schedulers import api
 
     inv = load_inventory(args.inventory, args.host_set, args.ssh_config)
-    on_slurm = args.on is not None or any(getattr(args, o) is not None for o in SLURM_OPTIONS)
-    if args.continue_run and on_slurm:
-        raise errors.UsageError("--continue takes a run further on the PCs that hold its checkpoints, not on Slurm",
-                                "drop --on (a Slurm job requeued by Slurm resumes there on its own, docs/slurm.md)")
-    if on_slurm:
-        return _launch_on_slurm(args, inv)  # `--on NAME`: a Slurm cluster (cluster/slurm/, docs/slurm.md)
+    sched = api.for_launch(args.on)
+    api.check_options(sched, vars(args), args.on)
     spec = _spec(args, inv)  # first: it refuses --plan where there is no JOB to plan (--continue, `-- COMMAND`)
     planned = None
     if args.plan:
@@ -200,21 +173,27 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.poweroff_after and (args.detach or args.dry_run):
         raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
                                 "drop --detach (or --dry-run), or run `clusterctl collect` then `clusterctl poweroff`")
-    from cluster.cli.nodes import poweroff_after, wake_first
-
-    if not args.dry_run:
-        wake_first(args, inv, launch.select_hosts(inv, spec, args.limit))
-    if args.dry_run:  # the request execute would start, printed (torchx's dryrun_info)
-        request = launch.prepare(inv, spec, limit=args.limit, forks=args.forks)
+    sub = api.Submission(inv, spec, on=args.on, limit=args.limit, forks=args.forks,
+                         options={o.name: getattr(args, o.name) for o in sched.options})
+    if args.dry_run:  # the request submit would run, printed (torchx's dryrun_info)
+        request = sched.dryrun(sub)
         if args.json:
             emit_json(request.to_dict())
         else:
             out.out(request.to_text(width=out.width), end="", highlight=False)
         return errors.EXIT_OK
-    record, _ = launch.launch(inv, spec, limit=args.limit, forks=args.forks, log=notes(args.json),
-                              prediction=planned)  # prepare, then execute that same request
+    if args.wake:
+        from cluster.cli.nodes import wake_first
+
+        wake_first(args, inv, sched.pcs(sub) or [])
+    log = notes(args.json)
+    request = sched.dryrun(sub, log)
+    with err.status(f"starting {request.run_id}"):
+        record = sched.submit(request, log, prediction=planned, forks=args.forks)
     if not args.json:
-        err.print(f"run {record.run_id} started on {len(record.nodes)} nodes (world size {record.world_size})")
+        where = sched.where(record)
+        err.print(f"run {record.run_id}: {where}" if where else
+                  f"run {record.run_id} started on {len(record.nodes)} nodes (world size {record.world_size})")
         for node, why in record.left_out.items():
             err.print(f"[yellow]left out: {escape(node)} ({escape(why)}); the job's min_nodes lets it start "
                       "without[/yellow]")
@@ -222,21 +201,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(record.to_dict())
         else:
-            out.print(f"detached (a watcher on this head judges it meanwhile): follow it with `clusterctl status "
-                      f"{record.run_id}` or `clusterctl logs {record.run_id} -f`; stop it with "
-                      f"`clusterctl stop {record.run_id}`")
+            out.print(f"detached: follow it with `clusterctl status {record.run_id}` or `clusterctl logs "
+                      f"{record.run_id} -f`; stop it with `clusterctl stop {record.run_id}`")
         return errors.EXIT_OK
     try:
         record = _follow(record, args.json)
     except KeyboardInterrupt:
-        err.print(f"detached; the run goes on (its watcher judges it). Stop it with `clusterctl stop {record.run_id}`")
+        err.print(f"detached; the run goes on (its scheduler keeps it). Stop it with `clusterctl stop {record.run_id}`")
         return errors.EXIT_INTERRUPTED
     _print_run_end(args, record)
     if args.poweroff_after:
-        from cluster.runs import collect
+        from cluster.cli.nodes import poweroff_after
         from cluster.inventory.model import Host
 
-        collect.collect(record)  # the results on this head first: nothing a user ran is lost
+        api.of(record).collect(record)  # the results on this head first: nothing a user ran is lost
         if not poweroff_after(args, [Host.from_dict(h) for h in record.inventory["hosts"]]):
             return errors.EXIT_UNREACHABLE
     return _run_exit(record)
@@ -281,80 +259,52 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     return jobs.load(args.job, (plans.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
 
 
-# --------------------------------------------------------------------------- launch --on NAME (Slurm)
-
-SLURM_OPTIONS = ("partition", "account", "qos", "nodes", "time", "mem", "gpus_per_node", "cpus_per_task")
-# launch options that pick or power the inventory's PCs: a Slurm job's nodes come from the scheduler
-NOT_ON_SLURM = {"limit": "--limit picks the inventory's PCs; Slurm chooses a job's nodes (--nodes N says how many)",
-                "plan": "--plan places the job on the inventory's PCs; on Slurm give --nodes N",
-                "wake": "--wake wakes the inventory's PCs, not a cluster's nodes",
-                "poweroff_after": "--poweroff-after powers the inventory's PCs off, not a cluster's nodes"}
-
-
-def _launch_on_slurm(args: argparse.Namespace, inv: Any) -> int:
-    """`launch JOB --on NAME [--partition P ...] --dry-run`: the sbatch script, as submission will send it."""
-    from cluster.errors import UsageError
-    from cluster.slurm import submit
-    from cluster.slurm.resources import SlurmOverrides
-
-    if args.on is None:
-        given = next(o for o in SLURM_OPTIONS if getattr(args, o) is not None)
-        raise UsageError(f"--{given.replace('_', '-')} goes with --on NAME (a Slurm cluster of the inventory)",
-                         f"clusterctl launch JOB --on NAME --{given.replace('_', '-')} ... (docs/slurm.md)")
-    for option, why in NOT_ON_SLURM.items():
-        if getattr(args, option, None):
-            raise UsageError(f"--{option.replace('_', '-')} does not go with --on {args.on}", why)
-    spec = _spec(args, inv)
-    overrides = SlurmOverrides(**{o: getattr(args, o) for o in SLURM_OPTIONS})
-    request = submit.prepare(inv, spec, args.on, overrides)  # every value checked first: exit 2 names it
-    if not args.dry_run:
-        from cluster.cli import slurm as slurm_cli
-
-        return slurm_cli.submit(args, request)  # sinfo's check, staging, sbatch, then Slurm's verdict
-    if args.json:
-        emit_json(request.to_dict())
-    else:
-        out.out(request.to_text(width=out.width), end="", highlight=False)
-    return errors.EXIT_OK
-
-
 def _follow(record: RunRecord, quiet: bool) -> RunRecord:
-    """launch.follow, shown: a live table on a terminal, else one line per change of a node's state or epoch."""
+    """Its scheduler's follow, shown: a live table on a terminal, else one line per change of a node's state or
+    epoch."""
     from rich.live import Live
 
-    from cluster.runs import launch
+    from cluster.schedulers import api
 
+    sched = api.of(record)
     live = Live(console=err, transient=False, auto_refresh=False) if err.is_terminal and not quiet else None
     seen: dict[str, str] = {}
 
-    def update(rec: RunRecord, statuses: Mapping[str, NodeView]) -> None:
+    def update(rec: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]]) -> None:
         if live is not None:
-            live.update(run_table(rec, statuses), refresh=True)
+            live.update(run_table(rec, statuses, sched.where(rec)), refresh=True)
         elif not quiet:
             for name, s in statuses.items():
-                key = f"{s.state} epoch {s.epoch}"
+                d = s if isinstance(s, dict) else s.to_dict()
+                key = f"{d.get('state')} epoch {d.get('epoch')}"
                 if seen.get(name) != key:
                     seen[name] = key
-                    err.print(f"{name}: {s.state}" + (f", epoch {s.epoch} step {s.step} loss {s.loss:.4f}"
-                                                      if s.loss is not None else ""))
+                    err.print(f"{name}: {d.get('state')}" + (f", epoch {d['epoch']} step {d.get('step')} loss "
+                                                             f"{d['loss']:.4f}" if d.get("loss") is not None else ""))
+            where = sched.where(rec)
+            if where and seen.get("") != where:
+                seen[""] = where
+                err.print(where)
 
     if live is None:
-        return launch.follow(record, on_update=update)
+        return sched.follow(record, on_update=update)
     with live:
-        return launch.follow(record, on_update=update)
+        return sched.follow(record, on_update=update)
 
 
 def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
+    from cluster.schedulers import api
+
     if args.json:
         emit_json(record.to_dict())
         return
     if record.last_status:
-        out.print(run_table(record, record.last_status))
+        out.print(run_table(record, record.last_status, api.of(record).where(record)))
     _print_details(record)
     if record.state == "succeeded":
         took = (record.ended or 0) - (record.started or 0)
-        out.print(f"run {record.run_id} succeeded in {took:.0f} s; "
-                  f"results stay on the nodes under runs/{record.run_id}/")
+        out.print(f"run {record.run_id} succeeded in {took:.0f} s; `clusterctl collect {record.run_id}` brings its "
+                  "results to this head")
 
 
 # --------------------------------------------------------------------------- runs, status, logs, stop
@@ -362,19 +312,23 @@ def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from cluster.runs import records as runs
+    from cluster.schedulers import api
 
     records, damaged = runs.scan()
+    where = {r.run_id: api.of(r).where(r) for r in records}  # as last seen: `runs` asks no node
     if args.json:
-        emit_json([{k: getattr(r, k) for k in ("run_id", "job", "state", "created", "started", "ended",
+        emit_json([{k: getattr(r, k) for k in ("run_id", "job", "state", "scheduler", "created", "started", "ended",
                                               "world_size", "stop_pending")}
-                   | {"nodes": [n.node for n in r.nodes]} for r in records]
+                   | {"nodes": [n.node for n in r.nodes], "where": where[r.run_id]} for r in records]
                   + [{"error": e.message, "fix": e.fix} for e in damaged])
         return errors.EXIT_USAGE if damaged else errors.EXIT_OK
-    t = table(f"runs in {escape(str(runs.runs_dir()))}", ("run", "job", "state", "nodes", "world", "started", "took"))
+    t = table(f"runs in {escape(str(runs.runs_dir()))}", ("run", "job", "state", "nodes", "world", "started", "took",
+                                                          *(("where",) if any(where.values()) else ())))
     for r in records:
         took = f"{(r.ended or time.time()) - r.started:.0f}s" if r.started else "-"
         t.add_row(r.run_id, r.job, styled(r.state), ",".join(n.node for n in r.nodes), str(r.world_size),
-                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-", took)
+                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-", took,
+                  *((escape(where[r.run_id]),) if any(where.values()) else ()))
     out.print(t)
     for e in damaged:  # never dropped silently: the busy check refuses while one is there
         err.print(f"[red]{escape(e.message)}[/red]\n  fix: {escape(e.fix or '')}")
@@ -384,43 +338,41 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from cluster.runs import launch, records as runs
+    from cluster.runs import records as runs
+    from cluster.schedulers import api
 
     record = runs.load(args.run)
-    if record.target is not None:  # a Slurm run: Slurm's verdict (cluster/cli/slurm.py)
-        from cluster.cli import slurm as slurm_cli
-
-        return slurm_cli.status(args, record)
-    record = launch.refresh(record)
-    _watched(record)
+    sched = api.of(record)
+    record = sched.describe(record)
     if args.json:
-        emit_json(record.to_dict())
+        emit_json(record.to_dict() | {"where": sched.where(record)})
     else:
-        out.print(run_table(record, record.last_status or {}))
+        out.print(run_table(record, record.last_status or {}, sched.where(record)))
         _print_details(record)
     return _run_exit(record)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from cluster.runs import launch, logstream, records as runs
+    from cluster.runs import records as runs
+    from cluster.schedulers import api
 
     record = runs.load(args.run)
-    if record.target is not None:
-        from cluster.cli import slurm as slurm_cli
-
-        return slurm_cli.logs(args, record)
+    sched = api.of(record)
+    if record.nodes and args.node is not None and args.node not in record.node_dirs():
+        raise errors.UsageError(f"run {record.run_id} has no node '{args.node}'",
+                                f"one of: {', '.join(record.node_dirs())}")
     if not args.follow:
-        got = launch.logs(record, args.node, lines=args.lines)
+        got = sched.logs(record, args.node, lines=args.lines)
         if args.json:
-            emit_json({n: text for n, (text, _) in got.items()})
+            emit_json(dict(got))
         else:
-            for name, (text, _) in got.items():
+            for name, text in got.items():
                 out.rule(name)
                 out.out(text.rstrip("\n"), highlight=False)
         return _logs_exit(got.unreachable)
     unreachable: set[str] = set()
     try:
-        for name, line in logstream.follow(record, args.node, unreachable=unreachable):
+        for name, line in sched.log_iter(record, args.node, unreachable=unreachable):
             out.out(f"{name}| {line}", highlight=False)
     except KeyboardInterrupt:
         return errors.EXIT_INTERRUPTED
@@ -436,31 +388,29 @@ def _logs_exit(unreachable: set[str]) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from cluster.runs import launch, records as runs
+    from cluster.runs import records as runs
+    from cluster.schedulers import api
 
     record = runs.load(args.run)
-    if record.target is not None:
-        from cluster.cli import slurm as slurm_cli
-
-        return slurm_cli.stop(args, record)
-    with err.status(f"stopping {record.run_id} on {len(record.nodes)} nodes"):
-        record = launch.stop(record, grace=args.grace)
-    _watched(record)
+    sched = api.of(record)
+    with err.status(f"stopping {record.run_id}"):
+        record = sched.stop(record, grace=args.grace)
     results = record.stop_results or {}
     if args.json:
-        emit_json(record.to_dict())
+        emit_json(record.to_dict() | {"where": sched.where(record)})
     else:
         for n, r in results.items():
             out.print(f"{n}: " + ("[green]nothing left running[/]" if r.get("ok") else
                                   f"[red]not confirmed stopped: {escape(str(r.get('error') or r.get('left')))}[/]")
                       + (f" (terminated {len(r.get('terminated') or [])}, killed {len(r.get('killed') or [])})"
-                         if r.get("ok") else ""))
+                         if r.get("ok") and "terminated" in r else ""))
         ended = ": every node's program had ended by itself before the stop reached it" \
             if record.state == "succeeded" else ""
-        out.print(f"run {record.run_id}: {record.state}{ended}; logs and metrics stay on the nodes"
-                  + (f"; run `clusterctl stop {record.run_id}` again when {', '.join(record.stop_pending)} "
-                     "can be reached" if record.stop_pending else ""))
-        _print_firewall_left(record)
+        where = sched.where(record)
+        out.print(f"run {record.run_id}: {record.state}{ended}" + (f" ({escape(where)})" if where else "")
+                  + "; logs and metrics stay where it ran")
+        for line in sched.details(record):
+            out.print(escape(line))
     if record.stop_pending:  # exit 3 when a node could not be reached, 1 when a reachable one kept processes
         unreachable = any(results.get(n, {}).get("status") == "unreachable" for n in record.stop_pending)
         return errors.EXIT_UNREACHABLE if unreachable else errors.EXIT_FAILED

@@ -34,9 +34,9 @@ def continued(spec: jobs.JobSpec) -> records.RunRecord | None:
     if old.state not in records.FINAL:
         raise UsageError(f"run {old.run_id} is {old.state}: a run is continued once it has ended",
                          f"wait for it (clusterctl status {old.run_id}) or stop it (clusterctl stop {old.run_id})")
-    if old.target is not None:
-        raise UsageError(f"run {old.run_id} ran on {old.target.get('kind', 'another scheduler')}: its checkpoints "
-                         "are there, not on the inventory's PCs", "launch it there again with --on")
+    if old.scheduler != "ssh":  # this module continues runs on the PCs (the SSH scheduler's)
+        raise UsageError(f"run {old.run_id} ran on {old.scheduler}: its checkpoints are there, not on the "
+                         "inventory's PCs", "launch it there again with --on")
     if old.job != spec.name or old.framework != spec.framework:
         raise UsageError(f"run {old.run_id} is job {old.job} ({old.framework}), this one {spec.name} "
                          f"({spec.framework}): a run continues the same job", f"clusterctl launch --continue "

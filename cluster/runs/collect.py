@@ -289,23 +289,3 @@ def chosen_runs(run: str | None, every: bool) -> list[runs.RunRecord]:
     if every and run:
         raise UsageError("give a RUN or --all, not both", "clusterctl collect --all")
     return [r for r in runs.list_runs() if r.state != "dry-run"] if every else [runs.load(run)]
-
-
-def collect_runs(records: list[runs.RunRecord], checkpoints: bool = False, forks: int = 32,
-                 on_bytes: Callable[[str, str, int], None] | None = None,
-                 inventory_hosts: dict[str, Host] | None = None) -> CollectSummary:
-    """collect() each run in turn; `on_bytes(run_id, node, n)` as bytes arrive. One run's failed or
-    unreachable node does not stop the next run's collect: the summary's verdict says it."""
-    done = []
-    for record in records:
-        nodes = collect(record, checkpoints=checkpoints, forks=forks, on_bytes=_for_run(on_bytes, record.run_id),
-                        inventory_hosts=inventory_hosts)
-        done.append(RunCollect(record.run_id, runs.run_path(record.run_id), nodes))
-    return CollectSummary(done)
-
-
-def _for_run(on_bytes: Callable[[str, str, int], None] | None, run_id: str) -> Callable[[str, int], None] | None:
-    if on_bytes is None:
-        return None
-    report = on_bytes
-    return lambda node, n: report(run_id, node, n)

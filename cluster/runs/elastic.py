@@ -91,7 +91,7 @@ def may_continue(record: records.RunRecord, lost: list[str]) -> bool:
     """The job lets the run go on without `lost`: it has a min_nodes that the others still meet."""
     need = int((record.settings or {}).get("min_nodes") or 0)
     left = [n for n in record.members() if n not in lost]
-    return record.target is None and need > 0 and bool(left) and len(left) >= need
+    return need > 0 and bool(left) and len(left) >= need
 
 
 def alive(pid: Any) -> bool:

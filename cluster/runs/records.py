@@ -29,7 +29,7 @@ from cluster import paths
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Host
 
-ACTIVE = ("starting", "running", "restarting", "stopping")
+ACTIVE = ("starting", "queued", "running", "restarting", "stopping")
 FINAL = ("succeeded", "failed", "stopped")
 # The only moves a run's state makes (RunRecord.move is the one place that changes it): a final state is
 # never left, and a stop the user asked for (`stopping`) ends `stopped`, whatever a later step finds, unless
@@ -37,8 +37,11 @@ FINAL = ("succeeded", "failed", "stopped")
 # `succeeded`: it writes no stop where the program had ended; a run that ends at its target_acc meets a stop
 # sent when its last epoch was seen): the run succeeded, the stop found nothing to stop.
 MOVES: dict[str, tuple[str, ...]] = {
-    "starting": ("running", "stopping", "failed", "stopped"),
-    "running": ("restarting", "stopping", "succeeded", "failed", "stopped"),
+    "starting": ("queued", "running", "stopping", "failed", "stopped"),
+    # accepted by its scheduler, waiting for nodes (Slurm's PENDING, with its reason); a job the scheduler
+    # requeued (it lost a node) waits there again
+    "queued": ("running", "stopping", "failed", "stopped"),
+    "running": ("queued", "restarting", "stopping", "succeeded", "failed", "stopped"),
     # continuing without a lost node (cluster/runs/elastic.py): the survivors are stopped and started again
     "restarting": ("running", "stopping", "failed", "stopped"),
     "stopping": ("stopped", "succeeded"),
@@ -104,7 +107,8 @@ class RunRecord:
     watcher: dict[str, Any] | None = None  # {"pid", "started"} of the head-side watcher
     secrets: list[str] = field(default_factory=list)  # names of env values that are redacted everywhere
     left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it started without (min_nodes): why
-    target: dict[str, Any] | None = None  # where it ran when not on the inventory's PCs: {"kind": "slurm", ...}
+    scheduler: str = "ssh"  # where it runs (cluster/schedulers): ssh (the inventory's PCs) or slurm
+    target: dict[str, Any] | None = None  # the scheduler's own part: Slurm's {"cluster", "job_id", ...}
     # Membership (cluster/runs/elastic.py): one period per set of nodes the run ran on, the first from the
     # start; `dropped`: the nodes it lost on the way (node -> why, when, in which period, when it came back);
     # `reform`: who is restarting the survivors right now ({"pid", "since", "lost", "reason"}).
@@ -162,6 +166,9 @@ class RunRecord:
                               "remove the folder if the run is not needed, or restore the file")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kw = {k: v for k, v in d.items() if k in known}
+        if "scheduler" not in d:  # a record from before the field: a Slurm run had a target of that kind
+            kw["scheduler"] = str((d.get("target") or {}).get("kind") or "ssh") if isinstance(d.get("target"), dict) \
+                else "ssh"
         try:
             kw["nodes"] = [RunNode(**n) for n in d["nodes"]]
             if kw.get("failure") is not None:
@@ -184,7 +191,7 @@ def _check_types(r: RunRecord) -> None:
 
     if not isinstance(r.run_id, str) or not RUN_ID_RE.match(r.run_id):
         bad("run_id")
-    for name in ("job", "framework", "state"):
+    for name in ("job", "framework", "state", "scheduler"):
         if not isinstance(getattr(r, name), str):
             bad(name)
     if not number(r.created) or not all(x is None or number(x) for x in (r.started, r.ended, r.stop_tried)):

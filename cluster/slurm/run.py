@@ -36,10 +36,6 @@ STOP_WAIT_S = 60.0  # scancel, then at most this long until Slurm says the job e
 SUBMIT_GRACE_S = 120.0  # a record without a job id younger than this: its launch may still be submitting
 
 
-def is_slurm(record: runs.RunRecord) -> bool:
-    return record.target is not None and record.target.get("kind") == KIND
-
-
 def target(record: runs.RunRecord) -> dict[str, Any]:
     """The record's Slurm part (a Slurm run's record always has one)."""
     if record.target is None:
@@ -120,6 +116,7 @@ def _record(request: SlurmRequest) -> runs.RunRecord:
     return runs.RunRecord(
         run_id=request.run_id, job=spec.name, framework=spec.framework, state="starting", created=time.time(),
         clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=res.world_size,
+        scheduler=KIND,
         data_file=request.data_file, nodes=[], inventory={"path": "", "name": cluster.name, "hosts": []},
         target={"kind": KIND, "cluster": cluster.name, "job_id": None, "login": cluster.login.to_dict(),
                 "workdir": cluster.workdir, "run_dir": request.run_dir, "state": "SUBMITTING",
@@ -127,10 +124,10 @@ def _record(request: SlurmRequest) -> runs.RunRecord:
 
 
 def _submitted(r: runs.RunRecord, job_id: str) -> None:
+    """Slurm has the job: `queued` until it says RUNNING (_apply), with its reason."""
     assert r.target is not None
     r.target.update({"job_id": job_id, "state": "PENDING"})
-    r.started = time.time()
-    r.move("running")
+    r.move("queued")
 
 
 def _refused(r: runs.RunRecord, why: str) -> None:
@@ -192,7 +189,10 @@ def _job_state(t: Transport, job_id: str) -> tuple[str, str, str]:
     if r.exit_code == 0 and line:
         state, _, rest = line.partition("|")
         reason, _, nodelist = rest.partition("|")
-        return state.strip().split()[0], reason.strip(), nodelist.strip()
+        reason = reason.strip()  # a pending job's reason comes in parentheses: "(Resources)"
+        if reason.startswith("(") and reason.endswith(")"):
+            reason = reason[1:-1]
+        return state.strip().split()[0], "" if reason == "None" else reason, nodelist.strip()
     r = t.run(f"sacct -c -n -P -j {job_id} -o JobID,State,ExitCode,NodeList 2>/dev/null", timeout=60)
     rows = [x.split("|") for x in r.stdout.splitlines() if x.startswith(job_id)]
     if rows:  # a requeued job has several lines: the last is where it stands
@@ -288,8 +288,15 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
         # task left no exit code, the others were ended by srun -K
         lost = _lost(named, tasks, down)
         r.target["requeued"] = {"lost": lost or [nodelist or "?"], "reason": reason, "seen": time.time()}
+    if state in ("RUNNING", "COMPLETING", "CONFIGURING"):  # CONFIGURING: its nodes are allocated (booting)
+        if r.move("running") and r.started is None:
+            r.started = time.time()
+    elif state in LIVE and r.state != "stopping":  # PENDING, or waiting again after a requeue
+        r.move("queued")
     if state in LIVE or state == "UNKNOWN" and not tasks:
         return
+    if r.started is None:  # it ran and ended between two looks: its wait counts as its run
+        r.started = r.created
     codes = {i: (v["exit"] or {}).get("code") for i, v in tasks.items()}
     if state == "COMPLETED" and tasks and all(c == 0 for c in codes.values()):
         r.move("succeeded")

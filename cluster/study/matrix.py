@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from cluster import paths
 from cluster.study import report
-from cluster.runs import collect, jobs, launch, records
+from cluster.runs import jobs, records
+from cluster.schedulers import api
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
 
@@ -81,9 +82,8 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     specs = {(name, v): jobs.load(name, overrides + ([v] if v else [])) for name in job_names for v in settings}
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"--nodes {sizes}: expected node counts >= 1", "e.g. --nodes 1,2,4")
-    if on and limit:
-        raise UsageError("--limit picks the inventory's PCs; a Slurm cluster chooses a job's nodes",
-                         f"leave --limit out with --on {on}")
+    sched = api.for_launch(on)
+    api.check_options(sched, {"limit": limit}, on)
     sid = study_id(inv, job_names, sizes, overrides, vary, limit, on)
     d = study_dir(sid)
     d.mkdir(parents=True, exist_ok=True)
@@ -92,12 +92,13 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     previous = {(c["job"], c["nodes"], c.get("setting")): c for c in done}
     cells: list[Cell] = []
     for (name, setting), spec in specs.items():
-        hosts = launch.select_hosts(inv, spec, limit) if not on else []
+        pcs = sched.pcs(api.Submission(inv, spec, on=on, limit=limit))
+        most = None if pcs is None else len(pcs)
         what = name + (f" with {setting}" if setting else "")
         for n in sizes:
-            if not on and n > len(hosts):
-                raise UsageError(f"--nodes {n}: job {name} has only {len(hosts)} nodes in {inv.path}",
-                                 f"use counts up to {len(hosts)}")
+            if most is not None and n > most:
+                raise UsageError(f"--nodes {n}: job {name} has only {most} nodes in {inv.path}",
+                                 f"use counts up to {most}")
             if n == 1 and not _runs_alone(setting, settings[0]):
                 continue
             cell = Cell(name, n, setting=setting)
@@ -107,18 +108,14 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
                 log(f"{what} on {n} node(s): done before ({old['run_id']})")
                 cells.append(cell)
                 continue
-            subset = ",".join(h.name for h in hosts[:n])
-            log(f"{what} on {n} node(s): {subset or on}")
+            log(f"{what} on {n} node(s)" + (f" of {on}" if on else ""))
             try:
-                if on:
-                    record = _on_slurm(inv, spec, on, n, log)
-                    cell.run_id, cell.state = record.run_id, record.state
-                else:
-                    record, _ = launch.launch(inv, spec, limit=subset, forks=forks, log=log)
-                    cell.run_id = record.run_id
-                    record = launch.follow(record, on_update=on_run)
-                    cell.state = record.state
-                    collect.collect(record, forks=forks)
+                request = sched.dryrun(api.Submission(inv, spec, on=on, limit=limit, forks=forks, nodes=n), log)
+                record = sched.submit(request, log, forks=forks)
+                cell.run_id = record.run_id
+                record = sched.follow(record, on_update=on_run)
+                cell.state = record.state
+                sched.collect(record, forks=forks)
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message
             cells.append(cell)
@@ -133,18 +130,6 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
                                      target_acc=target_acc)
         (d / "report.json").write_text(json.dumps([f.to_dict() for f in figs], indent=1, default=str))
     return sid, cells, page
-
-
-def _on_slurm(inv: Inventory, spec: jobs.JobSpec, cluster: str, nodes: int,
-              log: Callable[[str], None]) -> records.RunRecord:
-    """One cell on the inventory's Slurm cluster: submitted, followed to Slurm's verdict, collected."""
-    from cluster.slurm import run as slurm_run, submit
-    from cluster.slurm.resources import SlurmOverrides
-
-    record = slurm_run.submit(submit.prepare(inv, spec, cluster, SlurmOverrides(nodes=nodes)), log)
-    record = slurm_run.follow(record)
-    slurm_run.collect(record)
-    return record
 
 
 def _save(path: Path, sid: str, inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str],

@@ -4,6 +4,8 @@ brings the job's folder back, and one `report` shows the Slurm runs beside an SS
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,7 +107,7 @@ def test_stop_cancels_a_running_job_and_leaves_nothing_on_the_nodes(slab) -> Non
     state, d, env = slab
     rc, rec = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
                               "--set", "threads=1", env=env, timeout=300)
-    assert rc == 0 and rec["state"] == "running", rec
+    assert rc == 0 and rec["state"] in ("queued", "running") and rec["scheduler"] == "slurm", rec
     run_id = rec["run_id"]
 
     def running() -> bool:
@@ -124,6 +126,49 @@ def test_stop_cancels_a_running_job_and_leaves_nothing_on_the_nodes(slab) -> Non
     assert st["state"] == "stopped"
 
 
+def test_a_job_waiting_for_nodes_is_queued_with_slurms_reason_and_stops_while_queued(slab) -> None:
+    """A first job holds every CPU of both nodes; a second, submitted meanwhile, waits in Slurm's queue: `status` and `runs`
+    say `queued` with Slurm's reason; `logs -f` following it is left with Ctrl-C (the job stays queued);
+    `stop` while it is queued cancels it (`stopped`, never ran) and the first job goes on."""
+    state, d, env = slab
+    from cluster.lab.slurm import CPUS
+
+    rc, first = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
+                                "--set", "threads=1", "--cpus-per-task", str(CPUS), env=env, timeout=300)
+    assert rc == 0, first
+    wait_until(lambda: clusterctl_json("status", first["run_id"], env=env)[1]["state"] == "running", 120,
+               "the first job running", step=1.0)
+    try:
+        rc, second = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", *TINY, env=env,
+                                     timeout=300)
+        assert rc == 0 and second["state"] == "queued", second
+        def waits() -> dict:
+            rc, st = clusterctl_json("status", second["run_id"], env=env)
+            assert rc == 0 and st["state"] == "queued" and st["target"]["state"] == "PENDING", st
+            return st if st["target"]["reason"] in ("Resources", "Priority") else {}  # "": not weighed yet
+        wait_until(waits, 60, "Slurm's reason for the wait", step=2.0)
+        st = waits()
+        assert st["target"]["reason"] in st["where"], st
+        r = clusterctl("status", second["run_id"], env=env)
+        assert "queued" in r.stdout and st["target"]["reason"] in r.stdout, r.stdout
+        rc, listed = clusterctl_json("runs", env=env)
+        mine = next(x for x in listed if x.get("run_id") == second["run_id"])
+        assert mine["state"] == "queued" and mine["scheduler"] == "slurm" and st["target"]["reason"] in mine["where"]
+        # following its logs, then Ctrl-C: the command leaves (130), the job stays in Slurm's queue
+        follow = subprocess.Popen([sys.executable, "-m", "cluster", "logs", second["run_id"], "-f"],
+                                  env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(5)
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(timeout=60) == 130
+        assert clusterctl_json("status", second["run_id"], env=env)[1]["state"] == "queued"
+        rc, stopped = clusterctl_json("stop", second["run_id"], env=env, timeout=180)
+        assert rc == 0 and stopped["state"] == "stopped" and stopped["target"]["state"] == "CANCELLED", stopped
+        assert stopped["nodes"] == [], stopped  # it never ran: no task, no node
+        assert clusterctl_json("status", first["run_id"], env=env)[1]["state"] == "running"
+    finally:
+        clusterctl("stop", first["run_id"], env=env, timeout=180)
+
+
 def test_a_crashed_node_gives_slurms_verdict_naming_the_node(slab) -> None:
     from cluster.lab import slurm as lab_slurm
 
@@ -139,7 +184,7 @@ def test_a_crashed_node_gives_slurms_verdict_naming_the_node(slab) -> None:
     lab_slurm.crash_node(lab, "node2")
     try:
         def ended() -> bool:
-            return clusterctl_json("status", run_id, env=env)[1]["state"] != "running"
+            return clusterctl_json("status", run_id, env=env)[1]["state"] not in ("queued", "running")
         wait_until(ended, 90, "Slurm's verdict on the crashed node", step=2.0)
         rc, st = clusterctl_json("status", run_id, env=env)
         assert rc == 1 and st["state"] == "failed" and st["target"]["state"] == "NODE_FAIL", st
@@ -167,7 +212,7 @@ def test_with_requeue_a_crashed_node_requeues_the_job_and_status_names_the_node(
             return bool(clusterctl_json("status", run_id, env=env)[1]["target"].get("requeued"))
         wait_until(requeued, 90, "Slurm requeuing the job", step=2.0)
         rc, st = clusterctl_json("status", run_id, env=env)
-        assert rc == 0 and st["state"] == "running" and st["target"]["state"] == "PENDING", st["target"]
+        assert rc == 0 and st["state"] == "queued" and st["target"]["state"] == "PENDING", st["target"]
         assert st["target"]["requeued"]["lost"] == ["node2"], st["target"]
     finally:
         lab_slurm.restart_slurmd(lab, "node2")
@@ -240,7 +285,7 @@ def test_a_lost_sbatch_answer_leaves_a_record_that_finds_its_job_by_name(slab, m
     assert rec.state == "starting" and rec.target["job_id"] is None and "lost" in rec.target["note"]
 
     def done() -> bool:
-        return clusterctl_json("status", request.run_id, env=env)[1]["state"] not in ("starting", "running")
+        return clusterctl_json("status", request.run_id, env=env)[1]["state"] not in ("starting", "queued", "running")
     wait_until(done, 300, "the adopted job's verdict", step=2.0)
     rc, st = clusterctl_json("status", request.run_id, env=env)
     assert rc == 0 and st["state"] == "succeeded" and st["target"]["job_id"], st

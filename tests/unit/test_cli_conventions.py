@@ -130,11 +130,11 @@ def test_study_passes_limit_and_forks(inv: Path, monkeypatch: pytest.MonkeyPatch
 
     got: list[tuple[str | None, int]] = []
 
-    def fake_launch(inventory: Any, spec: Any, limit: str | None = None, forks: int = 32, **kw: Any) -> Any:
+    def fake_prepare(inventory: Any, spec: Any, limit: str | None = None, forks: int = 32, **kw: Any) -> Any:
         got.append((limit, forks))
         raise Stop("stopped")
 
-    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.setattr(launch, "prepare", fake_prepare)  # the room's scheduler prepares each cell's request
     assert main(["study", "resnet50-ddp", "-i", str(inv), "--nodes", "1,2", "--limit", "all:!a",
                  "--forks", "6", "--json"]) == errors.EXIT_FAILED
     assert got == [("b", 6), ("b,c", 6)]  # the first N of the nodes the pattern selects

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from cluster.runs import collect, launch, logstream, records
+from cluster.schedulers import api
 from cluster.runs.collect import NodeCollect
 from cluster.errors import UsageError
 
@@ -43,7 +44,7 @@ def test_collect_runs_gives_each_run_and_the_worst_verdict(monkeypatch: pytest.M
         return nodes
 
     monkeypatch.setattr(collect, "collect", fake)
-    summary = collect.collect_runs([record(r) for r in outcomes],
+    summary = api.collect_runs([record(r) for r in outcomes],
                                    on_bytes=lambda run, node, n: seen.append((run, node, n)))
     assert [r.run_id for r in summary.runs] == list(outcomes) and summary.verdict == verdict
     assert seen == [(r, n, 10) for r in outcomes for n in ("a", "b")]
@@ -53,7 +54,7 @@ def test_collect_runs_gives_each_run_and_the_worst_verdict(monkeypatch: pytest.M
 
 
 def test_collect_runs_of_nothing_is_ok() -> None:
-    assert collect.collect_runs([]).verdict == "ok"
+    assert api.collect_runs([]).verdict == "ok"
 
 
 def test_chosen_runs_all_skips_dry_runs_and_refuses_a_run_too() -> None:

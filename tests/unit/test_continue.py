@@ -96,7 +96,7 @@ def test_the_continued_job_is_the_runs_own_on_its_nodes_and_an_unfit_run_is_refu
     _record(tmp_path, "resnet18-ddp-3", state="running")
     with pytest.raises(UsageError, match="is running: a run is continued once it has ended"):
         carryover.continued(carryover.spec_for("resnet18-ddp-3"))
-    _record(tmp_path, "resnet18-ddp-4", target={"kind": "slurm", "cluster": "hpc"})
+    _record(tmp_path, "resnet18-ddp-4", scheduler="slurm", target={"kind": "slurm", "cluster": "hpc"})
     with pytest.raises(UsageError, match="ran on slurm"):
         carryover.continued(carryover.spec_for("resnet18-ddp-4"))
     with pytest.raises(UsageError, match="is job resnet18-ddp .* a run continues the same job"):

@@ -15,7 +15,8 @@ from tests.conftest import ROOT
 # The stages from the bottom up; a stage may import the ones below it. The same table is in
 # docs/architecture.md. Two stand apart: `lab` (the simulated lab: the base only, and only the CLI imports
 # it) and `workloads` (code that runs on the nodes: nothing of the head's library, not even the base).
-ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "slurm", "study", "cli")
+ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "slurm", "schedulers", "study",
+         "cli")
 BASE = frozenset({"errors", "paths", "yamlfile", "bounds"})
 ALLOWED: dict[str, frozenset[str]] = {s: frozenset(ORDER[:i]) for i, s in enumerate(ORDER)}
 ALLOWED = {**ALLOWED, "lab": frozenset({"base"}), "workloads": frozenset(),
@@ -91,6 +92,21 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
         if not state.get(u):
             visit(u)
     return found
+
+
+# What the CLI may import of the stages that run jobs: a run's record, its job, and the summaries it prints;
+# everything a run does on its target goes through the scheduler interface (cluster/schedulers/api.py), so a
+# target's own modules (launch, state, watch, elastic, logstream; cluster/slurm) are never the CLI's.
+CLI_MAY_IMPORT_OF_RUNS = frozenset({"cluster.runs", "cluster.runs.records", "cluster.runs.jobs", "cluster.runs.collect",
+                                    "cluster.runs.carryover", "cluster.schedulers", "cluster.schedulers.api",
+                                    "cluster.schedulers.interface"})
+
+
+def test_the_cli_reaches_a_run_only_through_its_scheduler() -> None:
+    g = graph(ROOT)
+    found = sorted((m, d) for m, deps in g.items() if stage_of(m) == "cli" for d in deps
+                   if stage_of(d) in ("runs", "slurm", "schedulers") and d not in CLI_MAY_IMPORT_OF_RUNS)
+    assert found == [], f"the CLI imports a scheduler's own module: {found}"
 
 
 def test_every_module_belongs_to_a_known_stage() -> None:
