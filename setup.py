@@ -1,6 +1,6 @@
 """The one build step pyproject.toml cannot say: the clone's top-level data folders go into the wheel.
 
-playbooks/ (job specs and the provision playbook), templates/ (what steps and launches render) and
+jobs/ (the built-in job specs), playbooks/ (the provision playbook), templates/ (what steps and launches render) and
 inventory/ (the examples, local.yaml the embedded default) live at the top of the repository, where
 people edit them and the docs link them. A wheel built from the clone or from its sdist (MANIFEST.in
 grafts them) carries each as package data, cluster/_data/<folder>/, which cluster.paths finds in an
@@ -13,7 +13,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA_FOLDERS = ("playbooks", "templates", "inventory")  # cluster/paths.py DATA_FOLDERS: the same three
+DATA_FOLDERS = ("jobs", "playbooks", "templates", "inventory")  # cluster/paths.py DATA_FOLDERS: the same four
 ROOT = Path(__file__).resolve().parent
 
 

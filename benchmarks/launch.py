@@ -42,7 +42,7 @@ from cluster.lab import lifecycle  # noqa: E402
 from cluster.inventory import loader, model
 
 PY = sys.executable
-AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
+AGENT = ROOT / "cluster" / "agent" / "nodeagent.py"
 JOB = ["--set", "dataset.size=8", "--set", "batch=4", "--set", "threads=1", "--set", "epochs=1",
        "--set", "log_every=1000"]
 

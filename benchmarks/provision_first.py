@@ -231,7 +231,7 @@ def first_import(wh: wheelhouse.Wheelhouse, tmp: Path, subnet: str) -> dict[str,
         (srv / "wheels" / "requirements.lock").write_text(wh.lock_text)
         (srv / "clusterctl").mkdir(exist_ok=True)
         (srv / "clusterctl" / "install_wheels.sh").write_text(install_script("/srv/cluster/wheels"))
-        shutil.copy(ROOT / "cluster" / "workloads" / "envcheck.py", srv / "clusterctl" / "envcheck.py")
+        shutil.copy(ROOT / "cluster" / "agent" / "envcheck.py", srv / "clusterctl" / "envcheck.py")
         node_sh(state, node.name, "cat /srv/cluster/wheels/* > /dev/null")  # every variant starts warm
         out = {}
         for label, env in VARIANTS:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torchvision
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster" / "workloads"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster" / "programs"))
 import train_torch  # noqa: E402  (the training programs' own rules, as a node runs them)
 import wlcommon  # noqa: E402
 import wldata  # noqa: E402

@@ -29,7 +29,7 @@ from cluster.inventory import loader
 from cluster.nodes.fanout import Group  # noqa: E402
 
 PY = sys.executable
-WL = ROOT / "cluster" / "workloads"
+WL = ROOT / "cluster" / "programs"
 
 PLAIN_TORCH = """
 import os, sys, time, json, datetime

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # cluster/: in the clone, or in site-packages once installed
 PROJECT_ROOT = PACKAGE_DIR.parent  # the clone (editable install, tests); site-packages for an installed wheel
-DATA_FOLDERS = ("playbooks", "templates", "inventory")  # setup.py ships the same three as package data
+DATA_FOLDERS = ("jobs", "playbooks", "templates", "inventory")  # setup.py ships the same four as package data
 
 
 def data_dir(name: str) -> Path:
@@ -18,7 +18,8 @@ def data_dir(name: str) -> Path:
     return shipped if shipped.is_dir() else PROJECT_ROOT / name
 
 
-PLAYBOOKS_DIR = data_dir("playbooks")  # the provision playbook and the job specs
+PLAYBOOKS_DIR = data_dir("playbooks")  # the provision playbook
+JOBS_DIR = data_dir("jobs")  # the built-in job specs
 TEMPLATES_DIR = data_dir("templates")  # what playbook steps and launches render
 INVENTORY_DIR = data_dir("inventory")
 LOCAL_INVENTORY = INVENTORY_DIR / "local.yaml"

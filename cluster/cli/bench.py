@@ -35,7 +35,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from cluster.study import bench
+    from cluster.planner import bench
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
@@ -62,7 +62,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from cluster.study import plans
+    from cluster.planner import plans
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
     choice = plans.choose(inv, args.job, args.set or [], limit=args.limit)

@@ -40,7 +40,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         if action == "power":
             sp.add_argument("switch", choices=("off", "on"), help="off: a power cut; on: the power button")
             sp.add_argument("nodes", nargs="+", metavar="NODE", help="node numbers or names, e.g. 2 or node2")
-        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default lifecycle)")
+        sp.add_argument("--name", default="lab", help="lab name, 1-8 lowercase letters/digits (default: lab)")
         sp.add_argument("--dir", help="lab directory (default $CLUSTERCTL_HOME/labs/NAME)")
         add_json(sp)
 

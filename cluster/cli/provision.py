@@ -15,7 +15,7 @@ from cluster.cli.output import emit_json, err, error_line, load_inventory, notes
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from cluster.provision.compat import BuildPlan
+    from cluster.provision.compat import BuildChoice
     from cluster.provision.playbook import StepResult
     from cluster.provision.apply import ProvisionReport
     from cluster.relay.distribute import NodeProgress
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def configure(name: str, p: argparse.ArgumentParser) -> None:
     add_inventory_args(p)
-    p.add_argument("--dry-run", action="store_true", help="show the plan and what would change; change nothing")
+    p.add_argument("--dry-run", action="store_true", help="show the builds chosen and what would change; change nothing")
     p.add_argument("--verify", action="store_true",
                    help="repeat the imports and the all-reduce even when nothing changed since the last run")
     p.set_defaults(fn=cmd_provision)
@@ -83,10 +83,10 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return errors.EXIT_OK if report.ok else errors.EXIT_FAILED
 
 
-def _print_build_plan(plan: BuildPlan) -> None:
-    t = table(f"plan: torch {plan.torch}, TensorFlow {plan.tensorflow}, backend {plan.backend}",
+def _print_builds(choice: BuildChoice) -> None:
+    t = table(f"builds: torch {choice.torch}, TensorFlow {choice.tensorflow}, backend {choice.backend}",
               ("node", "GPU", "cc", "driver", "torch", "TensorFlow", "AMP", "notes"), overflow="fold")
-    for name, b in plan.builds.items():
+    for name, b in choice.builds.items():
         t.add_row(name, b.gpu or "none", b.compute_capability or "-", b.driver or "-",
                   b.torch_label, f"{b.tensorflow} ({'GPU' if b.tf_on_gpu else 'CPU'})",
                   "on" if b.amp else "off", "; ".join(b.notes + b.pins))
@@ -112,8 +112,8 @@ def _print_nodes(report: ProvisionReport) -> None:
 
 
 def _print_report(report: ProvisionReport) -> None:
-    if report.plan is not None:
-        _print_build_plan(report.plan)
+    if report.choice is not None:
+        _print_builds(report.choice)
     for line in (report.distribution or {}).get("lines", []):
         out.print(f"wheels: {escape(line)}")
     _print_nodes(report)

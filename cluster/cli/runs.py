@@ -40,7 +40,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", metavar="JOB", nargs="?",
-                   help="a job name (playbooks/JOB.yaml) or a spec file (docs/jobs.md); or none and `-- python "
+                   help="a job name (jobs/JOB.yaml) or a spec file (docs/jobs.md); or none and `-- python "
                         "train.py ARGS`: your own program, the current folder shipped to every node")
     p.add_argument("--launcher", choices=("torchrun", "tensorflow", "plain"),
                    help="with `-- COMMAND`: how it starts on each node (default torchrun)")
@@ -167,7 +167,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     spec = _spec(args, inv)  # first: it refuses --plan where there is no JOB to plan (--continue, `-- COMMAND`)
     planned = None
     if args.plan:
-        from cluster.study import plans
+        from cluster.planner import plans
 
         planned = plans.load_recommended(inv, args.job).to_dict()
     if args.poweroff_after and (args.detach or args.dry_run):
@@ -229,7 +229,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
 
     from cluster.errors import UsageError
     from cluster.runs import jobs
-    from cluster.study import plans
+    from cluster.planner import plans
 
     if args.continue_run:
         from cluster.runs import carryover

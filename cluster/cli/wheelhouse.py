@@ -123,7 +123,7 @@ def _print_left_out(sel: Selection) -> None:
 
 
 def _selection_dict(sel: Selection) -> dict[str, Any]:
-    return {"source": sel.source, "plan": sel.plan.to_dict() if sel.plan else None,
+    return {"source": sel.source, "builds": sel.choice.to_dict() if sel.choice else None,
             "nodes": [{"host": o.host, "status": o.status, "error": o.error, "fix": o.fix}
                       for o in sel.left_out.values()]}
 
@@ -156,8 +156,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         emit_json({**_selection_dict(sel), "cache": str(wheelhouse.cache_dir()),
                    "wheelhouses": [b.to_dict() for b in built]})
     else:
-        if sel.plan is not None and sel.plan.builds:
-            out.print(f"plan: torch {sel.plan.torch}, TensorFlow {sel.plan.tensorflow}, backend {sel.plan.backend}")
+        if sel.choice is not None and sel.choice.builds:
+            out.print(f"builds: torch {sel.choice.torch}, TensorFlow {sel.choice.tensorflow}, "
+                      f"backend {sel.choice.backend}")
         t = table(f"wheelhouses in {wheelhouse.cache_dir()}", ("wheelhouse", "Python", "nodes", "files", "size",
                                                                  "status"), overflow="fold")
         style = {"cached": "dim", "downloaded": "green", "failed": "red", "missing": "yellow"}

@@ -1,4 +1,4 @@
-"""`clusterctl provision`: prepare the request (facts -> build plan -> each node's steps), then execute it
+"""`clusterctl provision`: prepare the request (facts -> builds -> each node's steps), then execute it
 (wheelhouse -> playbook -> verify -> state).
 
 `prepare` only reads (facts over SSH) and returns the ProvisionRequest that `provision --dry-run` shows;
@@ -41,20 +41,20 @@ OnBytes = Callable[[str, int], None]
 
 @dataclass
 class ProvisionRequest:
-    """What provision would do: each node's build (the plan) and the playbook's steps as they would run
-    there; the nodes it cannot do (unreachable, refused by the plan) with the reason. Printed by
+    """What provision would do: each node's build (the builds chosen for all) and the playbook's steps as they
+    would run there; the nodes it cannot do (unreachable, refused by the builds) with the reason. Printed by
     `provision --dry-run`; `execute` runs it."""
 
     inventory: Inventory
     hosts: list[Host]  # every node asked, in inventory order
     playbook: Playbook
     facts: dict[str, facts.NodeFacts]  # the nodes that answered
-    plan: compat.BuildPlan | None
+    choice: compat.BuildChoice | None
     outcomes: dict[str, NodeOutcome]  # `pending`: to provision; otherwise why not
 
     @property
     def planned(self) -> list[Host]:
-        builds = self.plan.builds if self.plan else {}
+        builds = self.choice.builds if self.choice else {}
         return [h for h in self.hosts if h.name in builds and self.outcomes[h.name].status == "pending"]
 
     def steps(self) -> dict[str, list[RenderedStep]]:
@@ -66,22 +66,22 @@ class ProvisionRequest:
 
     def build(self, node: str) -> compat.NodeBuild:
         """A planned node's build."""
-        if self.plan is None or node not in self.plan.builds:
-            raise ClusterError(f"{node} has no build in the plan")
-        return self.plan.builds[node]
+        if self.choice is None or node not in self.choice.builds:
+            raise ClusterError(f"{node} has no build in the builds chosen")
+        return self.choice.builds[node]
 
     def to_dict(self) -> dict[str, Any]:
         steps = self.steps()
-        return {"inventory": str(self.inventory.path), "plan": self.plan.to_dict() if self.plan else None,
+        return {"inventory": str(self.inventory.path), "builds": self.choice.to_dict() if self.choice else None,
                 "nodes": [{**{k: v for k, v in o.to_dict().items() if k in ("host", "status", "error", "fix")},
                            "build": o.build.to_dict() if o.build else None,
                            "steps": [dataclasses.asdict(s) for s in steps.get(o.host, [])]}
                           for o in self.outcomes.values()]}
 
     def to_text(self) -> str:
-        """The printed request: the plan, then each node's build and steps, or why it is left out."""
-        p = self.plan
-        lines = [f"plan: torch {p.torch}, TensorFlow {p.tensorflow}, backend {p.backend}" if p else "plan: none"]
+        """The printed request: the builds, then each node's build and steps, or why it is left out."""
+        p = self.choice
+        lines = [f"builds: torch {p.torch}, TensorFlow {p.tensorflow}, backend {p.backend}" if p else "builds: none"]
         steps = self.steps()
         for o in self.outcomes.values():
             if o.host not in steps:
@@ -106,8 +106,8 @@ def node_gpus(host: Host, nf: facts.NodeFacts) -> list[dict[str, Any]]:
     return gpus
 
 
-def _script(name: str) -> str:
-    return resources.files("cluster.workloads").joinpath(name).read_text()
+def _script(package: str, name: str) -> str:
+    return resources.files(f"cluster.{package}").joinpath(name).read_text()
 
 
 def node_context(host: Host, nf: facts.NodeFacts, build: compat.NodeBuild, wh: wheelhouse.Wheelhouse | None,
@@ -119,7 +119,7 @@ def node_context(host: Host, nf: facts.NodeFacts, build: compat.NodeBuild, wh: w
         "wheelhouse": wh, "on_bytes": on_bytes, "env_python": env_python(host),
         "net": {"iface": nf.address_nic or "eth0", "gpus": len(node_gpus(host, nf)),
                 "hostname_on_loopback": bool(hn.get("on_loopback"))},
-        "scripts": {"envcheck": _script("envcheck.py"), "allreduce": _script("allreduce.py")},
+        "scripts": {"envcheck": _script("agent", "envcheck.py"), "allreduce": _script("programs", "allreduce.py")},
     }
 
 
@@ -152,8 +152,8 @@ def request_for(inv: Inventory, hosts: list[Host], nf: dict[str, facts.NodeFacts
                 outcomes: dict[str, NodeOutcome] | None = None) -> ProvisionRequest:
     """The request for these nodes' facts (pure: the golden tests' entry); `outcomes`: nodes already out."""
     out = outcomes if outcomes is not None else {h.name: NodeOutcome(h.name) for h in hosts}
-    plan = _build_plan([h for h in hosts if h.name in nf], nf, out)
-    return ProvisionRequest(inv, hosts, pb, nf, plan, out)
+    choice = _choose_builds([h for h in hosts if h.name in nf], nf, out)
+    return ProvisionRequest(inv, hosts, pb, nf, choice, out)
 
 
 def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool = False, forks: int = 32,
@@ -162,10 +162,10 @@ def execute(request: ProvisionRequest, dry_run: bool = False, verify_all: bool =
     """Run the request: wheels, playbook, and (not in a dry run) verification and the recorded state.
     `verify_all`: repeat the imports and all-reduce even where nothing changed (`--verify`)."""
     out = copy.deepcopy(request.outcomes)  # the request stays as prepared
-    report = ProvisionReport(str(request.inventory.path), dry_run, request.plan, out)
+    report = ProvisionReport(str(request.inventory.path), dry_run, request.choice, out)
     with Group(request.hosts, forks=forks) as group:
         planned = request.planned
-        whs = _wheelhouses(planned, request.facts, request.plan, dry_run, log, out)
+        whs = _wheelhouses(planned, request.facts, request.choice, dry_run, log, out)
         pending = [h for h in planned if out[h.name].status == "pending"]
         contexts = {h.name: node_context(h, request.facts[h.name], request.build(h.name), whs.get(h.name), None)
                     for h in pending}
@@ -255,13 +255,13 @@ def _playbooks(group: Group, request: ProvisionRequest, hosts: list[Host], whs: 
     settle(group, hosts, group.call(do, hosts), out, "the playbook")
 
 
-def _build_plan(hosts: list[Host], nf: dict[str, facts.NodeFacts],
-                out: dict[str, NodeOutcome]) -> compat.BuildPlan | None:
+def _choose_builds(hosts: list[Host], nf: dict[str, facts.NodeFacts],
+                out: dict[str, NodeOutcome]) -> compat.BuildChoice | None:
     if not hosts:
         return None
     options = [compat.node_options(h.name, node_gpus(h, nf[h.name])) for h in hosts]
     index = hosts[0].vars.get("torch_index", "pytorch")
-    cp = compat.build_plan(options, torch_index=None if index == "pypi" else "pytorch")
+    cp = compat.choose_builds(options, torch_index=None if index == "pypi" else "pytorch")
     for h, reason in cp.refused.items():
         out[h].fail("refused", reason, cp.nodes[h].fix)
     for h, b in cp.builds.items():
@@ -272,32 +272,32 @@ def _build_plan(hosts: list[Host], nf: dict[str, facts.NodeFacts],
 WheelhouseSet = tuple[tuple[str, ...], str, str | None]  # (requirements, Python minor, torch index)
 
 
-def wheelhouse_sets(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
+def wheelhouse_sets(hosts: list[Host], nf: dict[str, facts.NodeFacts], choice: compat.BuildChoice | None,
                     out: dict[str, NodeOutcome]) -> dict[WheelhouseSet, list[str]]:
     """Each wheelhouse provision needs, with its nodes: one per (requirements, Python minor, index). What
     `_wheelhouses` builds here, and `clusterctl wheelhouse build` fills ahead on a machine with internet
     (provision/wheelhouse_io.py). A node whose Python does not run fails in `out`."""
     groups: dict[WheelhouseSet, list[str]] = {}
     for h in hosts:
-        if h.vars.get("python_env", "venv") != "venv" or plan is None:
+        if h.vars.get("python_env", "venv") != "venv" or choice is None:
             continue
         py = nf[h.name].values.get("python")
         if py is None:
             out[h.name].fail("failed", f"`{h.python}` does not run on the node",
                              "install python3 and python3-venv there, or set `python:` in the inventory")
             continue
-        b = plan.builds[h.name]
+        b = choice.builds[h.name]
         reqs = tuple(b.requirements() + list(EXTRA_PACKAGES) + list(h.vars.get("extra_packages", [])))
         pyver = ".".join(str(x) for x in py["version_tuple"][:2])
         groups.setdefault((reqs, pyver, b.torch_index), []).append(h.name)
     return groups
 
 
-def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], plan: compat.BuildPlan | None,
+def _wheelhouses(hosts: list[Host], nf: dict[str, facts.NodeFacts], choice: compat.BuildChoice | None,
                  dry_run: bool, log: Log, out: dict[str, NodeOutcome]) -> dict[str, wheelhouse.Wheelhouse]:
     """One wheelhouse per (requirements, Python minor); built on the head once, cached across runs."""
     result: dict[str, wheelhouse.Wheelhouse] = {}
-    for (reqs, pyver, index), names in wheelhouse_sets(hosts, nf, plan, out).items():
+    for (reqs, pyver, index), names in wheelhouse_sets(hosts, nf, choice, out).items():
         try:
             wh = wheelhouse.cached(list(reqs), pyver, index) if dry_run else \
                 wheelhouse.build(list(reqs), pyver, index, log=log)

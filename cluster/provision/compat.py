@@ -2,9 +2,9 @@
 
 The facts are data with their sources (../shared/COMPAT-FACTS.md, September 2026);
 what is inferred rather than tested on a GPU says so. `node_options` finds every
-build a node can run; `build_plan` picks one version of each framework that all
+build a node can run; `choose_builds` picks one version of each framework that all
 nodes share (mixed versions hang or corrupt collectives) and the backend every
-rank must use: the cluster's BuildPlan, which provision installs.
+rank must use: the cluster's BuildChoice, which provision installs.
 """
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ class NodeBuild:
 
 
 @dataclass
-class BuildPlan:
+class BuildChoice:
     """The cluster's builds: one torch and one TF version for all, each node's packages, the backend."""
 
     nodes: dict[str, NodeOptions]
@@ -214,7 +214,7 @@ class BuildPlan:
                 "refused": {h: {"reason": r, "fix": self.nodes[h].fix} for h, r in self.refused.items()}}
 
 
-def build_plan(options: list[NodeOptions], torch_index: str | None = "pytorch") -> BuildPlan:
+def choose_builds(options: list[NodeOptions], torch_index: str | None = "pytorch") -> BuildChoice:
     """One torch and one TF version for all nodes that can run any; the backend all ranks share.
 
     `torch_index`: "pytorch" (download.pytorch.org, per-variant local versions) or None
@@ -223,7 +223,7 @@ def build_plan(options: list[NodeOptions], torch_index: str | None = "pytorch") 
     usable = [p for p in options if p.ok]
     refused = {p.host: p.refusal or "" for p in options if not p.ok}
     if not usable:
-        return BuildPlan({p.host: p for p in options}, {}, "gloo", None, None, refused)
+        return BuildChoice({p.host: p for p in options}, {}, "gloo", None, None, refused)
     common = [v for v in dict.fromkeys(b.version for b in TORCH_BUILDS)
               if all(any(o.version == v for o in p.torch_options) for p in usable)]
     if not common:
@@ -257,4 +257,4 @@ def build_plan(options: list[NodeOptions], torch_index: str | None = "pytorch") 
             tf_package="tensorflow[and-cuda]" if tf_gpu else "tensorflow-cpu", tf_on_gpu=tf_gpu is not None,
             pins=pins, backend=backend, amp=p.amp, gpu=p.gpu, compute_capability=p.compute_capability,
             driver=p.driver, notes=notes)
-    return BuildPlan({p.host: p for p in options}, builds, backend, torch_v, tf_v, refused)
+    return BuildChoice({p.host: p for p in options}, builds, backend, torch_v, tf_v, refused)

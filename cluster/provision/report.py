@@ -1,6 +1,6 @@
 """What `clusterctl provision` did, node by node: outcomes as data (a node that fails never stops the others).
 
-Shared by the stages of provision (cluster/provision/apply.py: facts, build plan, playbook) and of the
+Shared by the stages of provision (cluster/provision/apply.py: facts, builds, playbook) and of the
 verification (cluster/provision/verify.py): each records a node's outcome the same way, and a node lost in the
 middle of a stage is unreachable (exit 3), not failed (exit 1).
 """
@@ -52,11 +52,11 @@ class NodeOutcome:
 class ProvisionReport:
     inventory: str
     dry_run: bool
-    plan: compat.BuildPlan | None  # shown as "plan" in --json
+    choice: compat.BuildChoice | None  # shown as "builds" in --json
     nodes: dict[str, NodeOutcome]
     fingerprint_diff: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    distribution: dict[str, Any] | None = None  # the wheels' relay plan: who receives from whom
+    distribution: dict[str, Any] | None = None  # the wheels' relay routes: who receives from whom
 
     @property
     def ok(self) -> bool:
@@ -68,7 +68,7 @@ class ProvisionReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory, "dry_run": self.dry_run, "ok": self.ok,
-                "nothing_to_do": self.nothing_to_do, "plan": self.plan.to_dict() if self.plan else None,
+                "nothing_to_do": self.nothing_to_do, "builds": self.choice.to_dict() if self.choice else None,
                 "nodes": [n.to_dict() for n in self.nodes.values()],
                 "fingerprint_diff": self.fingerprint_diff, "notes": self.notes, "distribution": self.distribution}
 

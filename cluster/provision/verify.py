@@ -124,7 +124,7 @@ def _usable(group: Group, h: Host, o: NodeOutcome, fp: dict[str, Any]) -> bool:
             group.transports[h.name].run(f"touch -- {shlex.quote(h.workdir + '/venv/.clusterctl-broken')}")
         return False
     if o.build and o.build.backend == "nccl" and not fp.get("cuda_available"):
-        o.fail("failed", "verification: the plan expects CUDA but torch sees no GPU",
+        o.fail("failed", "verification: the chosen build expects CUDA but torch sees no GPU",
                "check the driver (`nvidia-smi`) and that the node's GPU is not in use by another process")
         return False
     return True

@@ -311,13 +311,13 @@ def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str
     """Put each node's wheelhouse on it before the playbooks run, all nodes together (relay by default).
     `status` gets each node's whole distribution state (`relay.NodeProgress`) at each change.
     `whs` entries become Delivered, so each node's `wheels` step reports what it received; a node whose
-    delivery failed is handed to `fail(node, status, error, fix)`. Returns the plans for the report."""
+    delivery failed is handed to `fail(node, status, error, fix)`. Returns the routes for the report."""
     dests = wheel_destinations(pb, hosts, contexts)
     groups: dict[Path, list[Host]] = {}
     for h in hosts:
         if h.name in dests and h.name in whs:
             groups.setdefault(whs[h.name].dir, []).append(h)
-    report: dict[str, Any] = {"plans": [], "lines": []}
+    report: dict[str, Any] = {"routes": [], "lines": []}
     unbuilt = [h for h in hosts if h.name in dests and h.name not in whs]
     if dry and unbuilt:  # a dry run does not download: the order is known, the sizes are not
         mode = distribution_mode(unbuilt[0])
@@ -329,10 +329,10 @@ def distribute(group: Group, pb: Playbook, hosts: list[Host], contexts: dict[str
         wh = whs[members[0].name]
         mode = distribution_mode(members[0])
         items = relay.items(wh.dir, wh.files, with_pieces=not dry)
-        plan, results = relay.distribute(group, members, items, {h.name: dests[h.name] for h in members},
+        routes, results = relay.distribute(group, members, items, {h.name: dests[h.name] for h in members},
                                          mode=mode, dry=dry, progress=progress, log=log, status=status)
-        report["plans"].append(plan.to_dict())
-        report["lines"] += plan.lines()
+        report["routes"].append(routes.to_dict())
+        report["lines"] += routes.lines()
         for h in members:
             r = results[h.name]
             if not r.ok:

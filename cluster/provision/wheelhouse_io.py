@@ -1,9 +1,9 @@
 """A head without internet: its wheelhouse built on a machine that has internet, carried on a disk, imported.
 
 `build` fills this machine's wheelhouse cache (wheelhouse.cache_dir()) with exactly the wheelhouses
-provision would download for an inventory: the same facts -> build plan -> requirement sets
+provision would download for an inventory: the same facts -> builds -> requirement sets
 (apply.wheelhouse_sets), or for nodes described by `--for` targets (`py3.11,cpu,cu126`) put through the
-same plan. `export DIR` copies cached wheelhouses to DIR (a USB disk) as they lie in the cache, one
+same builds. `export DIR` copies cached wheelhouses to DIR (a USB disk) as they lie in the cache, one
 folder per wheelhouse key, with a top-level manifest.json of every file's sha256 and size (and SHA256SUMS
 for `sha256sum -c`). `import DIR` on the head copies each file into a staging folder inside the cache
 while hashing it, and only when every file matched moves the wheelhouses into place, each with one
@@ -140,7 +140,7 @@ def target_inventory(targets: list[Target], torch_index: str = "pytorch",
 
 def facts_file(path: Path, hosts: list[Host]) -> tuple[dict[str, NodeFacts], dict[str, NodeOutcome]]:
     """Facts from `clusterctl check --json` (run on the head, which reaches the nodes): each node's facts,
-    and the nodes check could not reach (unreachable: no facts to plan from)."""
+    and the nodes check could not reach (unreachable: no facts to choose builds from)."""
     try:
         doc = json.loads(read_regular(path, FACTS_FIX, FACTS_MAX_BYTES, "a facts file"))
         entries = {str(n["host"]): n for n in doc["nodes"]}
@@ -204,10 +204,10 @@ class Planned:
 
 @dataclass
 class Selection:
-    """What `build` and `export` work on: the plan, its wheelhouses, and the nodes left out and why."""
+    """What `build` and `export` work on: the builds chosen, their wheelhouses, and the nodes left out and why."""
 
     source: str  # the inventory's path, or "--for ..."
-    plan: compat.BuildPlan | None
+    choice: compat.BuildChoice | None
     sets: list[Planned]
     left_out: dict[str, NodeOutcome]
 
@@ -229,7 +229,7 @@ def select(inv: Inventory, hosts: list[Host], facts: dict[str, NodeFacts] | None
         request = apply.request_for(inv, hosts, {n: f for n, f in facts.items() if n in {h.name for h in hosts}},
                                     pb, outcomes)
     out = request.outcomes
-    groups = apply.wheelhouse_sets(request.planned, request.facts, request.plan, out)
+    groups = apply.wheelhouse_sets(request.planned, request.facts, request.choice, out)
     sets = [Planned(reqs, py, index, tuple(names)) for (reqs, py, index), names in groups.items()]
     left = {n: o for n, o in out.items() if o.status != "pending"}
     for h in request.hosts:  # `python_env: existing`: provision installs nothing there, so no wheelhouse
@@ -237,7 +237,7 @@ def select(inv: Inventory, hosts: list[Host], facts: dict[str, NodeFacts] | None
             o = NodeOutcome(h.name)
             o.fail("skipped", "no wheelhouse: the node's playbook installs nothing (python_env is not venv)")
             left[h.name] = o
-    return Selection(source or str(inv.path), request.plan, sets, left)
+    return Selection(source or str(inv.path), request.choice, sets, left)
 
 
 # --------------------------------------------------------------------------- build

@@ -11,9 +11,9 @@ run's random token), pieces are checked against the head's sha256 manifest at ev
 written, and every relay is stopped when the distribution ends (and stops itself when idle). A node that
 fails mid-relay is routed around: its downstream fetches from the next node up the chain, or the head.
 
-The parts: relay_plan.py (what each node lacks, who it receives from), relay_run.py (the nodes' loops,
-the relays, the head's copies), relay_progress.py (bytes per node while they move), and the node side in
-workloads/relaynode*.py (standard library only, uploaded for each distribution).
+The parts: routes.py (what each node lacks, who it receives from), run.py (the nodes' loops, the relays,
+the head's copies), progress.py (bytes per node while they move), and the node side in
+agent/relaynode*.py (standard library only, uploaded for each distribution).
 """
 from __future__ import annotations
 
@@ -24,17 +24,17 @@ from typing import Callable
 
 from cluster.nodes.fanout import OK, Group, GroupResult, HostResult
 from cluster.inventory.model import Host
-from cluster.relay.plan import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Plan, batches,
-                                items, parse_survey, pidfile, plan, survey)
+from cluster.relay.routes import (BATCH_BYTES, BATCH_FILES, MANIFEST, MODES, PIECE, Delivery, Item, Routes, batches,
+                                items, parse_survey, pidfile, route, survey)
 from cluster.relay.progress import NodeProgress, ProgressFn, StatusFn, Tracker
 from cluster.relay.run import NODE_FILES, SCRIPT, Run, node_cmd, ship
 from cluster.transport import Transport
 
 __all__ = ["BATCH_BYTES", "BATCH_FILES", "MANIFEST", "MODES", "NODE_FILES", "PIECE", "SCRIPT", "Delivery", "Item",
-           "NodeProgress", "Plan", "batches", "distribute", "items", "parse_survey", "pidfile", "plan", "survey"]
+           "NodeProgress", "Routes", "batches", "distribute", "items", "parse_survey", "pidfile", "route", "survey"]
 
 
-def _prepare(t: Transport, dest: str, p: Plan, files: list[Item], d: Delivery) -> None:
+def _prepare(t: Transport, dest: str, p: Routes, files: list[Item], d: Delivery) -> None:
     """The node's side: the relay uploaded, the destination made, unverified complete files adopted."""
     h = t.host
     ship(t, dest)
@@ -47,7 +47,7 @@ def _prepare(t: Transport, dest: str, p: Plan, files: list[Item], d: Delivery) -
     d.present = len(files) - len(p.needs[h.name])
 
 
-def _prepare_all(group: Group, by_host: dict[str, Host], p: Plan, files: list[Item], dest: dict[str, str],
+def _prepare_all(group: Group, by_host: dict[str, Host], p: Routes, files: list[Item], dest: dict[str, str],
                  deliveries: dict[str, Delivery], out: GroupResult) -> None:
     """Every node of the chain prepared; one that fails leaves the chain (its result is in `out`)."""
     prep = group.call(lambda t: _prepare(t, dest[t.host.name], p, files, deliveries[t.host.name]),
@@ -66,7 +66,7 @@ def _recheck_suspects(run: Run, by_host: dict[str, Host], deliveries: dict[str, 
     suspects = {n for names in run.bad.values() for n in names if n not in out or out[n].ok}
     if suspects:
         rechecked = run.group.call(lambda t: run.recheck(t, deliveries[t.host.name]),
-                                   [by_host[n] for n in run.plan.chain if n in suspects])
+                                   [by_host[n] for n in run.routes.chain if n in suspects])
         for n, r in rechecked.items():
             if not r.ok:
                 out[n] = r
@@ -75,7 +75,7 @@ def _recheck_suspects(run: Run, by_host: dict[str, Host], deliveries: dict[str, 
 def _deliver(run: Run, by_host: dict[str, Host], needing: list[str], deliveries: dict[str, Delivery],
              out: GroupResult) -> None:
     """Every node that lacks something, all at once; the relays of the nodes that may serve, around them."""
-    p = run.plan
+    p = run.routes
     servers: list[str] = []
     if needing and p.mode == "relay" and len(p.chain) > 1:
         servers = p.chain[:max(p.chain.index(n) for n in needing)]
@@ -104,15 +104,15 @@ def worth_relaying(total_bytes: int, nodes: int) -> bool:
 def distribute(group: Group, hosts: list[Host], files: list[Item], dest: dict[str, str], mode: str = "relay",
                dry: bool = False, rehash: bool = False, progress: ProgressFn | None = None,
                log: Callable[[str], None] = lambda s: None,
-               status: StatusFn | None = None) -> tuple[Plan, GroupResult]:
-    """Put every file on every node under dest[node], verified. Returns the plan and, per node, a
+               status: StatusFn | None = None) -> tuple[Routes, GroupResult]:
+    """Put every file on every node under dest[node], verified. Returns the routes and, per node, a
     HostResult whose value is its Delivery (ok), or why it failed or could not be reached.
 
     `rehash`: files present at their size are hashed on the node even when its manifest lists them.
     `progress(node, n)`: n more bytes are on that node (polled about every second while they move: per
     byte, whoever sends them). `status(NodeProgress)`: the node's whole state (bytes of its total, files,
     where from, waiting/receiving/done/failed) at each change."""
-    p, surveyed = plan(group, hosts, files, dest, mode, rehash)
+    p, surveyed = route(group, hosts, files, dest, mode, rehash)
     out = GroupResult((h.name, surveyed[h.name]) for h in hosts if not surveyed[h.name].ok)
     if dry:
         for n in p.chain:

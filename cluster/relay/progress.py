@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from cluster.errors import ClusterError
-from cluster.relay.plan import Item, parse_sizes
+from cluster.relay.routes import Item, parse_sizes
 from cluster.transport import Transport
 
 POLL_S = 1.0  # a poll costs a shell and a stat on the node: ~8 commands a second for a room of 8

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from cluster.errors import ClusterError, CommandTimeout, TransportError
 from cluster.nodes.fanout import FAILED, OK, UNREACHABLE, Group, HostResult
 from cluster.inventory.model import Host
-from cluster.relay.plan import PIECE, Delivery, Item, Plan, batches, pidfile
+from cluster.relay.routes import PIECE, Delivery, Item, Routes, batches, pidfile
 from cluster.relay.progress import Tracker
 from cluster.transport import Transport
 
@@ -29,7 +29,7 @@ SCRIPT = f"{SCRIPT_DIR}/{NODE_FILES[0]}"
 
 def node_sources() -> dict[str, bytes]:
     """Every file of the node side, by name: what `ship` uploads."""
-    pkg = resources.files("cluster.workloads")
+    pkg = resources.files("cluster.agent")
     return {name: pkg.joinpath(name).read_bytes() for name in NODE_FILES}
 
 
@@ -66,9 +66,9 @@ def node_cmd(t: Transport, verb: str, req: dict[str, Any], timeout: float) -> di
 class Run:
     """One distribution in progress: the shared view of which nodes may still serve which files."""
 
-    def __init__(self, group: Group, plan: Plan, by_name: dict[str, Item], dest: dict[str, str], token: str,
+    def __init__(self, group: Group, routes: Routes, by_name: dict[str, Item], dest: dict[str, str], token: str,
                  tracker: Tracker, log: Callable[[str], None]) -> None:
-        self.group, self.plan, self.by_name, self.dest, self.token = group, plan, by_name, dest, token
+        self.group, self.routes, self.by_name, self.dest, self.token = group, routes, by_name, dest, token
         self.tracker, self.log = tracker, log
         self.ports: dict[str, int] = {}  # node -> its relay's port (only nodes whose relay started)
         self.address: dict[str, str] = {}
@@ -78,17 +78,17 @@ class Run:
 
     def sources(self, node: str, name: str) -> list[str]:
         """Nodes before `node` in the chain that may serve `name`, nearest first."""
-        if self.plan.mode != "relay":
+        if self.routes.mode != "relay":
             return []
-        i = self.plan.chain.index(node)
+        i = self.routes.chain.index(node)
         with self.lock:
-            return [n for n in reversed(self.plan.chain[:i])
+            return [n for n in reversed(self.routes.chain[:i])
                     if n in self.ports and n not in self.dead and n not in self.bad.get(name, set())]
 
     def node_loop(self, t: Transport, delivery: Delivery) -> Delivery:
         name = t.host.name
         try:
-            for batch in batches([self.by_name[f] for f in self.plan.needs.get(name, [])]):
+            for batch in batches([self.by_name[f] for f in self.routes.needs.get(name, [])]):
                 self.one_batch(t, batch, delivery)
                 delivery.files += len(batch)
                 self.tracker.done(name, batch)
@@ -102,7 +102,7 @@ class Run:
         """Fetch from peers what they can give (one command for the batch); the rest from the head."""
         node = t.host.name
         pending = list(batch)
-        for _ in range(len(self.plan.chain) + 1):  # each failed try removes at least one source
+        for _ in range(len(self.routes.chain) + 1):  # each failed try removes at least one source
             by_peers = [(i, s) for i in pending if (s := self.sources(node, i.name))]
             if not by_peers:
                 break

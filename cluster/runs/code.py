@@ -10,7 +10,7 @@ other link, and any FIFO, socket or device, is refused by name, as is a folder o
 `ship` sends a tree to every node at once, content-addressed: each node keeps the blobs of earlier
 launches in `<workdir>/clusterctl/code-cache/<sha256>`, says which it lacks, gets only those (the
 transport's copy, into a temporary name the node checks and renames), then builds the run's
-`RUN_DIR/program/` from verified blobs by hard links (cluster/workloads/codecache.py, through the node
+`RUN_DIR/program/` from verified blobs by hard links (cluster/agent/codecache.py, through the node
 agent). A second launch of an unchanged folder sends no byte; an edited file sends that file.
 """
 from __future__ import annotations
@@ -263,7 +263,7 @@ def scan(root: Path, *, limit_bytes: int = LIMIT_BYTES, source: str = "code") ->
 
 def named(root: Path, names: list[str], source: str = "program") -> CodeTree:
     """The tree of these files of `root` only (the built-in programs: an entry point and the modules it
-    imports, out of cluster/workloads), shipped like any user's code."""
+    imports, out of cluster/programs), shipped like any user's code."""
     base = Path(root).resolve()
     files = {n: _hash(base / n, n, base, source) for n in sorted(set(names))}
     digest = hashlib.sha256(canonical(_manifest(files))).hexdigest()
@@ -342,14 +342,14 @@ def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, st
     (812 B), reused 41")."""
     from cluster.nodes.fanout import GroupResult, HostResult
     from cluster.provision.wheelhouse import distribution_mode
-    from cluster.relay import distribute, plan
+    from cluster.relay import distribute, routes
 
     lacking = [h.name for h in hosts if h.name not in run_dirs]
     if lacking:
         raise ValueError(f"no run folder given for {', '.join(lacking)}")
     manifest = tree.manifest()
     body = canonical(manifest)
-    helper = resources.files("cluster.workloads").joinpath(HELPER).read_bytes()
+    helper = resources.files("cluster.agent").joinpath(HELPER).read_bytes()
     source_of: dict[str, str] = {}  # sha256 -> the first path with that content
     for rel, f in sorted(tree.files.items()):
         source_of.setdefault(f.sha256, rel)
@@ -378,7 +378,7 @@ def ship(group: Group, hosts: list[Host], tree: CodeTree, run_dirs: dict[str, st
     received: dict[str, int] = {}
     if wanting and distribute.worth_relaying(sum(size_of[s] for h in wanting for s in need[h.name]), len(wanting)):
         blobs = sorted({s for h in wanting for s in need[h.name]})
-        items = [plan.item(s, tree.root / source_of[s], size_of[s], s) for s in blobs]
+        items = [routes.item(s, tree.root / source_of[s], size_of[s], s) for s in blobs]
         log(f"relaying {len(blobs)} blobs ({size_text(sum(size_of[s] for s in blobs))}) to {len(wanting)} nodes")
         _, relayed = distribute.distribute(group, wanting, items, {h.name: where(h) for h in wanting},
                                            mode=distribution_mode(wanting[0]), log=log)

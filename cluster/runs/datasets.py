@@ -1,4 +1,4 @@
-"""Datasets on the head: prepared once (cluster/workloads/wldata.py), staged to every node, verified.
+"""Datasets on the head: prepared once (cluster/programs/wldata.py), staged to every node, verified.
 
 The prepared file's name is a hash of what it is made from (dataset, source file,
 image size, split seed, loader code), so a second launch finds it in the head's
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from cluster import paths
 from cluster.relay import distribute
 from cluster.errors import ClusterError
-from cluster.runs.jobs import WORKLOADS_DIR, JobSpec
+from cluster.runs.jobs import PROGRAMS_DIR, JobSpec
 from cluster.transport import Transport
 from cluster.provision.wheelhouse import distribution_mode, sha256_file
 
@@ -47,14 +47,14 @@ def file_name(spec: JobSpec) -> str:
         st = p.stat()
         source = {"path": str(p), "size": st.st_size, "mtime": st.st_mtime_ns}
     blob = json.dumps({"name": ds["name"], "source": source, "size": ds["size"], "seed": spec["seed"],
-                       "loader": hashlib.sha256((WORKLOADS_DIR / "wldata.py").read_bytes()).hexdigest()},
+                       "loader": hashlib.sha256((PROGRAMS_DIR / "wldata.py").read_bytes()).hexdigest()},
                       sort_keys=True)
     return f"{ds['name']}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.npz"
 
 
 def prepare(spec: JobSpec, log: Callable[[str], None] = lambda s: None) -> Prepared:
     """Load and split the dataset on the head (once), as the training programs would."""
-    from cluster.workloads import wldata
+    from cluster.programs import wldata
 
     name = file_name(spec)
     d = cache_dir()

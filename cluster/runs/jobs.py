@@ -1,6 +1,6 @@
 """Job specs: what to train, on which nodes, with which settings (schema: docs/jobs.md).
 
-A spec is data (playbooks/<name>.yaml), resolved with `--set` overrides and
+A spec is data (jobs/<name>.yaml), resolved with `--set` overrides and
 validated here; rendering it into per-node launch files is cluster.runs.render, and
 running it is cluster.runs.launch. Every error names the file, line, field and fix.
 """
@@ -22,8 +22,8 @@ from cluster.errors import UsageError
 from cluster.inventory.loader import parse_override
 from cluster.runs.records import RUN_ID_RE
 
-JOBS_DIR = paths.PLAYBOOKS_DIR
-WORKLOADS_DIR = paths.PACKAGE_DIR / "workloads"
+JOBS_DIR = paths.JOBS_DIR
+PROGRAMS_DIR = paths.PACKAGE_DIR / "programs"
 FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
 LAUNCHERS = {"torchrun": "pytorch", "tensorflow": "tensorflow", "plain": "plain"}  # launcher -> its family
 DATASETS = ("digits", "digits-aug", "cifar10", "imagefolder", "synthetic")
@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "name": None,
     "description": "",
     "framework": None,  # the built-in programs' family (pytorch | tensorflow); a user program says `launcher`
-    "entry": None,  # a built-in program of cluster/workloads; default: the framework's
+    "entry": None,  # a built-in program of cluster/programs; default: the framework's
     # A user's own program (docs/jobs.md "Your own program"): its folder, what to run in it, how to start it.
     "code": None,  # a folder on the head, shipped to every node; default: the spec file's folder
     "program": None,  # a script inside `code` ...
@@ -214,7 +214,7 @@ class JobSpec:
 
 
 def find(name_or_path: str) -> Path:
-    """A job by name (playbooks/<name>.yaml) or by path."""
+    """A job by name (jobs/<name>.yaml) or by path."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
@@ -222,7 +222,7 @@ def find(name_or_path: str) -> Path:
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in JOBS_DIR.glob("*.yaml") if p.stem != "provision")
+    return sorted(p.stem for p in JOBS_DIR.glob("*.yaml"))
 
 
 def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
@@ -458,8 +458,8 @@ class _Checks:
             self.fail("launcher", f"the built-in {s['framework']} program starts with its own launcher, got "
                       f"{s['launcher']!r}", "leave launcher out (it goes with `program:` for your own code)")
         entry = s["entry"]
-        if not isinstance(entry, str) or "/" in entry or not (WORKLOADS_DIR / entry).is_file():
-            self.fail("entry", f"no program {entry!r} in cluster/workloads/",
+        if not isinstance(entry, str) or "/" in entry or not (PROGRAMS_DIR / entry).is_file():
+            self.fail("entry", f"no program {entry!r} in cluster/programs/",
                       f"leave it out to use {FRAMEWORKS.get(s['framework'], 'the framework default')}")
 
     def own_program(self, s: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 torchx's shape: `prepare` returns the LaunchRequest that `launch --dry-run` prints (every node's files
 and start command, nothing changed), and `execute` starts exactly that request. Every node is started
-by the node agent (cluster/workloads/nodeagent.py) in a session of its own, so a run outlives the SSH
+by the node agent (cluster/agent/nodeagent.py) in a session of its own, so a run outlives the SSH
 connection that started it. What happens after the start (poll, judge, settle, refresh, follow, stop,
 logs) is cluster/runs/state.py; its names stay importable from here.
 """
@@ -156,15 +156,15 @@ def _busy(hosts: list[Host]) -> None:
 
 
 def _agent_source() -> str:
-    return resources.files("cluster.workloads").joinpath("nodeagent.py").read_text()
+    return resources.files("cluster.agent").joinpath("nodeagent.py").read_text()
 
 
 def program_tree(spec: JobSpec) -> code.CodeTree:
     """What a node runs, as a code tree: a user's `code` folder, or a built-in program (its entry point and
-    the modules it imports, out of cluster/workloads). Both are shipped the same way (runs/code.py)."""
+    the modules it imports, out of cluster/programs). Both are shipped the same way (runs/code.py)."""
     if spec.own:
         return code.scan(Path(str(spec["code"])).expanduser())
-    return code.named(Path(str(resources.files("cluster.workloads"))), [spec.entry, *PROGRAM_FILES])
+    return code.named(Path(str(resources.files("cluster.programs"))), [spec.entry, *PROGRAM_FILES])
 
 
 def secret_values(spec: JobSpec) -> dict[str, str]:
@@ -356,7 +356,7 @@ def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Lo
     agent = _agent_source()
     hosts = [t.host for t in request.targets]
 
-    usage = resources.files("cluster.workloads").joinpath("usage.py").read_bytes()  # its sampler, beside it
+    usage = resources.files("cluster.agent").joinpath("usage.py").read_bytes()  # its sampler, beside it
 
     def stage(t: Transport) -> None:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)

@@ -11,7 +11,7 @@ compute node mount at the same path. Nothing is copied per node: a node reads wh
         program/                             the program: a built-in one's files, or the user's `code`
         data/                                a user program's `data` (file or folder), when it has one
         secrets.env                          env_from's values (0600), when the job has any
-        clusterctl/usage.py                  the node agent's resource sampler (cluster/workloads/usage.py) ...
+        clusterctl/usage.py                  the node agent's resource sampler (cluster/agent/usage.py) ...
         clusterctl/slurm_sampler.py          ... and its loop for a task (cluster/slurm/sampler.py)
         batch.log                            the batch step's output (sbatch --output/--error, appended)
         task.sh                              what each task runs, written by the batch step (srun starts it)
@@ -42,7 +42,7 @@ SECRETS = "secrets.env"
 SAMPLER = "clusterctl/slurm_sampler.py"
 USAGE = "clusterctl/usage.py"
 # What submission puts into the run folder besides the program and the data: path under it -> file on the head.
-HELPERS: dict[str, Path] = {USAGE: paths.PACKAGE_DIR / "workloads" / "usage.py",
+HELPERS: dict[str, Path] = {USAGE: paths.PACKAGE_DIR / "agent" / "usage.py",
                             SAMPLER: paths.PACKAGE_DIR / "slurm" / "sampler.py"}
 
 

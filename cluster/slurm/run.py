@@ -86,7 +86,7 @@ def submit(request: SlurmRequest, log: Log = lambda s: None) -> runs.RunRecord:
             _stage_dataset(t, spec, layout.dataset(cluster.workdir, request.data_file), log)
         for dest, src in layout.HELPERS.items():
             t.put_bytes(src.read_bytes(), f"{rdir}/{dest}")
-        t.put_bytes((paths.PACKAGE_DIR / "workloads" / "nodeagent.py").read_bytes(), f"{cluster.workdir}/{AGENT}")
+        t.put_bytes((paths.PACKAGE_DIR / "agent" / "nodeagent.py").read_bytes(), f"{cluster.workdir}/{AGENT}")
         secret = launch.secret_values(spec)
         if secret:
             t.put_bytes(launch.secrets_file(secret).encode(), f"{rdir}/{layout.SECRETS}", mode=0o600)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-    from cluster.workloads import usage
+    from cluster.agent import usage
 else:  # on the node: usage.py staged beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import usage

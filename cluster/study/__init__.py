@@ -1,6 +1,7 @@
-"""Stage 5, the study: bench, placement and communication model, the job x node-count matrix, the report.
+"""The study: the job x node-count matrix run through the schedulers, and the report on past runs
+(throughput, epoch time, accuracy, scaling, energy) as tables, figures and pages.
 
-Takes in: run records and collected results, bench measurements.
-Gives out: plans (which nodes, which shares), study tables, report pages and figures.
-Must never import: lab or cli.
+Takes in: run records and collected results; jobs and an inventory for the matrix.
+Gives out: study tables, report pages and figures.
+Must never import: planner, lab or cli.
 """

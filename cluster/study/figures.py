@@ -328,7 +328,7 @@ def _jsonl(path: Path) -> list[Record]:
 
 
 def read_usage(node_dir: Path) -> list[Record]:
-    """The node agent's samples of the run's processes (cluster/workloads/usage.py)."""
+    """The node agent's samples of the run's processes (cluster/agent/usage.py)."""
     return _jsonl(node_dir / "out" / "usage.jsonl")
 
 

@@ -248,7 +248,7 @@ def _agent(state: lifecycle.LabState) -> None:
 
     p = _node_dir(state) / render.AGENT
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(resources.files("cluster.workloads").joinpath("nodeagent.py").read_text())
+    p.write_text(resources.files("cluster.agent").joinpath("nodeagent.py").read_text())
 
 
 def _record(state: lifecycle.LabState, run_id: str) -> records.RunRecord:

@@ -41,7 +41,7 @@ def test_provision_fresh_venvs_verify_and_rerun_unchanged(plab) -> None:
         assert "default" not in routes
     rc, dry = provision(state, env, "--dry-run")
     assert rc == 0 and dry["dry_run"] and not any((Path(n.dir) / "srv" / "venv").exists() for n in state.nodes)
-    assert {b["tf_package"] for b in dry["plan"]["nodes"].values()} == {"tensorflow-cpu"}
+    assert {b["tf_package"] for b in dry["builds"]["nodes"].values()} == {"tensorflow-cpu"}
 
     rc, rep = provision(state, env)
     assert rc == 0, [(n["host"], n["status"], n["error"]) for n in rep["nodes"]] + [json.dumps(rep, indent=1)[-2000:]]

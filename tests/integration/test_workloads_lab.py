@@ -14,11 +14,11 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.conftest import clusterctl_json, lab_up, pytestmark  # noqa: F401
 
-sys.path.insert(0, str(ROOT / "cluster" / "workloads"))
+sys.path.insert(0, str(ROOT / "cluster" / "programs"))
 import wlmetrics  # noqa: E402
 
 PY = sys.executable
-WL = ROOT / "cluster" / "workloads"
+WL = ROOT / "cluster" / "programs"
 COMMON = "--dataset digits --epochs 3 --batch 32 --lr 0.01 --threads 1"
 
 

@@ -314,8 +314,8 @@ IMPORTED = ("import sys, json; from cluster.cli import main; main({argv!r}); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('cluster', 'rich')))))")
 GROUPS = {"cluster.cli.lab", "cluster.cli.nodes", "cluster.cli.provision", "cluster.cli.runs", "cluster.cli.results",
           "cluster.cli.bench", "cluster.cli.context"}
-HEAVY = {"rich.live", "rich.progress", "cluster.runs.launch", "cluster.study.report", "cluster.provision.apply", "cluster.study.bench",
-         "cluster.study.placement", "cluster.study.matrix", "cluster.lab.lifecycle"}
+HEAVY = {"rich.live", "rich.progress", "cluster.runs.launch", "cluster.study.report", "cluster.provision.apply", "cluster.planner.bench",
+         "cluster.planner.placement", "cluster.study.matrix", "cluster.lab.lifecycle"}
 
 
 @pytest.mark.parametrize("argv, own", [(["--help"], None), (["exec", "--help"], "cluster.cli.nodes"),

@@ -44,7 +44,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Group(hosts, forks=...) anywhere records the hosts and forks, then stops the command."""
     from cluster.nodes import fanout
     from cluster.runs import launch
-    from cluster.study import bench
+    from cluster.planner import bench
 
     got: dict[str, Any] = {}
 
@@ -110,7 +110,7 @@ def test_bench_passes_limit_and_forks(inv: Path, seen: dict[str, Any]) -> None:
 
 def test_plan_passes_limit_to_the_candidates(inv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cluster.runs import launch
-    from cluster.study import plans
+    from cluster.planner import plans
 
     got: dict[str, Any] = {}
     real = launch.select_hosts

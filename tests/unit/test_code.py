@@ -21,8 +21,8 @@ from cluster.nodes.fanout import Group
 from cluster.runs import code, render
 from tests.conftest import ROOT
 
-WORKLOADS = ROOT / "cluster" / "workloads"
-AGENT = WORKLOADS / "nodeagent.py"
+NODE_SIDE = ROOT / "cluster" / "agent"
+AGENT = NODE_SIDE / "nodeagent.py"
 
 
 def write(root: Path, files: dict[str, str | bytes]) -> Path:
@@ -320,7 +320,7 @@ def test_a_data_file_written_in_place_by_a_non_root_user_fails_loudly(request: p
     data = write(top / "data", {"part-0.csv": "1,2\n"})
     node = top / "node"
     node.mkdir()
-    shutil.copy(WORKLOADS / "codecache.py", node / "codecache.py")
+    shutil.copy(NODE_SIDE / "codecache.py", node / "codecache.py")
     os.chown(node, nobody, nobody)
     tree = code.scan(data, source="data")
     blobs = {f.sha256: p for p, f in ((data / rel, f) for rel, f in tree.files.items())}
@@ -420,10 +420,10 @@ def test_an_upload_that_does_not_match_is_removed_and_refused(tmp_path: Path) ->
 
 def test_the_node_half_is_python_3_8(tmp_path: Path) -> None:
     for name in ("codecache.py", "nodeagent.py"):
-        ast.parse((WORKLOADS / name).read_text(), name, feature_version=(3, 8))
+        ast.parse((NODE_SIDE / name).read_text(), name, feature_version=(3, 8))
     # shipped with the agent alone (no package): the agent finds it beside itself
     shutil.copy(AGENT, tmp_path / "nodeagent.py")
-    shutil.copy(WORKLOADS / "codecache.py", tmp_path / "codecache.py")
+    shutil.copy(NODE_SIDE / "codecache.py", tmp_path / "codecache.py")
     r = subprocess.run([sys.executable, str(tmp_path / "nodeagent.py"), "code-missing", str(tmp_path / "c")],
                        input=b'{"files": {}}', capture_output=True, timeout=60)
     assert json.loads(r.stdout) == {"ok": True, "missing": [], "removed": []}

@@ -18,7 +18,7 @@ from cluster.cli import results
 from cluster.inventory.model import Host
 from cluster.runs import collect, render
 from cluster.transport.local import LocalTransport
-from cluster.workloads import nodeagent
+from cluster.agent import nodeagent
 from tests.conftest import ROOT
 
 
@@ -126,7 +126,7 @@ def _node(tmp_path: Path) -> tuple[Host, Path]:
     """A node workdir holding the real agent and a run folder of three files."""
     workdir = tmp_path / "node"
     (workdir / render.AGENT).parent.mkdir(parents=True)
-    shutil.copy(ROOT / "cluster" / "workloads" / "nodeagent.py", workdir / render.AGENT)
+    shutil.copy(ROOT / "cluster" / "agent" / "nodeagent.py", workdir / render.AGENT)
     run = workdir / "runs" / "r1"
     (run / "out").mkdir(parents=True)
     (run / "node.log").write_text("epoch 1 loss 0.5\n")

@@ -1,4 +1,4 @@
-"""The build plan for the GPUs a recycled lab holds, against drivers 470/535/580/590."""
+"""The builds chosen for the GPUs a recycled lab holds, against drivers 470/535/580/590."""
 from __future__ import annotations
 
 from typing import Any
@@ -48,7 +48,7 @@ def test_node_plan_matrix(case: tuple[str, str]) -> None:
     assert opts.ok and f"{best.version}+{best.variant}" == torch
     assert (opts.tf_gpu_options[0].version if opts.tf_gpu_options else None) == tf
     assert opts.amp is amp
-    alone = compat.build_plan([opts]).builds["n"]
+    alone = compat.choose_builds([opts]).builds["n"]
     assert alone.backend == "nccl"
     assert alone.tf_package == ("tensorflow[and-cuda]" if tf else "tensorflow-cpu")
     pascal_or_older_on_tf221 = tf == "2.21.0" and float(GPUS[name]) < 7.5
@@ -58,7 +58,7 @@ def test_node_plan_matrix(case: tuple[str, str]) -> None:
 @pytest.mark.parametrize("drv", sorted(DRIVERS))
 def test_cpu_only_node_any_driver(drv: str) -> None:
     opts = compat.node_options("cpu", [])
-    b = compat.build_plan([opts]).builds["cpu"]
+    b = compat.choose_builds([opts]).builds["cpu"]
     assert (b.torch, b.torch_variant, b.tensorflow, b.tf_package, b.backend, b.amp) == (
         "2.14.1", "cpu", "2.21.0", "tensorflow-cpu", "gloo", False)
     assert b.requirements()[:3] == ["torch==2.14.1+cpu", "torchvision==0.29.1+cpu", "tensorflow-cpu==2.21.0"]
@@ -76,7 +76,7 @@ def test_unknown_and_too_old_gpus_are_refused_with_a_fix() -> None:
 def test_mixed_lab_agrees_on_versions_and_backend() -> None:
     options = [compat.node_options("pc1", gpu("GTX 1050 Ti", "580")), compat.node_options("pc2", gpu("GTX 970", "580")),
              compat.node_options("pc4", [])]
-    cp = compat.build_plan(options)
+    cp = compat.choose_builds(options)
     assert cp.torch == "2.14.1" and cp.tensorflow == "2.16.2"  # the 970 (Maxwell) sets TF's version
     assert cp.backend == "gloo"  # one CPU-only rank: every rank uses gloo
     assert [cp.builds[h].torch_variant for h in ("pc1", "pc2", "pc4")] == ["cu126", "cu126", "cpu"]
@@ -85,7 +85,7 @@ def test_mixed_lab_agrees_on_versions_and_backend() -> None:
 
 
 def test_one_old_driver_pulls_the_lab_to_a_common_torch() -> None:
-    cp = compat.build_plan([compat.node_options("a", gpu("GTX 1080", "470")), compat.node_options("b", gpu("RTX 3090", "580"))])
+    cp = compat.choose_builds([compat.node_options("a", gpu("GTX 1080", "470")), compat.node_options("b", gpu("RTX 3090", "580"))])
     assert cp.torch == "2.7.1" and {b.torch_variant for b in cp.builds.values()} == {"cu118"}
     assert cp.backend == "nccl"
     # the same TF version everywhere: on the GPU where the driver allows, on the CPU on the R470 node
@@ -94,7 +94,7 @@ def test_one_old_driver_pulls_the_lab_to_a_common_torch() -> None:
 
 
 def test_refused_nodes_are_reported_and_the_rest_planned() -> None:
-    cp = compat.build_plan([compat.node_options("a", gpu("GTX 1080", "590")), compat.node_options("b", [])])
+    cp = compat.choose_builds([compat.node_options("a", gpu("GTX 1080", "590")), compat.node_options("b", [])])
     assert set(cp.refused) == {"a"} and set(cp.builds) == {"b"}
     assert cp.to_dict()["refused"]["a"]["fix"].startswith("install the R580 driver")
 
@@ -104,9 +104,9 @@ def test_no_common_torch_is_an_error() -> None:
     new = compat.node_options("new", gpu("RTX 3090", "580"))
     new.torch_options = [o for o in new.torch_options if o.version != "2.7.1"]
     with pytest.raises(ClusterError, match="no PyTorch version runs on every node"):
-        compat.build_plan([old, new])
+        compat.choose_builds([old, new])
 
 
 def test_pypi_index_uses_plain_versions() -> None:
-    b = compat.build_plan([compat.node_options("c", [])], torch_index=None).builds["c"]
+    b = compat.choose_builds([compat.node_options("c", [])], torch_index=None).builds["c"]
     assert b.requirements()[:2] == ["torch==2.14.1", "torchvision==0.29.1"]

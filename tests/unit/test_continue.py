@@ -17,7 +17,7 @@ from cluster.errors import UsageError
 from cluster.runs import carryover, jobs, records, render
 from cluster.runs.jobs import JobError
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 
 
 def _epochs(out: Path) -> list[dict]:

@@ -87,11 +87,22 @@ def test_the_close_script_removes_the_runs_rules_by_handle(tmp_path: Path) -> No
                '\t\ttcp dport 22 accept # handle 2\n\t}\n}\n')
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "nft").write_text(f"#!/bin/sh\nif [ \"$1\" = -a ]; then cat <<'X'\n{listing}X\nelse echo \"$@\" >> {tmp_path}/deleted; fi\n")
+    # `nft -a list`: the listing; `nft delete`: recorded; `nft list` (the check after): the listing where the
+    # delete did not take (a `stuck` file), else the chain without the run's rule
+    after = listing.replace('\t\tip saddr { 10.0.0.11, 10.0.0.12 } meta l4proto tcp accept comment "clusterctl r-1" # handle 7\n', "")
+    (fake / "nft").write_text(f"#!/bin/sh\nif [ \"$1\" = -a ]; then cat <<'X'\n{listing}X\n"
+                              f"elif [ \"$1\" = list ]; then if [ -e {tmp_path}/stuck ]; then cat <<'X'\n{listing}X\n"
+                              f"else cat <<'X'\n{after}X\nfi\nelse echo \"$@\" >> {tmp_path}/deleted; fi\n")
     (fake / "nft").chmod(0o755)
     script = runfw.close_script(Host(name="a", address="10.0.0.11"), "r-1", [("inet", "filter", "input")])
-    subprocess.run(["sh", "-c", script], env={"PATH": f"{fake}:/usr/bin:/bin"}, check=True, timeout=30)
+    r = subprocess.run(["sh", "-c", script], env={"PATH": f"{fake}:/usr/bin:/bin"}, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout == "", r
     assert (tmp_path / "deleted").read_text().split("\n")[:-1] == ["delete rule inet filter input handle 7"]
+    (tmp_path / "stuck").touch()  # the rule is still there after the delete: said, exit 1
+    r = subprocess.run(["sh", "-c", script], env={"PATH": f"{fake}:/usr/bin:/bin"}, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and r.stdout.strip() == "still open in: inet filter input", r
 
 
 def test_launch_never_touches_the_firewall_of_this_machine(tmp_path: Path) -> None:

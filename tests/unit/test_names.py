@@ -16,7 +16,7 @@ from cluster.lab import lifecycle, shaping
 from cluster.inventory import ansible_yaml, check as inventory_check
 from cluster.errors import UsageError
 from cluster.runs.jobs import JobError
-from cluster.workloads import relaynode_common
+from cluster.agent import relaynode_common
 
 PATTERNS = [
     (inventory_check.SAFE_NAME, "pc1"), (records.RUN_ID_RE, "resnet50-ddp-20250101-120000-ab12"),

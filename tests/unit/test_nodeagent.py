@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-AGENT = ROOT / "cluster" / "workloads" / "nodeagent.py"
+AGENT = ROOT / "cluster" / "agent" / "nodeagent.py"
 
 
 def agent(*args: str) -> dict:
@@ -140,7 +140,7 @@ def test_a_leader_that_ends_while_status_looks_is_succeeded_not_vanished(tmp_pat
     """The leader writes exit.json, then exits. A status that lists the processes while that happens must
     still find the record: it reads exit.json after the processes (read before, such a run 'vanished' and a
     launch that had succeeded exited 1)."""
-    from cluster.workloads import nodeagent
+    from cluster.agent import nodeagent
 
     d = make_run(tmp_path, "exit 0\n")
     (d / "pid.json").write_text(json.dumps({"pgid": 999999, "launcher_pid": 999999, "started": time.time()}))
@@ -175,7 +175,7 @@ def test_a_run_without_torchrun_workers_is_never_cut(tmp_path: Path) -> None:
 def test_a_failed_runs_status_names_the_ranks_and_the_programs_traceback() -> None:
     """Recorded: node.log of a torchrun run (--tee 3, rank prefixes) whose two ranks raised; the program's
     traceback is found under torchrun's own (ChildFailedError), the ranks read from torchrun's summary."""
-    from cluster.workloads import nodeagent
+    from cluster.agent import nodeagent
 
     got = nodeagent._failure(ROOT / "tests" / "fixtures" / "launch" / "torchrun-failed-node.log")
     assert got["failed_ranks"] == [0, 1]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cluster import paths
-from cluster.study import bench, plans
+from cluster.planner import bench, plans
 from cluster.inventory import loader
 from cluster.errors import InventoryError
 from tests.conftest import write

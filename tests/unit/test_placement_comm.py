@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from cluster.runs import jobs
-from cluster.study import bench, commmodel, placement, plans
+from cluster.planner import bench, commmodel, placement, plans
 from cluster.inventory import loader
-from cluster.study.commmodel import Comm, Link, Scheme
-from cluster.study.placement import NodeSpeed, Workload
-from cluster.workloads import wlcommon
+from cluster.planner.commmodel import Comm, Link, Scheme
+from cluster.planner.placement import NodeSpeed, Workload
+from cluster.programs import wlcommon
 
 R18 = commmodel.param_shapes("resnet18", 10)
 R18_ELEMENTS = 11_181_642

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.study import bench, placement, plans
+from cluster.planner import bench, placement, plans
 from cluster.inventory import loader
-from cluster.study.bench import NetworkBench, StepRate
+from cluster.planner.bench import NetworkBench, StepRate
 from cluster.errors import UsageError
-from cluster.study.placement import NodeSpeed
-from cluster.workloads import wlcommon
+from cluster.planner.placement import NodeSpeed
+from cluster.programs import wlcommon
 
 NET = NetworkBench(nodes=2, busbw_MBps=100.0, model_allreduce_s=0.2, per_node_busbw_MBps={}, latency_s=0.001)
 
@@ -59,7 +59,7 @@ def test_nodes_of_one_speed_keep_the_jobs_even_shares() -> None:
     """Balanced shares follow bench's spread on nodes of one speed: there they gave 33/33/31/31, which the
     model itself priced slower with PowerSGD (the node given more has the longest PowerSGD step), and a run
     on them is another draw than its even-share calibration. Kept even below SHARES_GAIN, balanced above."""
-    from cluster.study.commmodel import Scheme, param_shapes
+    from cluster.planner.commmodel import Scheme, param_shapes
 
     work = placement.Workload(param_shapes("resnet18", 10), schemes=(Scheme(), Scheme("powersgd", 4)),
                               train_samples=1438)

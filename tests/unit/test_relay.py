@@ -1,4 +1,4 @@
-"""The node side of the peer relay (cluster/workloads/relaynode.py) on loopback, and the head's plan.
+"""The node side of the peer relay (cluster/agent/relaynode.py) on loopback, and the head's plan.
 
 Each test runs the real script with the system's python, as a node would: a relay serving one directory,
 fetches into another, with tokens, allow lists, corrupted sources and interrupted copies.
@@ -21,7 +21,7 @@ from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group
 from cluster.inventory.model import Host
 from cluster.transport import CommandResult
-from cluster.workloads import relaynode
+from cluster.agent import relaynode
 
 SCRIPT = Path(relaynode.__file__)
 PIECE = 64 * 1024  # small pieces: several per file, fast tests
@@ -215,13 +215,13 @@ def test_a_name_ending_in_a_newline_is_no_plain_file_name(tmp_path: Path, served
 
 def test_plan_sources_and_head_bytes() -> None:
     sizes = {"a": 10, "b": 20}
-    p = distribute.Plan("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
+    p = distribute.Routes("relay", ["n1", "n2", "n3"], {"n1": ["a", "b"], "n2": ["a", "b"], "n3": ["b"]}, sizes)
     assert p.edges() == [("head", "n1", 2, 30), ("n1", "n2", 2, 30), ("n2", "n3", 1, 20)]
     assert p.head_bytes == 30  # each file once
-    push = distribute.Plan("push", p.chain, p.needs, sizes)
+    push = distribute.Routes("push", p.chain, p.needs, sizes)
     assert push.head_bytes == 80 and all(a == "head" for a, *_ in push.edges())
     # the first node has a file already: the others get it from peers, the head sends nothing of it
-    q = distribute.Plan("relay", ["n1", "n2"], {"n1": [], "n2": ["a"]}, sizes)
+    q = distribute.Routes("relay", ["n1", "n2"], {"n1": [], "n2": ["a"]}, sizes)
     assert q.head_bytes == 0 and q.edges() == [("n1", "n2", 1, 10)]
     assert "node" not in " ".join(p.lines()) and p.lines()[-1] == "relay: the head sends 0 MiB in all"
 

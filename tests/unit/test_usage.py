@@ -1,4 +1,4 @@
-"""The node agent's usage sampler (cluster/workloads/usage.py): nvidia-smi's answers (recorded), RAPL
+"""The node agent's usage sampler (cluster/agent/usage.py): nvidia-smi's answers (recorded), RAPL
 counters (a powercap tree of its own), and the CPU and memory of real processes."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.workloads import usage
+from cluster.agent import usage
 from tests.conftest import ROOT
 from tests.unit.test_nodeagent import agent, make_run, wait_state
 
@@ -62,7 +62,7 @@ def test_cpu_and_memory_of_busy_processes(tmp_path: Path) -> None:
 
 def test_the_node_agent_samples_every_run_and_status_shows_the_last(tmp_path: Path) -> None:
     d = make_run(tmp_path, f"{sys.executable} -c 'import time\nt = time.time()\nwhile time.time() - t < 3: pass'\n")
-    r = subprocess.run([sys.executable, str(ROOT / "cluster" / "workloads" / "nodeagent.py"), "start", str(d)],
+    r = subprocess.run([sys.executable, str(ROOT / "cluster" / "agent" / "nodeagent.py"), "start", str(d)],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "CLUSTERCTL_SAMPLE_S": "0.5"})
     assert json.loads(r.stdout)["ok"]
     time.sleep(2.5)

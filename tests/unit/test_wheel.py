@@ -1,5 +1,5 @@
 """A built wheel of clusterctl works without the clone: `pip install` of it in a fresh venv, then the CLI run
-from a folder outside the clone finds its playbooks, templates and inventories inside the installed package.
+from a folder outside the clone finds its job specs, playbooks, templates and inventories inside the installed package.
 
 The wheel is built offline from a copy of the working tree (setuptools is in the project's venv); the fresh
 venv sees the project's installed dependencies through a .pth file (no download), but not the clone: the
@@ -70,12 +70,12 @@ def test_the_wheel_holds_every_playbook_template_inventory_and_workload(built: t
         assert files, folder
         missing = [f for f in files if f"cluster/_data/{folder}/{f}" not in names]
         assert not missing, f"{folder}/ files left out of the wheel: {missing}"
-    workloads = [f for f in repo_files("cluster/workloads")]
-    assert "train_torch.py" in workloads and "nodeagent.py" in workloads
-    assert not [f for f in workloads if f"cluster/workloads/{f}" not in names]
+    node_side = [f"cluster/{d}/{f}" for d in ("agent", "programs") for f in repo_files(f"cluster/{d}")]
+    assert "cluster/programs/train_torch.py" in node_side and "cluster/agent/nodeagent.py" in node_side
+    assert not [f for f in node_side if f not in names]
     modules = [f"cluster/{f}" for f in repo_files("cluster") if f.endswith(".py")]
     assert not [m for m in modules if m not in names], "modules left out of the wheel"
-    assert not [n for n in names if n.startswith(("playbooks/", "templates/", "inventory/", "tests/"))]
+    assert not [n for n in names if n.startswith(("jobs/", "playbooks/", "templates/", "inventory/", "tests/"))]
 
 
 def test_the_sdist_carries_the_data_folders(built: tuple[Path, Path], tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def run_installed(venv: Path, cwd: Path, *args: str, home: Path | None = None) -
 def test_cluster_is_imported_from_the_fresh_venv_not_the_clone(venv: Path, tmp_path: Path) -> None:
     r = subprocess.run([str(venv / "bin" / "python"), "-c",
                         "import json, cluster, cluster.paths as p; print(json.dumps([cluster.__file__, "
-                        "str(p.PLAYBOOKS_DIR), str(p.TEMPLATES_DIR), str(p.LOCAL_INVENTORY)]))"],
+                        "str(p.PLAYBOOKS_DIR), str(p.TEMPLATES_DIR), str(p.LOCAL_INVENTORY), str(p.JOBS_DIR)]))"],
                        cwd=tmp_path, capture_output=True, text=True, env=_clean_env(), timeout=60)
     assert r.returncode == 0, r.stderr
     where = [Path(p) for p in json.loads(r.stdout)]
@@ -133,6 +133,7 @@ def test_cluster_is_imported_from_the_fresh_venv_not_the_clone(venv: Path, tmp_p
         assert site.resolve() in p.resolve().parents, f"{p} is not in the fresh venv ({site})"
         assert ROOT not in p.resolve().parents
     assert where[1] == site / "cluster" / "_data" / "playbooks" and where[3].is_file()
+    assert where[4] == site / "cluster" / "_data" / "jobs" and (where[4] / "resnet50-ddp.yaml").is_file()
 
 
 def test_help_from_outside_the_clone(venv: Path, tmp_path: Path) -> None:
@@ -158,7 +159,7 @@ def local_nodes(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_launch_dry_run_renders_from_the_installed_package(venv: Path, tmp_path: Path) -> None:
-    """The job spec (playbooks/), the launch templates (templates/) and the training program (workloads) all
+    """The job spec (jobs/), the launch templates (templates/) and the training program (cluster/programs) all
     come from the installed wheel."""
     inv, home = local_nodes(tmp_path)
     r = run_installed(venv, tmp_path, "launch", "resnet50-ddp", "--dry-run", "-i", str(inv), home=home)

@@ -110,7 +110,7 @@ def test_provision_on_a_head_without_internet_fails_its_nodes_with_that_fix(cach
     sel = wheelhouse_io.select(inv, list(inv.hosts.values()), facts)
     hosts = list(inv.hosts.values())
     out = {h.name: NodeOutcome(h.name) for h in hosts}
-    assert apply._wheelhouses(hosts, facts, sel.plan, False, lambda s: None, out) == {}
+    assert apply._wheelhouses(hosts, facts, sel.choice, False, lambda s: None, out) == {}
     (o,) = out.values()
     assert o.status == "failed" and "wheelhouse: pip download failed" in (o.error or "")
     assert "clusterctl wheelhouse import DIR" in (o.fix or "")
@@ -168,7 +168,7 @@ def test_build_plans_exactly_the_wheelhouses_provision_would(tmp_path: Path, cac
 
     monkeypatch.setattr(wheelhouse, "build", recording_build)
     request = apply.request_for(inv, hosts, nf, apply.playbook.load("provision"))
-    apply._wheelhouses(request.planned, nf, request.plan, False, lambda s: None, request.outcomes)
+    apply._wheelhouses(request.planned, nf, request.choice, False, lambda s: None, request.outcomes)
     assert sorted(asked) == sorted((s.requirements, s.python, s.index) for s in sel.sets)
     assert {n for s in sel.sets for n in s.nodes} == {"pc1", "pc2", "pc3"} and not sel.left_out
     by_node = {n: s for s in sel.sets for n in s.nodes}
@@ -197,7 +197,7 @@ def test_for_targets_render_the_same_sets_as_such_nodes(tmp_path: Path, cache: P
     # cu118 (an R470 driver) pulls the whole lab down to torch 2.7.1, as provision's plan would
     tinv, tfacts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.10,cpu", "py3.10,cu118"]))
     sel = wheelhouse_io.select(tinv, list(tinv.hosts.values()), tfacts)
-    assert sel.plan is not None and sel.plan.torch == "2.7.1"
+    assert sel.choice is not None and sel.choice.torch == "2.7.1"
     assert {s.requirements[0] for s in sel.sets} == {"torch==2.7.1+cpu", "torch==2.7.1+cu118"}
 
 
@@ -243,7 +243,7 @@ hosts:
     assert rc == 0, err
     doc = json.loads(out)
     (w,) = doc["wheelhouses"]
-    assert w["nodes"] == ["a", "b"] and w["status"] == "missing" and doc["plan"]["backend"] == "gloo"
+    assert w["nodes"] == ["a", "b"] and w["status"] == "missing" and doc["builds"]["backend"] == "gloo"
 
 
 # --------------------------------------------------------------------------- export and import

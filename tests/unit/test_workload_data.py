@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 sys.path.insert(0, str(WL))
 import wldata  # noqa: E402
 import wlmetrics  # noqa: E402

@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 from tests import ranks  # noqa: E402
 from tests.unit.test_workload_tf import _free_ports  # noqa: E402 - its TF workers' ports, as test_workload_tf_comm
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
 import wlmetrics  # noqa: E402

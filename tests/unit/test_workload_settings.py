@@ -10,7 +10,7 @@ import pytest
 from cluster.runs import jobs
 from cluster.runs.jobs import JobError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "workloads"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "programs"))
 import wlcommon  # noqa: E402
 
 

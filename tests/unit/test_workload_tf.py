@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 
 HELPER = f"""
 import argparse, sys
@@ -149,7 +149,7 @@ def test_a_checkpoint_goes_to_the_slot_the_index_does_not_name(tmp_path: Path) -
     index. Two saves use both slots; a torn slot that the index does not name is never read."""
     code = f"""
 import sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "cluster" / "workloads")!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "cluster" / "programs")!r})
 from pathlib import Path
 import tensorflow as tf
 import train_tf
@@ -233,7 +233,7 @@ def test_tf_trains_on_to_its_target_with_a_continued_runs_schedule_and_ends_ther
     """As train_torch.py (wlcommon.trains): short of --target-acc after --epochs, one more epoch at the rates
     of a 2-epoch run's second, then the end; restarted, the checkpoint says the run is done. A reachable
     target ends the run at the first epoch that reaches it."""
-    from cluster.workloads import wlcommon
+    from cluster.programs import wlcommon
 
     def records(d: Path) -> list[dict]:
         return [json.loads(x) for x in (d / "metrics-rank0.jsonl").read_text().splitlines()]

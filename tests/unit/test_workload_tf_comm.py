@@ -16,7 +16,7 @@ import pytest
 
 from tests.unit.test_workload_tf import _free_ports, _run
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 
 HELPER = f"""
 import argparse, sys

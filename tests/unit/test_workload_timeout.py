@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 TIMEOUT_S = 10
 SLACK_S = 30  # process teardown, a step in flight, a loaded 2-core machine
 

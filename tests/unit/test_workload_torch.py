@@ -17,7 +17,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from tests import ranks  # noqa: E402
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
 import wlcommon  # noqa: E402

@@ -17,7 +17,7 @@ from torch import nn  # noqa: E402
 
 from tests import ranks  # noqa: E402
 
-WL = Path(__file__).resolve().parents[2] / "cluster" / "workloads"
+WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 sys.path.insert(0, str(WL))
 import torchcomm  # noqa: E402
 import train_torch  # noqa: E402

@@ -30,10 +30,10 @@ import sys
 from typing import TYPE_CHECKING, Dict, List
 
 if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-    from cluster.workloads.relaynode_common import (NAME_RE, Doc, load_manifest, part_path, read_request,
+    from cluster.agent.relaynode_common import (NAME_RE, Doc, load_manifest, part_path, read_request,
                                                     record_verified, reply, sha256_of, write_manifest)
-    from cluster.workloads.relaynode_fetch import cmd_fetch
-    from cluster.workloads.relaynode_serve import cmd_serve, cmd_stop
+    from cluster.agent.relaynode_fetch import cmd_fetch
+    from cluster.agent.relaynode_serve import cmd_serve, cmd_stop
 else:  # on the node: the head uploads the parts side by side
     from relaynode_common import (NAME_RE, Doc, load_manifest, part_path, read_request, record_verified, reply,
                                   sha256_of, write_manifest)

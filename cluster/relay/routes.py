@@ -1,6 +1,7 @@
-"""The peer relay's plan: what each node lacks, who it receives from, and what it got (cluster/relay/distribute.py).
+"""The peer relay's routes: what each node lacks, who it receives from, and what it got
+(cluster/relay/distribute.py).
 
-Why apart from the run: the plan is what `provision --dry-run` shows and what a run starts from, and it
+Why apart from the run: the routes are what `provision --dry-run` shows and what a run starts from, and it
 needs no node-side code: each node answers one survey (sizes and its manifest of verified files).
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _save_cache(cache_path: Path, cache: dict[str, Any]) -> None:
 def items(directory: Path, files: dict[str, dict[str, Any]], with_pieces: bool = True) -> list[Item]:
     """Items for `files` ({name: {sha256, size}}) in `directory`, with their piece hashes (computed once per
     file version and cached beside the files: a 1 GB file costs a second of reading the first time).
-    A plan alone (a dry run) needs no piece hashes."""
+    Routes alone (a dry run) need no piece hashes."""
     if not with_pieces:
         return [Item(n, directory / n, int(m["size"]), str(m["sha256"])) for n, m in files.items()]
     cache_path = directory / PIECES_CACHE
@@ -109,7 +110,7 @@ def batches(files: list[Item]) -> list[list[Item]]:
 
 
 @dataclass
-class Plan:
+class Routes:
     """Who receives what from whom (first choice; failures re-route at run time)."""
 
     mode: str
@@ -223,15 +224,15 @@ def parse_survey(stdout: str) -> tuple[dict[str, int], dict[str, str]]:
     return parse_sizes(sizes_txt), verified if isinstance(verified, dict) else {}
 
 
-def plan(group: Group, hosts: list[Host], files: list[Item], dest: dict[str, str], mode: str = "relay",
-         rehash: bool = False) -> tuple[Plan, GroupResult]:
-    """Ask every node what it has; the plan covers the nodes that answered."""
+def route(group: Group, hosts: list[Host], files: list[Item], dest: dict[str, str], mode: str = "relay",
+         rehash: bool = False) -> tuple[Routes, GroupResult]:
+    """Ask every node what it has; the routes cover the nodes that answered."""
     if mode not in MODES:
         raise ClusterError(f"distribution mode {mode!r} is unknown", f"use one of {', '.join(MODES)}")
     names = [i.name for i in files]
     by_name = {i.name: i for i in files}
     res = group.call(lambda t: survey(t, dest[t.host.name], names), hosts)
-    p = Plan(mode, [h.name for h in hosts if res[h.name].ok], {}, {i.name: i.size for i in files})
+    p = Routes(mode, [h.name for h in hosts if res[h.name].ok], {}, {i.name: i.size for i in files})
     for n in p.chain:
         sizes, verified = res[n].value
         need, maybe = [], []

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 if TYPE_CHECKING:
     import argparse
 
-    from cluster.workloads.wlcommon import BatchPlan
-    from cluster.workloads.wldata import Dataset
+    from cluster.programs.wlcommon import BatchPlan
+    from cluster.programs.wldata import Dataset
 
 B = TypeVar("B")
 

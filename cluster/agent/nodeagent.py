@@ -253,7 +253,7 @@ def _usage_module() -> Any:
     """usage.py (resource sampling), beside this file on the node; None where it is missing."""
     try:
         if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-            from cluster.workloads import usage
+            from cluster.agent import usage
         else:  # on the node: beside this file
             import usage
     except ImportError:
@@ -619,7 +619,7 @@ def code_action(argv: list[str]) -> Doc:
     """code-missing, code-tree: a user's program folder (cluster/runs/code.py ships it, with codecache.py)."""
     try:
         if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-            from cluster.workloads import codecache
+            from cluster.agent import codecache
         else:  # on the node: beside this file
             import codecache
     except ImportError as e:

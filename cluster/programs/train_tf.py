@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
-    from cluster.workloads import tfcomm, wlcommon, wldata, wlmetrics
+    from cluster.programs import tfcomm, wlcommon, wldata, wlmetrics
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import tfcomm

@@ -32,7 +32,7 @@ import torchvision  # type: ignore[import-untyped]  # publishes no type informat
 from torch.nn.parallel import DistributedDataParallel
 
 if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
-    from cluster.workloads import torchcomm, wlcommon, wldata, wlmetrics
+    from cluster.programs import torchcomm, wlcommon, wldata, wlmetrics
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torchcomm

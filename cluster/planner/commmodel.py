@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from cluster.runs import datasets, jobs
 from cluster.errors import ClusterError
-from cluster.workloads import wlcommon
+from cluster.programs import wlcommon
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (the last layers' gradients) is 1 MiB
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
@@ -90,7 +90,7 @@ def job_model(spec: jobs.JobSpec) -> tuple[list[Shape] | None, int | None, int |
     known here."""
     samples, val, classes = None, None, 10
     try:
-        from cluster.workloads import wldata
+        from cluster.programs import wldata
 
         ds = wldata.open_prepared(datasets.prepare(spec).path)
         samples, val, classes = len(ds.y_train), len(ds.y_val), int(ds.classes)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.study import bench, commmodel
-from cluster.study.bench import NetworkBench, NodeBench
-from cluster.study.commmodel import Scheme
-from cluster.workloads import wlcommon
+from cluster.planner import bench, commmodel
+from cluster.planner.bench import NetworkBench, NodeBench
+from cluster.planner.commmodel import Scheme
+from cluster.programs import wlcommon
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import socket
 from typing import IO, TYPE_CHECKING, Any, Dict, List
 
 if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-    from cluster.workloads.relaynode_common import NAME_RE, Doc, part_path, record_verified, reply
+    from cluster.agent.relaynode_common import NAME_RE, Doc, part_path, record_verified, reply
 else:  # on the node: the head uploads the parts side by side
     from relaynode_common import NAME_RE, Doc, part_path, record_verified, reply
 
@@ -146,7 +146,7 @@ def fetch_one(req: Doc, f: Doc, gone: Dict[str, Doc]) -> Doc:
     if offset < size:
         return dict(done, ok=False, error="no source could finish the file")
     # every piece matched, and the head made the piece list in the same pass that checked the file against
-    # the manifest's sha256 (relay_plan.items): the file is the manifest's, without hashing it twice here
+    # the manifest's sha256 (relay/routes.py items): the file is the manifest's, without hashing it twice here
     os.replace(part, os.path.join(d, name))
     record_verified(d, {name: str(f["sha256"])})
     return dict(done, ok=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from cluster import paths
 from cluster.bounds import read_regular
-from cluster.study import commmodel
+from cluster.planner import commmodel
 from cluster.runs import datasets, jobs, launch
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
@@ -111,7 +111,7 @@ class EpochCosts:
     @classmethod
     def from_records(cls, metrics_text: str) -> EpochCosts | None:
         """None where the run wrote no epoch or end record (killed, or an old program)."""
-        from cluster.workloads import wlcommon
+        from cluster.programs import wlcommon
 
         kinds: dict[str, list[dict[str, Any]]] = {}
         for r in (json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")):
@@ -380,7 +380,7 @@ def _require_reachable(results: GroupResult, what: str) -> None:
 
 
 def _allreduce(group: Group, hosts: list[Host], backend: str, what: str, mb: float) -> dict[str, dict[str, Any]]:
-    """Every node's reply to one all-reduce test (cluster/workloads/allreduce.py)."""
+    """Every node's reply to one all-reduce test (cluster/programs/allreduce.py)."""
     port = int(hosts[0].vars.get("allreduce_port", 29499))
     res = group.run(lambda h: apply.allreduce_command(h, hosts, port, backend, mb), timeout=300, hosts=hosts)
     _require_reachable(res, f"the network test ({what})")

@@ -13,7 +13,7 @@ import time
 from typing import IO, TYPE_CHECKING, Optional
 
 if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-    from cluster.workloads.relaynode_common import NAME_RE, REQUEST_MAX, Doc, part_path, reply
+    from cluster.agent.relaynode_common import NAME_RE, REQUEST_MAX, Doc, part_path, reply
 else:  # on the node: the head uploads the parts side by side
     from relaynode_common import NAME_RE, REQUEST_MAX, Doc, part_path, reply
 

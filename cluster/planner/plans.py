@@ -12,9 +12,9 @@ from cluster.bounds import read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
 from cluster.runs import jobs, launch
-from cluster.study import bench, commmodel
-from cluster.study.bench import NetworkBench
-from cluster.study.placement import SHARES_GAIN, NodeSpeed, Placement, PlacementChoice, Workload, candidates, \
+from cluster.planner import bench, commmodel
+from cluster.planner.bench import NetworkBench
+from cluster.planner.placement import SHARES_GAIN, NodeSpeed, Placement, PlacementChoice, Workload, candidates, \
     recommend, speed
 
 

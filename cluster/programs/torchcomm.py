@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them 
     from torch._C._distributed_c10d import GradBucket
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    from cluster.workloads import wlcommon
+    from cluster.programs import wlcommon
 
     Future = torch.futures.Future[torch.Tensor]
 else:
