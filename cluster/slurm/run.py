@@ -297,6 +297,8 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
         return
     if r.started is None:  # it ran and ended between two looks: its wait counts as its run
         r.started = r.created
+    if state != "CANCELLED" and r.state in ("starting", "queued"):
+        r.move("running")  # a verdict comes from running (MOVES): a job seen waiting, then done, did run
     codes = {i: (v["exit"] or {}).get("code") for i, v in tasks.items()}
     if state == "COMPLETED" and tasks and all(c == 0 for c in codes.values()):
         r.move("succeeded")

@@ -83,6 +83,17 @@ def test_a_pending_job_is_queued_with_slurms_reason_then_running_then_its_verdic
     assert r.state == "succeeded" and [n.node for n in r.nodes] == ["node1", "node2"]
 
 
+@pytest.mark.parametrize("verdict, code, final", [("COMPLETED", 0, "succeeded"), ("FAILED", 1, "failed")])
+def test_a_job_that_ran_and_ended_between_two_looks_gets_its_verdict(verdict: str, code: int, final: str) -> None:
+    """Queued at one look, ended at the next (a short program): the verdict lands, the record never stays queued."""
+    r = _slurm_record()
+    slurm_run._submitted(r, "7")
+    slurm_run._apply(r, "PENDING", "None", "", {})
+    tasks = {i: {"task": {"node": f"node{i + 1}"}, "exit": {"code": code}, "log": []} for i in range(2)}
+    slurm_run._apply(r, verdict, "", "node[1-2]", tasks)
+    assert r.state == final and not r.active and r.started is not None and r.ended is not None
+
+
 def test_a_job_cancelled_while_queued_is_stopped_and_never_ran() -> None:
     r = _slurm_record()
     slurm_run._submitted(r, "5")
