@@ -215,6 +215,9 @@ def _check_types(r: RunRecord) -> None:
         v = getattr(r, name)
         if v is not None and not isinstance(v, dict):
             bad(name)
+    for name in ("last_status", "stop_results"):  # node -> a dict each
+        if not all(isinstance(v, dict) for v in (getattr(r, name) or {}).values()):
+            bad(name)
     if r.failure is not None and not (isinstance(r.failure.node, str) and isinstance(r.failure.reason, str)
                                       and isinstance(r.failure.log, list) and isinstance(r.failure.also, list)
                                       and isinstance(r.failure.ranks, list)):
