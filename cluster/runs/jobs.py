@@ -6,6 +6,7 @@ running it is cluster.runs.launch. Every error names the file, line, field and f
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import errno
 import os
@@ -19,6 +20,7 @@ import yaml
 from cluster import paths, yamlfile
 from cluster.bounds import FileRefused, Range, read_regular
 from cluster.errors import UsageError
+from cluster.programs import wlcommon
 from cluster.inventory.loader import parse_override
 from cluster.runs.records import RUN_ID_RE
 
@@ -32,7 +34,22 @@ DATASETS = ("digits", "digits-aug", "cifar10", "imagefolder", "synthetic")
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
-# Every key a spec may hold, with its default; a spec file gives some, --set overrides any.
+
+
+def program_parser() -> argparse.ArgumentParser:
+    """The built-in training programs' own argument parser (programs/wlcommon.add_args): their knobs, each
+    knob's default and its choices are declared there once; the head reads them from it, and checks a built-in
+    job's command line with it before anything starts (`_Checks.program`)."""
+    ap = argparse.ArgumentParser(prog="the built-in training program", add_help=False, exit_on_error=False)
+    wlcommon.add_args(ap)
+    return ap
+
+
+_KNOBS = vars(program_parser().parse_args([]))  # dest -> the programs' default
+_CHOICES = {a.dest: tuple(a.choices) for a in program_parser()._actions if a.choices is not None}
+
+# Every key a spec may hold, with its default; a spec file gives some, --set overrides any. A built-in
+# program's knob takes its default from the program's parser (_KNOBS).
 DEFAULTS: dict[str, Any] = {
     "name": None,
     "description": "",
@@ -48,40 +65,26 @@ DEFAULTS: dict[str, Any] = {
     "requirements": None,  # a list, or a requirements file inside `code`: installed offline as a layer
     "data": None,  # a file or folder on the head, in every run's data/ ($CLUSTER_DATA), sent once per node
     "outputs": None,  # what collect brings of the program's folder: these paths; default everything it wrote
-    "dataset": {"name": "digits", "path": None, "size": 32},
-    "model": "resnet50",  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
-    "bn_recompute": 0,  # BatchNorm's statistics recomputed from this many training samples in all (each rank
-                        # its share) before each evaluation (precise BN); 0: the running averages training kept
-    "epochs": 4,
-    # train until an accuracy (docs/jobs.md): end at the first epoch whose validation accuracy reaches
-    # target_acc (0: none); short of it after `epochs`, go on one epoch at a time up to max_epochs (0: epochs)
-    "target_acc": 0,
-    "max_epochs": 0,
-    "batch": 32,
-    # lr_scaling: how lr grows with the global batch, linear | sqrt (wlcommon.peak_lr; docs/jobs.md)
-    "optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "schedule": "cosine",
-                  "lr_scaling": "linear"},
-    "seed": 0,
+    "dataset": {"name": _KNOBS["dataset"], "path": None, "size": _KNOBS["size"]},
+    "model": _KNOBS["model"],  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
+    "bn_recompute": _KNOBS["bn_recompute"],
+    "epochs": _KNOBS["epochs"],
+    "target_acc": _KNOBS["target_acc"],
+    "max_epochs": _KNOBS["max_epochs"],
+    "batch": _KNOBS["batch"],
+    "optimizer": {k: _KNOBS[k] for k in ("lr", "momentum", "weight_decay", "warmup_epochs", "schedule", "lr_scaling")},
+    "seed": _KNOBS["seed"],
     "nodes": "all",
     "min_nodes": 0,  # start with at least this many of them when some do not answer; 0: all of them
     "silent_grace_s": 30,  # a node of a running run silent this long fails it (or, with min_nodes, is left out)
     "procs_per_node": "auto",
-    "threads": 0,
-    "loader_workers": -1,
-    "amp": "auto",
+    **{k: _KNOBS[k] for k in ("threads", "loader_workers", "amp")},
     "max_restarts": 0,
-    "max_steps": 0,
-    "log_every": 10,
+    **{k: _KNOBS[k] for k in ("max_steps", "log_every")},
     # communication (docs/jobs.md "Communication"): what goes on the wire and how long a peer is waited for
-    "grad_compression": "none",  # none | fp16 | powersgd
-    "powersgd_rank": 2,
-    "powersgd_start_step": 0,  # 0: after the warm-up and 1000 steps, at most half the run (fp16 before)
-    "powersgd_wire": "float32",  # powersgd: P, Q and the uncompressed tensors all-reduced as float32 | bfloat16
-    "accumulate": 1,  # micro-batches per optimizer step (one all-reduce per step)
-    "bucket_mb": 0,  # DDP bucket size in MiB; 0: DDP's default
-    "tf_implementation": "auto",  # TF CommunicationOptions: auto | ring | nccl
-    "tf_bytes_per_pack": 0,  # TF CommunicationOptions; 0: TensorFlow decides
-    "collective_timeout_s": 120,  # a peer silent this long fails the run (0: the framework's default)
+    **{k: _KNOBS[k] for k in ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire",
+                              "accumulate", "bucket_mb", "tf_implementation", "tf_bytes_per_pack",
+                              "collective_timeout_s")},
     "port": 0,
     "shares": {},  # node -> its batch (uneven split, `clusterctl plan`); empty: `batch` on every worker
     "env": {},
@@ -95,7 +98,7 @@ DEFAULTS: dict[str, Any] = {
 }
 COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire", "accumulate", "bucket_mb",
              "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
-COMPRESSIONS = ("none", "fp16", "powersgd")  # grad_compression's values (wlcommon.COMPRESSIONS; a test checks)
+COMPRESSIONS = _CHOICES["grad_compression"]
 # Retired settings and values (docs/jobs.md "Retired settings"): a spec or --set that names one is refused
 # (exit 2) with what replaces it. A run recorded with one reads as today's job without it (with_defaults).
 LOCAL_SGD_GONE = ("grad_compression: localsgd is retired (it never beat one node on a measured room): use "
@@ -106,8 +109,8 @@ RETIRED: dict[str, str] = {
     "localsgd_start_step": f"remove it (PowerSGD's start is powersgd_start_step); {LOCAL_SGD_GONE}",
 }
 RETIRED_VALUES: dict[str, dict[Any, str]] = {"grad_compression": {"localsgd": LOCAL_SGD_GONE}}
-POWERSGD_WIRES = ("float32", "bfloat16")
-LR_SCALINGS = ("linear", "sqrt")  # the programs' --lr-scaling (wlcommon.LR_SCALINGS; a test checks)
+POWERSGD_WIRES = _CHOICES["powersgd_wire"]
+LR_SCALINGS = _CHOICES["lr_scaling"]
 # what only changes the bytes on the wire and how long a peer is waited for: a one-node run is the same
 # run whatever they say (accumulate is not among them: it changes the optimizer's steps)
 WIRE_KEYS = tuple(k for k in COMM_KEYS if k != "accumulate")
@@ -194,7 +197,7 @@ class JobSpec:
                 "--max-steps", s["max_steps"]]
         if o["lr_scaling"] != DEFAULTS["optimizer"]["lr_scaling"]:
             args += ["--lr-scaling", o["lr_scaling"]]
-        for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: the programs' defaults are DEFAULTS' (a test checks)
+        for key in ("model", "bn_recompute", "target_acc", "max_epochs", *COMM_KEYS):  # only those changed: DEFAULTS are the programs' own
             if key == "powersgd_wire" and s["grad_compression"] != "powersgd":
                 continue  # another scheme's settings mean nothing to this run
             if s[key] != DEFAULTS[key]:
@@ -441,6 +444,12 @@ class _Checks:
             self.fail(field, f"expected {problem}, got {value!r}",
                       f"e.g. --set {field}={default} (the default; {field} is {rng}, docs/jobs.md)")
 
+    def choice(self, field: str, value: Any, knob: str, fix: str) -> None:
+        """A setting whose values the built-in programs' parser lists (its `choices`)."""
+        allowed = _CHOICES[knob]
+        if value not in allowed:
+            self.fail(field, f"expected {', '.join(allowed[:-1])} or {allowed[-1]}, got {value!r}", fix)
+
     def program(self, s: dict[str, Any]) -> None:
         """Name, framework and the program that trains."""
         if not isinstance(s["name"], str) or not JOB_NAME_RE.match(s["name"]):
@@ -551,10 +560,8 @@ class _Checks:
         o = s["optimizer"]
         for key in ("lr", "momentum", "weight_decay", "warmup_epochs"):
             self.number(f"optimizer.{key}", o[key])
-        if o["schedule"] not in ("cosine", "constant"):
-            self.fail("optimizer.schedule", f"expected cosine or constant, got {o['schedule']!r}", "schedule: cosine")
-        if o["lr_scaling"] not in LR_SCALINGS:
-            self.fail("optimizer.lr_scaling", f"expected linear or sqrt, got {o['lr_scaling']!r}", "lr_scaling: linear")
+        self.choice("optimizer.schedule", o["schedule"], "schedule", "schedule: cosine")
+        self.choice("optimizer.lr_scaling", o["lr_scaling"], "lr_scaling", "lr_scaling: linear")
         for field in ("seed", "threads", "max_restarts", "max_steps", "port", "log_every", "loader_workers"):
             self.number(field, s[field])
 
@@ -563,20 +570,17 @@ class _Checks:
         for field, gone in RETIRED_VALUES.items():
             if isinstance(s[field], str) and s[field] in gone:
                 self.fail(field, f"{s[field]!r} is retired", gone[s[field]])
-        if s["grad_compression"] not in COMPRESSIONS:
-            self.fail("grad_compression", f"expected none, fp16 or powersgd, got {s['grad_compression']!r}",
-                      "grad_compression: fp16 halves the bytes; powersgd sends a low-rank approximation")
+        self.choice("grad_compression", s["grad_compression"], "grad_compression",
+                    "grad_compression: fp16 halves the bytes; powersgd sends a low-rank approximation")
         self.number("powersgd_rank", s["powersgd_rank"])
         self.number("powersgd_start_step", s["powersgd_start_step"])
-        if s["powersgd_wire"] not in POWERSGD_WIRES:
-            self.fail("powersgd_wire", f"expected float32 or bfloat16, got {s['powersgd_wire']!r}",
-                      "powersgd_wire: bfloat16 halves PowerSGD's bytes (its products stay float32); float32 is "
-                      "torch's own hook")
+        self.choice("powersgd_wire", s["powersgd_wire"], "powersgd_wire",
+                    "powersgd_wire: bfloat16 halves PowerSGD's bytes (its products stay float32); float32 is torch's "
+                    "own hook")
         self.number("accumulate", s["accumulate"])
         self.number("bucket_mb", s["bucket_mb"])
-        if s["tf_implementation"] not in ("auto", "ring", "nccl"):
-            self.fail("tf_implementation", f"expected auto, ring or nccl, got {s['tf_implementation']!r}",
-                      "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
+        self.choice("tf_implementation", s["tf_implementation"], "tf_implementation",
+                    "tf_implementation: ring on CPU-only nodes (nccl needs a GPU on every node)")
         self.number("tf_bytes_per_pack", s["tf_bytes_per_pack"])
         self.number("collective_timeout_s", s["collective_timeout_s"])
         if 0 < s["collective_timeout_s"] < 10:
@@ -589,8 +593,7 @@ class _Checks:
         if ppn != "auto" and not NUMBERS["procs_per_node"].accepts(ppn):
             self.fail("procs_per_node", f"expected auto or {NUMBERS['procs_per_node']}, got {ppn!r}",
                       "auto: one process per GPU, one on a CPU-only node")
-        if s["amp"] not in ("auto", "on", "off"):
-            self.fail("amp", f"expected auto, on or off, got {s['amp']!r}", "auto: only on GPUs with tensor cores")
+        self.choice("amp", s["amp"], "amp", "auto: only on GPUs with tensor cores")
         self.number("min_nodes", s["min_nodes"])
         self.number("silent_grace_s", s["silent_grace_s"])
         nodes = s["nodes"]
@@ -649,6 +652,19 @@ def _validate(s: dict[str, Any], file: str, lines: dict[str, int | None]) -> Non
         group(s)
     _check_scheduler(checks, s)
     _check_continues(checks, s)
+    if s["code"] is None:
+        _check_program_line(checks, s)
+
+
+def _check_program_line(checks: _Checks, s: dict[str, Any]) -> None:
+    """A built-in job's command line, read by the program's own parser on the head: a value the program
+    would refuse on every node stops here, before anything starts (the checks above name most first)."""
+    args = JobSpec(Path(checks.file), s).program_args("data.npz", "out")
+    try:
+        program_parser().parse_args(args)
+    except (argparse.ArgumentError, SystemExit) as e:  # exit_on_error=False still exits on unknown arguments
+        checks.fail("job", f"the training program refuses its command line: {e}",
+                    f"fix the setting it names (docs/jobs.md); the command line was: {' '.join(args)}")
 
 
 def _check_continues(checks: _Checks, s: dict[str, Any]) -> None:

@@ -14,16 +14,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "progra
 import wlcommon  # noqa: E402
 
 
-def test_the_programs_defaults_are_the_jobs_defaults() -> None:
-    """program_args passes only changed settings, so the two sets of defaults must agree."""
-    ap = argparse.ArgumentParser()
-    wlcommon.add_args(ap)
-    defaults = vars(ap.parse_args([]))
-    for key in jobs.COMM_KEYS:
-        assert defaults[key] == jobs.DEFAULTS[key], key
-    assert defaults["lr_scaling"] == jobs.DEFAULTS["optimizer"]["lr_scaling"]
-    assert jobs.LR_SCALINGS == wlcommon.LR_SCALINGS and jobs.COMPRESSIONS == wlcommon.COMPRESSIONS
-    assert not set(jobs.RETIRED) & {k.replace("-", "_") for k in defaults}  # retired: gone from both
+def test_a_value_the_program_would_refuse_is_refused_on_the_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in job's command line goes through the program's own parser before anything starts: a program
+    that took at most 5 epochs refuses `--set epochs=6` on the head, naming what it said."""
+    real = jobs.program_parser
+
+    def strict() -> argparse.ArgumentParser:
+        ap = real()
+        for a in ap._actions:
+            if a.dest == "epochs":
+                a.type = lambda v: int(v) if int(v) <= 5 else int("at most 5")
+        return ap
+
+    monkeypatch.setattr(jobs, "program_parser", strict)
+    assert jobs.load("resnet50-ddp", ["epochs=5"])["epochs"] == 5
+    with pytest.raises(JobError, match="the training program refuses its command line: argument --epochs"):
+        jobs.load("resnet50-ddp", ["epochs=6"])
+    assert not set(jobs.RETIRED) & {a.dest for a in real()._actions}  # retired: gone from the program too
 
 
 def test_sqrt_scaling_is_linear_up_to_a_workers_batch_then_by_the_square_root() -> None:
