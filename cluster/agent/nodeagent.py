@@ -483,7 +483,8 @@ def _close_firewall(run_dir: Path) -> Doc | None:
     return {"closed": True}
 
 
-CHECKPOINT_NAMES = ("checkpoint.pt", "checkpoint", ".checkpoint-worker")
+# a run whose job.json names no large_outputs (launched before jobs declared them): the built-in checkpoints
+LARGE_OUTPUTS = ("checkpoint*", ".checkpoint-worker*")
 PRIVATE_FILES = ("secrets.env",)
 SHIPPED = ".shipped-%s.json"  # codecache.SHIPPED: what launch shipped into program/ or data/
 FIREWALL_CLOSE = "firewall-close.sh"  # runs/firewall.py CLOSE: removes the firewall rules launch opened for the run
@@ -523,16 +524,30 @@ def _shipped(run_dir: Path) -> "dict[str, str]":
     return found
 
 
-def _outputs(run_dir: Path) -> "list[str] | None":
-    """The job's `outputs` (paths under program/), from the run's job.json; None: all the program wrote."""
+def _job(run_dir: Path) -> "dict[str, Any]":
+    """The job's settings, from the run's job.json ({} when it cannot be read)."""
     try:
         with open(run_dir / "job.json") as f:
-            out = json.load(f).get("job", {}).get("outputs")
+            job = json.load(f).get("job", {})
     except (OSError, ValueError, AttributeError):
-        return None
+        return {}
+    return job if isinstance(job, dict) else {}
+
+
+def _outputs(job: "dict[str, Any]") -> "list[str] | None":
+    """The job's `outputs` (paths under program/); None: all the program wrote."""
+    out = job.get("outputs")
     if not isinstance(out, list):
         return None
     return ["program/" + o.rstrip("/") for o in out if isinstance(o, str) and o and ".." not in o.split("/")]
+
+
+def _large(job: "dict[str, Any]") -> "tuple[str, ...]":
+    """The job's `large_outputs`: name patterns of files and folders left on the node unless asked."""
+    large = job.get("large_outputs")
+    if not isinstance(large, list):
+        return LARGE_OUTPUTS
+    return tuple(x for x in large if isinstance(x, str) and x)
 
 
 def _wanted(rel: str, outputs: "list[str] | None", folder: bool) -> bool:
@@ -547,13 +562,21 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     """Every regular file under the run folder (never following a link), with size and sha256;
     links and other special files are listed as skipped, not read. Left out, and counted: files the
     launch shipped that are unchanged (the head has them: `shipped`) and, where the job names its
-    `outputs`, the rest of the program's folder (`not_outputs`). A running program deletes files while
-    this lists them: a file (or folder: os.walk passes over one it cannot open) gone by the time it is read
-    is not there, so it is not listed."""
+    `outputs`, the rest of the program's folder (`not_outputs`); not listed: what the job names large
+    (`large_outputs`: the built-in checkpoints) unless `checkpoints` asks for it. A running program deletes
+    files while this lists them: a file (or folder: os.walk passes over one it cannot open) gone by the time
+    it is read is not there, so it is not listed."""
+    import fnmatch
     import stat as stat_mod
 
     files, skipped = [], []
-    shipped, outputs = _shipped(run_dir), _outputs(run_dir)
+
+    job = _job(run_dir)
+    shipped, outputs = _shipped(run_dir), _outputs(job)
+    large = () if checkpoints else _large(job)
+
+    def is_large(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pat) for pat in large)
     unchanged = left = 0
     for root, dirs, names in os.walk(run_dir, followlinks=False):
         rel_root = Path(root).relative_to(run_dir)
@@ -562,14 +585,14 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if os.path.islink(Path(root) / d):
                 skipped.append({"path": rel, "reason": "symbolic link"})
                 dirs.remove(d)
-            elif (not checkpoints and d.startswith(CHECKPOINT_NAMES)) or d == "__pycache__" or rel == TMP:
+            elif is_large(d) or d == "__pycache__" or rel == TMP:
                 dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either); TMP: scratch
             elif not _wanted(rel, outputs, True):
                 dirs.remove(d)
                 left += 1
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
-            if n.endswith(".tmp") or (not checkpoints and n.startswith(CHECKPOINT_NAMES)):
+            if n.endswith(".tmp") or is_large(n):
                 continue
             if rel in PRIVATE_FILES:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})

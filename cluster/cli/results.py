@@ -30,7 +30,7 @@ def _declare_collect(p: argparse.ArgumentParser) -> None:
     add_run(p)
     p.add_argument("--all", action="store_true", help="every recorded run")
     add_inventory_option(p, "reach the nodes as this inventory says (default: as recorded when the run started)")
-    p.add_argument("--with-checkpoints", action="store_true", help="also the checkpoints (large)")
+    p.add_argument("--with-checkpoints", action="store_true", help="also what the job names large (large_outputs: the built-in programs' checkpoints)")
     add_forks(p)
 
 

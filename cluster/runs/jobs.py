@@ -26,7 +26,28 @@ from cluster.runs.records import RUN_ID_RE
 
 JOBS_DIR = paths.JOBS_DIR
 PROGRAMS_DIR = paths.PACKAGE_DIR / "programs"
-FRAMEWORKS = {"pytorch": "train_torch.py", "tensorflow": "train_tf.py"}
+
+
+@dataclass(frozen=True)
+class Component:
+    """A built-in program as a preset: it fills in what any job says of its program (the entry point and the
+    modules it imports, its launcher, what `--continue` carries over, which outputs are large), so a built-in
+    job and `launch -- python train.py` go through the same path from then on."""
+
+    entry: str
+    launcher: str
+    checkpoint: str  # under the run folder: what `launch --continue` copies from the continued run
+    large_outputs: tuple[str, ...]  # name patterns that `collect` leaves on the nodes unless asked
+    # what the entry point imports of cluster/programs, shipped beside it
+    modules: tuple[str, ...] = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
+
+
+# `framework:` names the component; `checkpoint*` (not only the file): a save in progress is named after it too
+COMPONENTS = {"pytorch": Component("train_torch.py", "torchrun", "out/checkpoint.pt",
+                                   ("checkpoint*", ".checkpoint-worker*")),
+              "tensorflow": Component("train_tf.py", "tensorflow", "out/checkpoint",
+                                      ("checkpoint*", ".checkpoint-worker*"))}
+FRAMEWORKS = {name: c.entry for name, c in COMPONENTS.items()}
 LAUNCHERS = {"torchrun": "pytorch", "tensorflow": "tensorflow", "plain": "plain"}  # launcher -> its family
 DATASETS = ("digits", "digits-aug", "cifar10", "imagefolder", "synthetic")
 # A job's name starts its run ids (runs.RUN_ID_RE), which are folder names on the head and the nodes: ASCII only
@@ -65,6 +86,9 @@ DEFAULTS: dict[str, Any] = {
     "requirements": None,  # a list, or a requirements file inside `code`: installed offline as a layer
     "data": None,  # a file or folder on the head, in every run's data/ ($CLUSTER_DATA), sent once per node
     "outputs": None,  # what collect brings of the program's folder: these paths; default everything it wrote
+    # file or folder name patterns (fnmatch) that collect leaves on the nodes unless asked (--with-checkpoints);
+    # default: a built-in program's checkpoints, nothing of a user's program
+    "large_outputs": None,
     "dataset": {"name": _KNOBS["dataset"], "path": None, "size": _KNOBS["size"]},
     "model": _KNOBS["model"],  # a torchvision.models name (PyTorch jobs); TensorFlow jobs train ResNet50
     "bn_recompute": _KNOBS["bn_recompute"],
@@ -213,7 +237,11 @@ class JobSpec:
         the built-in programs' checkpoint, or the folders a user's program declared as its `outputs`."""
         if self.own:
             return [str(o) for o in self.settings["outputs"] or []]
-        return ["out/checkpoint.pt"] if self.framework == "pytorch" else ["out/checkpoint"]
+        return [COMPONENTS[self.framework].checkpoint]
+
+    def program_files(self) -> list[str]:
+        """A built-in job's files of cluster/programs: its entry point and the modules it imports."""
+        return [self.entry, *COMPONENTS[self.framework].modules]
 
 
 def find(name_or_path: str) -> Path:
@@ -298,10 +326,14 @@ def resolve(path: Path, settings: dict[str, Any], lines: dict[str, int | None]) 
         settings["launcher"] = settings["launcher"] or "torchrun"
         if isinstance(settings["launcher"], str) and settings["launcher"] in LAUNCHERS:
             settings["framework"] = settings["framework"] or LAUNCHERS[settings["launcher"]]
-    elif isinstance(settings["framework"], str) and settings["framework"] in FRAMEWORKS:
-        settings["entry"] = settings["entry"] or FRAMEWORKS[settings["framework"]]
-        settings["launcher"] = settings["launcher"] or {"pytorch": "torchrun", "tensorflow": "tensorflow"}[
-            settings["framework"]]
+    elif isinstance(settings["framework"], str) and settings["framework"] in COMPONENTS:
+        component = COMPONENTS[settings["framework"]]
+        settings["entry"] = settings["entry"] or component.entry
+        settings["launcher"] = settings["launcher"] or component.launcher
+        if settings["large_outputs"] is None:
+            settings["large_outputs"] = list(component.large_outputs)
+    if settings["large_outputs"] is None:
+        settings["large_outputs"] = []
     _validate(settings, file, lines)
     return JobSpec(path, settings)
 
@@ -456,6 +488,12 @@ class _Checks:
             self.fail("name", "expected a name of ASCII letters, digits, '-', '_' or '.', starting with a letter or "
                       f"a digit, at most 128 characters (it starts the run ids, folder names), got {s['name']!r}",
                       "e.g. name: resnet50-ddp")
+        large = s["large_outputs"]
+        if not (isinstance(large, list) and all(isinstance(x, str) and x.strip() and "/" not in x
+                                                and x not in (".", "..") for x in large)):
+            self.fail("large_outputs", f"expected a list of file or folder names (patterns such as "
+                      f"checkpoint*), got {large!r}", "large_outputs: [checkpoint*, '*.ckpt'] (names, no '/'); "
+                      "[]: collect brings everything")
         if s["code"] is not None:
             self.own_program(s)
             return
@@ -463,7 +501,7 @@ class _Checks:
             self.fail("framework", f"expected one of {', '.join(FRAMEWORKS)}, got {s['framework']!r}",
                       "framework: pytorch (DDP via torchrun) or tensorflow (MultiWorkerMirroredStrategy); "
                       "for your own program give `program:` (and `launcher:`) instead, docs/jobs.md")
-        if s["launcher"] != {"pytorch": "torchrun", "tensorflow": "tensorflow"}[s["framework"]]:
+        if s["launcher"] != COMPONENTS[s["framework"]].launcher:
             self.fail("launcher", f"the built-in {s['framework']} program starts with its own launcher, got "
                       f"{s['launcher']!r}", "leave launcher out (it goes with `program:` for your own code)")
         entry = s["entry"]

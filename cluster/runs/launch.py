@@ -31,13 +31,12 @@ from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SIL
                               stop_nodes)
 from cluster.transport import Transport
 
-__all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "PROGRAM_FILES", "SILENT_STATES",
+__all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "SILENT_STATES",
            "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply",
            "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_tree",
            "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
            "stop_nodes"]
 
-PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
 START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
 DEFAULT_PORTS = {"torchrun": 29400, "tensorflow": 23456, "plain": 29500}  # per launcher
 Log = Callable[[str], None]
@@ -164,7 +163,7 @@ def program_tree(spec: JobSpec) -> code.CodeTree:
     the modules it imports, out of cluster/programs). Both are shipped the same way (runs/code.py)."""
     if spec.own:
         return code.scan(Path(str(spec["code"])).expanduser())
-    return code.named(Path(str(resources.files("cluster.programs"))), [spec.entry, *PROGRAM_FILES])
+    return code.named(Path(str(resources.files("cluster.programs"))), spec.program_files())
 
 
 def secret_values(spec: JobSpec) -> dict[str, str]:

@@ -22,8 +22,6 @@ from cluster.runs.render import rule
 from cluster.slurm import layout, render
 from cluster.slurm.resources import Resources, SlurmOverrides, resolve
 
-# The built-in programs' modules beside their entry point (cluster.runs.launch.PROGRAM_FILES: a test checks).
-PROGRAM_FILES = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
 
 
 @dataclass
@@ -50,7 +48,7 @@ class SlurmRequest:
         """What submission puts on the cluster's shared filesystem before sbatch: where, and what it is."""
         spec, rdir = self.job, self.run_dir
         program = (f"your code ({spec['code']})" if spec.own else
-                   f"the built-in program: {', '.join((spec.entry, *PROGRAM_FILES))}")
+                   f"the built-in program: {', '.join(spec.program_files())}")
         out = [{"path": f"{rdir}/program/", "what": program}]
         if spec.own and spec["data"] is not None:
             out.append({"path": f"{rdir}/data", "what": f"the job's data ({spec['data']})"})

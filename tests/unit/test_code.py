@@ -18,7 +18,7 @@ import pytest
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group
-from cluster.runs import code, render
+from cluster.runs import code, jobs, render
 from tests.conftest import ROOT
 
 NODE_SIDE = ROOT / "cluster" / "agent"
@@ -473,6 +473,33 @@ def test_collect_leaves_shipped_code_on_the_node_and_honours_outputs(tmp_path: P
     assert got == {"program/results/rank0.json", "program/ckpt/last.pt", "out/metrics-rank0.jsonl", "node.log",
                    "logs/0/stdout.log", ".shipped-program.json", "job.json"}, got
     assert doc["not_outputs"] == 3  # pkg/, cache/ and train.py (folders are not entered)
+
+
+def test_collect_leaves_what_the_job_names_large_and_nothing_by_file_name_alone(tmp_path: Path) -> None:
+    """`large_outputs` says what stays on the node unless asked: a user's own checkpoint.pt comes back when the
+    job names nothing large; its `*.ckpt` stays when it names them; a run whose job.json predates the key keeps
+    the built-in checkpoints on the node; `checkpoints` (collect --with-checkpoints) brings everything."""
+    run = tmp_path / "run"
+    write(run, {"program/checkpoint.pt": "mine", "program/model.ckpt": "big", "out/checkpoint/w": "tf",
+                "out/.checkpoint-worker1/w": "tmp", "node.log": "ok\n"})
+
+    def listing(job: dict | None, *extra: str) -> set[str]:
+        if job is not None:
+            (run / "job.json").write_text(json.dumps({"job": job}))
+        r = subprocess.run([sys.executable, str(AGENT), "manifest", str(run), *extra], capture_output=True,
+                           timeout=60)
+        return {f["path"] for f in json.loads(r.stdout)["files"]} - {"job.json"}
+
+    everything = {"program/checkpoint.pt", "program/model.ckpt", "out/checkpoint/w", "out/.checkpoint-worker1/w",
+                  "node.log"}
+    assert listing({"large_outputs": []}) == everything
+    assert listing({"large_outputs": ["*.ckpt"]}) == everything - {"program/model.ckpt"}
+    assert listing({"large_outputs": ["*.ckpt"]}, "checkpoints") == everything
+    assert listing({}) == {"program/model.ckpt", "node.log"}  # no key: the built-in programs' checkpoints stay
+    assert jobs.load("resnet50-ddp")["large_outputs"] == ["checkpoint*", ".checkpoint-worker*"]
+    assert jobs.from_command(["python", "train.py"], write(tmp_path / "p", {"train.py": ""}))["large_outputs"] == []
+    with pytest.raises(jobs.JobError, match="large_outputs: expected a list of file or folder names"):
+        jobs.load("resnet50-ddp", ["large_outputs=[out/checkpoint.pt]"])
 
 
 def test_a_large_tree_goes_by_relay_and_builds_the_same_program_folder(tmp_path: Path,

@@ -154,3 +154,28 @@ def test_training_until_a_target_needs_the_target_and_room_past_epochs_and_reach
     assert args[args.index("--target-acc") + 1] == "0.98" and args[args.index("--max-epochs") + 1] == "12"
     plain = jobs.load("resnet50-ddp").program_args("d.npz", "out")
     assert "--target-acc" not in plain and "--max-epochs" not in plain
+
+
+def _settings_keys() -> list[str]:
+    """Every key a spec may hold, dotted inside a group (optimizer.lr), from the schema itself."""
+    keys: list[str] = []
+    for k, v in jobs.DEFAULTS.items():
+        keys += [f"{k}.{sub}" for sub in v] if isinstance(v, dict) and k not in jobs.FREE_MAPS else [k]
+    return keys
+
+
+def test_docs_jobs_md_has_a_row_for_every_setting_and_no_row_for_another() -> None:
+    """docs/jobs.md's settings tables against the schema (jobs.DEFAULTS): a key added without its row, or a row
+    left after its key went (retired keys have a table of their own), fails here."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "jobs.md").read_text()
+    own = doc.split("## Your own program", 1)[1].split("\n## ", 1)[0]
+    reference = doc.split("\n## Settings", 1)[1].split("\n## ", 1)[0]
+    rows: set[str] = set()
+    for section in (own, reference):
+        for line in section.splitlines():
+            if line.startswith("| `"):
+                rows |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    keys = _settings_keys()
+    assert [k for k in keys if k not in rows] == []
+    launchers = set(jobs.LAUNCHERS)  # "Your own program" also has a table of the launchers
+    assert sorted(rows - set(keys) - launchers) == []

@@ -147,7 +147,3 @@ def test_an_unknown_cluster_names_those_the_inventory_declares(tmp_path: Path) -
     with pytest.raises(UsageError) as e:
         submit.prepare(bare, jobs.load("resnet50-ddp"), "uni")
     assert "no `slurm:` section" in str(e.value) and "docs/slurm.md" in str(e.value.fix)
-
-
-def test_the_built_in_program_files_are_the_ones_launch_ships() -> None:
-    assert submit.PROGRAM_FILES == launch.PROGRAM_FILES
