@@ -11,7 +11,7 @@ from cluster import paths
 from cluster.bounds import read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
-from cluster.runs import jobs, launch
+from cluster.runs import jobs, launch, schema
 from cluster.planner import bench, commmodel
 from cluster.planner.bench import NetworkBench
 from cluster.planner.placement import SHARES_GAIN, NodeSpeed, Placement, PlacementChoice, Workload, candidates, \
@@ -128,7 +128,7 @@ def workload(spec: jobs.JobSpec, network: NetworkBench | None) -> Workload:
         return Workload.flat(network, samples)
     accumulates = tuple(sorted({1, 2, 4, int(spec["accumulate"])}))
     return Workload(shapes, spec.framework, float(spec["bucket_mb"]),
-                    tuple(commmodel.schemes(int(spec["powersgd_rank"]), accumulates, jobs.POWERSGD_WIRES)), samples,
+                    tuple(commmodel.schemes(int(spec["powersgd_rank"]), accumulates, schema.POWERSGD_WIRES)), samples,
                     int(spec["epochs"]), float(spec["optimizer"]["warmup_epochs"]), int(spec["powersgd_start_step"]),
                     val or 0, int(spec["bn_recompute"]))
 

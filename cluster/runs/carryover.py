@@ -19,7 +19,7 @@ from typing import Iterable
 
 from cluster.errors import UsageError
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.runs import jobs, records
+from cluster.runs import jobs, records, schema
 from cluster.runs.render import LaunchRequest
 
 COPY_TIMEOUT_S = 600.0  # a local copy on the node's disk (a checkpoint of ResNet50 and its momentum: ~200 MB)
@@ -50,7 +50,7 @@ def _check_model(old: records.RunRecord, spec: jobs.JobSpec) -> None:
     so `--set model=...` is refused here, before anything is sent, not by every rank on the nodes."""
     if spec.own:
         return  # a user's program reads what it wrote: `model` means nothing to it
-    was, now = old.settings.get("model", jobs.DEFAULTS["model"]), spec["model"]
+    was, now = old.settings.get("model", schema.DEFAULTS["model"]), spec["model"]
     if was != now:
         raise UsageError(f"run {old.run_id} trained {was} ({old.framework}), this one would train {now}: "
                          f"{old.run_id}'s checkpoint holds {was}'s weights, which {now} cannot load",

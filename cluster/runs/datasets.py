@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from cluster import paths
 from cluster.relay import distribute
 from cluster.errors import ClusterError
-from cluster.runs.jobs import PROGRAMS_DIR, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import PROGRAMS_DIR
 from cluster.transport import Transport
 from cluster.provision.wheelhouse import distribution_mode, sha256_file
 

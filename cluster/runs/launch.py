@@ -23,7 +23,8 @@ from cluster.bounds import FileRefused, read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.inventory.model import Host, Inventory
-from cluster.runs.jobs import JobError, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import JobError
 from cluster.runs.render import LaunchRequest
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,

@@ -25,7 +25,8 @@ from cluster.nodes.fanout import Group, GroupResult
 from cluster.relay import distribute
 from cluster.provision import wheelhouse
 from cluster.provision.wheelhouse import Wheelhouse
-from cluster.runs.jobs import JobError, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import JobError
 from cluster.transport import Transport
 
 INSTALL_TIMEOUT_S = 600.0

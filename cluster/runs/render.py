@@ -18,7 +18,8 @@ from typing import Any
 from cluster import __version__
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
-from cluster.runs.jobs import JobError, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import JobError
 from cluster.provision.playbook import SCRIPT_ENV
 from cluster.provision.render import Raw
 

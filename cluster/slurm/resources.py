@@ -17,7 +17,8 @@ from typing import Any
 from cluster.errors import InventoryError, UsageError
 from cluster.inventory.clusters import SLURM_NAME
 from cluster.inventory.model import Inventory, SlurmCluster
-from cluster.runs.jobs import JobError, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import JobError
 
 # Slurm's --time forms (sbatch(1)): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"(?:(?P<d>\d{1,4})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"

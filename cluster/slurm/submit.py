@@ -17,7 +17,8 @@ from cluster import __version__
 from cluster.errors import UsageError
 from cluster.inventory.model import Inventory, SlurmCluster
 from cluster.runs import datasets, records
-from cluster.runs.jobs import DEFAULTS, JobError, JobSpec
+from cluster.runs.jobs import JobSpec
+from cluster.runs.schema import DEFAULTS, JobError
 from cluster.runs.render import rule
 from cluster.slurm import layout, render
 from cluster.slurm.resources import Resources, SlurmOverrides, resolve

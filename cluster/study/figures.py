@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.runs import jobs, records as runs
+from cluster.runs import jobs, records as runs, schema
 from cluster.errors import ClusterError, UsageError
 
 # Energy estimate where no power was measured (docs/report.md): an old desktop draws about
@@ -565,7 +565,7 @@ def _program_figures(record: runs.RunRecord, base: Path, nodes: list[str], exits
 def _comparable(a: runs.RunRecord, b: runs.RunRecord) -> bool:
     """Same job and the same settings except which nodes ran it and, where one of them ran on one node,
     what only changes the wire (a one-node fp16 run and a plain one are the same run)."""
-    skip = {"nodes", *(jobs.WIRE_KEYS if 1 in (len(a.nodes), len(b.nodes)) else ())}
+    skip = {"nodes", *(schema.WIRE_KEYS if 1 in (len(a.nodes), len(b.nodes)) else ())}
     return a.job == b.job and {k: v for k, v in jobs.with_defaults(a.settings).items() if k not in skip} \
         == {k: v for k, v in jobs.with_defaults(b.settings).items() if k not in skip}
 

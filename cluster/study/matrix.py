@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from cluster import paths
 from cluster.study import report
-from cluster.runs import jobs, records
+from cluster.runs import jobs, records, schema
 from cluster.schedulers import api
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
@@ -61,7 +61,7 @@ def variants(vary: str | None) -> list[str | None]:
 def _runs_alone(setting: str | None, first: str | None) -> bool:
     """Whether a one-node cell of this variant is run: once for a setting that only changes the wire
     (the report's scaling baseline of every variant), else for each value."""
-    return setting == first or (setting or "").partition("=")[0] not in jobs.WIRE_KEYS
+    return setting == first or (setting or "").partition("=")[0] not in schema.WIRE_KEYS
 
 
 def study_dir(sid: str) -> Path:

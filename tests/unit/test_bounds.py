@@ -10,8 +10,8 @@ import pytest
 from cluster.bounds import Range
 from cluster.cli import args
 from cluster.inventory.model import NUMBERS as INVENTORY_NUMBERS
-from cluster.runs.jobs import DEFAULTS
-from cluster.runs.jobs import NUMBERS as JOB_NUMBERS
+from cluster.runs.schema import DEFAULTS
+from cluster.runs.schema import NUMBERS as JOB_NUMBERS
 
 TIMEOUT = Range(0, 86400, low_open=True)
 BATCH = Range(1, 65536, integer=True)

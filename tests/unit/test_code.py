@@ -18,7 +18,7 @@ import pytest
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group
-from cluster.runs import code, jobs, render
+from cluster.runs import code, jobs, render, schema
 from tests.conftest import ROOT
 
 NODE_SIDE = ROOT / "cluster" / "agent"
@@ -498,7 +498,7 @@ def test_collect_leaves_what_the_job_names_large_and_nothing_by_file_name_alone(
     assert listing({}) == {"program/model.ckpt", "node.log"}  # no key: the built-in programs' checkpoints stay
     assert jobs.load("resnet50-ddp")["large_outputs"] == ["checkpoint*", ".checkpoint-worker*"]
     assert jobs.from_command(["python", "train.py"], write(tmp_path / "p", {"train.py": ""}))["large_outputs"] == []
-    with pytest.raises(jobs.JobError, match="large_outputs: expected a list of file or folder names"):
+    with pytest.raises(schema.JobError, match="large_outputs: expected a list of file or folder names"):
         jobs.load("resnet50-ddp", ["large_outputs=[out/checkpoint.pt]"])
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from cluster.errors import UsageError
 from cluster.runs import carryover, jobs, records, render
-from cluster.runs.jobs import JobError
+from cluster.runs.schema import JobError
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 

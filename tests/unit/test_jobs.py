@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import jobs
-from cluster.runs.jobs import JobError
+from cluster.runs import jobs, schema
+from cluster.runs.schema import JobError
 
 
 def test_shipped_jobs_load_and_differ_only_where_the_frameworks_do() -> None:
@@ -91,8 +91,8 @@ def test_numbers_must_be_finite_and_within_their_bounds(override: str, message: 
     with pytest.raises(JobError) as e:
         jobs.load("resnet50-ddp", [override])
     assert message in e.value.message and e.value.exit_code == 2 and e.value.fix
-    if e.value.field in jobs.NUMBERS and e.value.field != "procs_per_node":  # the fix: a valid value, the range
-        assert f"{e.value.field} is {jobs.NUMBERS[e.value.field]}" in e.value.fix
+    if e.value.field in schema.NUMBERS and e.value.field != "procs_per_node":  # the fix: a valid value, the range
+        assert f"{e.value.field} is {schema.NUMBERS[e.value.field]}" in e.value.fix
 
 
 def test_a_nan_in_a_spec_file_names_its_line(tmp_path: Path) -> None:
@@ -159,13 +159,13 @@ def test_training_until_a_target_needs_the_target_and_room_past_epochs_and_reach
 def _settings_keys() -> list[str]:
     """Every key a spec may hold, dotted inside a group (optimizer.lr), from the schema itself."""
     keys: list[str] = []
-    for k, v in jobs.DEFAULTS.items():
-        keys += [f"{k}.{sub}" for sub in v] if isinstance(v, dict) and k not in jobs.FREE_MAPS else [k]
+    for k, v in schema.DEFAULTS.items():
+        keys += [f"{k}.{sub}" for sub in v] if isinstance(v, dict) and k not in schema.FREE_MAPS else [k]
     return keys
 
 
 def test_docs_jobs_md_has_a_row_for_every_setting_and_no_row_for_another() -> None:
-    """docs/jobs.md's settings tables against the schema (jobs.DEFAULTS): a key added without its row, or a row
+    """docs/jobs.md's settings tables against the schema (schema.DEFAULTS): a key added without its row, or a row
     left after its key went (retired keys have a table of their own), fails here."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "jobs.md").read_text()
     own = doc.split("## Your own program", 1)[1].split("\n## ", 1)[0]
@@ -177,5 +177,5 @@ def test_docs_jobs_md_has_a_row_for_every_setting_and_no_row_for_another() -> No
                 rows |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
     keys = _settings_keys()
     assert [k for k in keys if k not in rows] == []
-    launchers = set(jobs.LAUNCHERS)  # "Your own program" also has a table of the launchers
+    launchers = set(schema.LAUNCHERS)  # "Your own program" also has a table of the launchers
     assert sorted(rows - set(keys) - launchers) == []

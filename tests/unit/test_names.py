@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import jobs, records
+from cluster.runs import jobs, records, schema
 from cluster.lab import lifecycle, shaping
 from cluster.inventory import ansible_yaml, check as inventory_check
 from cluster.errors import UsageError
-from cluster.runs.jobs import JobError
+from cluster.runs.schema import JobError
 from cluster.agent import relaynode_common
 
 PATTERNS = [
     (inventory_check.SAFE_NAME, "pc1"), (records.RUN_ID_RE, "resnet50-ddp-20250101-120000-ab12"),
     (relaynode_common.NAME_RE, "torch-2.3.1+cpu-cp311-linux_x86_64.whl"), (lifecycle.NAME_RE, "lab"),
-    (ansible_yaml.PLAIN_HOST, "pc1.lab"), (shaping.RATE_RE, "100mbit"), (jobs.JOB_NAME_RE, "resnet50-ddp"),
+    (ansible_yaml.PLAIN_HOST, "pc1.lab"), (shaping.RATE_RE, "100mbit"), (schema.JOB_NAME_RE, "resnet50-ddp"),
 ]
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster import cli, errors
-from cluster.runs import jobs, launch, records as runs, render
+from cluster.runs import jobs, launch, records as runs, render, schema
 from cluster.inventory import loader as inventory, model
 
 FAST = settings(max_examples=150, deadline=None,
@@ -34,9 +34,9 @@ SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value
 VALUES = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                       max_leaves=6)
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_ABC019.-/~", min_size=1, max_size=10)
-BASE_SPEC: dict[str, Any] = yaml.safe_load((jobs.JOBS_DIR / "resnet50-ddp.yaml").read_text())
-GROUPS = {k: list(v) for k, v in jobs.DEFAULTS.items() if isinstance(v, dict) and k not in jobs.FREE_MAPS}
-SETTABLE = [k for k in jobs.DEFAULTS] + [f"{g}.{s}" for g, subs in GROUPS.items() for s in subs] \
+BASE_SPEC: dict[str, Any] = yaml.safe_load((schema.JOBS_DIR / "resnet50-ddp.yaml").read_text())
+GROUPS = {k: list(v) for k, v in schema.DEFAULTS.items() if isinstance(v, dict) and k not in schema.FREE_MAPS}
+SETTABLE = [k for k in schema.DEFAULTS] + [f"{g}.{s}" for g, subs in GROUPS.items() for s in subs] \
     + ["env.A_B", "env.1x", "shares.pc1", "env_from.TOKEN", "dataset.name.x", "nosuch", "optimizer.nosuch"]
 
 
@@ -50,7 +50,7 @@ def yaml_text(value: Any) -> str:
 def spec_docs(draw: st.DrawFn) -> dict[str, Any]:
     """The shipped spec with a few settings replaced by anything, sub-settings included, plus unknown keys."""
     doc = json.loads(json.dumps(BASE_SPEC))
-    for key in draw(st.lists(st.sampled_from([*jobs.DEFAULTS, "nosuch"]), max_size=3)):
+    for key in draw(st.lists(st.sampled_from([*schema.DEFAULTS, "nosuch"]), max_size=3)):
         if key in GROUPS and draw(st.booleans()):
             sub = doc.setdefault(key, {}) if isinstance(doc.get(key), dict) else {}
             sub.update(draw(st.dictionaries(st.sampled_from([*GROUPS[key], "zz"]), VALUES, max_size=2)))
@@ -111,10 +111,10 @@ def load_job(path: Path, overrides: list[str]) -> jobs.JobSpec | errors.ClusterE
         assert e.exit_code == errors.EXIT_USAGE
         assert str(path) in e.message or "command line" in e.message, e.message
         assert e.fix, e.message
-        if isinstance(e, jobs.JobError):
+        if isinstance(e, schema.JobError):
             assert e.field and e.field in e.message
         return e
-    for field, rng in jobs.NUMBERS.items():  # a spec that loads holds no NaN, infinity or out-of-bounds number
+    for field, rng in schema.NUMBERS.items():  # a spec that loads holds no NaN, infinity or out-of-bounds number
         value: Any = spec.settings
         for part in field.split("."):
             value = value[part]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cluster.runs import jobs, render
-from cluster.runs.jobs import JobError
+from cluster.runs.schema import JobError
 from tests import goldens
 from tests.conftest import ROOT
 from tests.unit.test_render import RUN_ID, mixed_targets

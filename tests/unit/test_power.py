@@ -14,7 +14,7 @@ from cluster.inventory import loader
 from cluster.inventory.model import normalize_mac
 from cluster.lab.power import is_magic
 from cluster.nodes import facts, power, wolsend
-from cluster.runs import jobs, launch
+from cluster.runs import jobs, launch, schema
 
 FIX = Path(__file__).parent.parent / "fixtures" / "ip"
 MAC = "c2:af:a1:44:69:7b"
@@ -125,10 +125,10 @@ def test_the_poweroff_command_answers_first_and_goes_through_sudo_with_become(tm
 
 def test_min_nodes_is_checked_as_a_number_and_against_the_jobs_nodes(tmp_path: Path) -> None:
     for bad in ("-1", "2.5", "x"):
-        with pytest.raises(jobs.JobError) as e:
+        with pytest.raises(schema.JobError) as e:
             jobs.load("resnet50-ddp", [f"min_nodes={bad}"])
         assert e.value.field == "min_nodes"
     inv = loader.load(_inv(tmp_path, "defaults: {ssh_config: none}\nhosts:\n  pc1: {address: 127.0.0.1, port: 9}\n"))
-    with pytest.raises(jobs.JobError) as e:  # refused before any node is contacted
+    with pytest.raises(schema.JobError) as e:  # refused before any node is contacted
         launch.prepare(inv, jobs.load("resnet50-ddp", ["min_nodes=2"]))
     assert e.value.field == "min_nodes" and "has 1 nodes" in str(e.value)

@@ -13,7 +13,7 @@ import pytest
 from cluster.runs import jobs, launch, render
 from cluster.inventory import loader, model
 from cluster.errors import UsageError
-from cluster.runs.jobs import JobError
+from cluster.runs.schema import JobError
 from tests import goldens
 from tests.conftest import ROOT
 

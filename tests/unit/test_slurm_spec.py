@@ -8,8 +8,8 @@ import pytest
 
 from cluster.errors import UsageError
 from cluster.inventory import loader
-from cluster.runs import jobs, launch
-from cluster.runs.jobs import JobError
+from cluster.runs import jobs, schema
+from cluster.runs.schema import JobError
 from cluster.slurm import submit
 from cluster.slurm.resources import SlurmOverrides, mem_mb, time_minutes
 from tests.conftest import FIXTURES, write
@@ -41,7 +41,7 @@ def prepare(tmp_path: Path, job: str = "resnet50-ddp", sets: list[str] | None = 
 def test_requeue_is_a_job_setting_false_by_default() -> None:
     assert jobs.load("resnet50-ddp")["requeue"] is False
     assert jobs.load("resnet50-ddp", ["requeue=true"])["requeue"] is True
-    assert jobs.DEFAULTS["requeue"] is False
+    assert schema.DEFAULTS["requeue"] is False
 
 
 @pytest.mark.parametrize("value", ["1", "yes-please", "[true]", "null"])

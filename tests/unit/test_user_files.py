@@ -87,7 +87,7 @@ def test_a_wheelhouse_manifest_that_is_a_fifo_is_called_so_not_missing(tmp_path:
 _SCAN = """
 import sys
 from pathlib import Path
-from cluster.runs import code
+from cluster.runs import code, schema
 try:
     code.scan(Path(sys.argv[1]))
     print("scanned")
@@ -124,11 +124,11 @@ def test_an_inventory_that_is_a_fifo_or_oversize_is_refused(tmp_path: Path, kind
 
 _JOB = """
 import sys
-from cluster.runs import jobs
+from cluster.runs import jobs, schema
 try:
     jobs.load(sys.argv[1])
     print("loaded")
-except jobs.JobError as e:
+except schema.JobError as e:
     print(e.exit_code, e.message, "|", e.fix)
 """
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import jobs
-from cluster.runs.jobs import JobError
+from cluster.runs import jobs, schema
+from cluster.runs.schema import JobError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cluster" / "programs"))
 import wlcommon  # noqa: E402
@@ -30,7 +30,7 @@ def test_a_value_the_program_would_refuse_is_refused_on_the_head(monkeypatch: py
     assert jobs.load("resnet50-ddp", ["epochs=5"])["epochs"] == 5
     with pytest.raises(JobError, match="the training program refuses its command line: argument --epochs"):
         jobs.load("resnet50-ddp", ["epochs=6"])
-    assert not set(jobs.RETIRED) & {a.dest for a in real()._actions}  # retired: gone from the program too
+    assert not set(schema.RETIRED) & {a.dest for a in real()._actions}  # retired: gone from the program too
 
 
 def test_sqrt_scaling_is_linear_up_to_a_workers_batch_then_by_the_square_root() -> None:
@@ -78,7 +78,7 @@ def test_default_jobs_pass_no_communication_flags_and_changed_ones_reach_the_pro
            ("powersgd", 4, 3, 50.0, 300.0)
     assert "--bn-recompute" not in args and ap.parse_args(jobs.load("resnet18-ddp", ["bn_recompute=256"]).program_args(
         "/d/x.npz", "out")).bn_recompute == 256  # passed only where set
-    assert jobs.POWERSGD_WIRES == tuple(wlcommon.POWERSGD_WIRES)
+    assert schema.POWERSGD_WIRES == tuple(wlcommon.POWERSGD_WIRES)
     wired = ["grad_compression=powersgd", "powersgd_wire=bfloat16"]
     assert ap.parse_args(jobs.load("resnet18-ddp", wired).program_args("/d/x.npz", "out")).powersgd_wire == "bfloat16"
     assert "--powersgd-wire" not in jobs.load("resnet18-ddp", ["grad_compression=fp16", "powersgd_wire=bfloat16"]
