@@ -23,7 +23,7 @@ from typing import Any, Callable
 from cluster import paths
 from cluster.bounds import read_regular
 from cluster.planner import commmodel
-from cluster.runs import datasets, jobs, launch
+from cluster.runs import datasets, jobs, launch, payload, preflight
 from cluster.provision import apply
 from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.nodes.fanout import Group, GroupResult
@@ -303,7 +303,7 @@ def fit(full: StepRate, half: StepRate, powersgd: StepRate | None = None,
 
 def _stage(group: Group, spec: jobs.JobSpec, prepared: datasets.Prepared) -> None:
     """The job's program and its dataset on every node, under <workdir>/clusterctl/bench."""
-    tree = launch.program_tree(spec)  # the built-in program bench times, as launch ships it
+    tree = payload.program_tree(spec)  # the built-in program bench times, as launch ships it
     program = {name: (tree.root / name).read_text() for name in tree.files}
 
     def stage(t: Transport) -> Any:
@@ -354,7 +354,7 @@ def run(inv: Inventory, job_names: list[str], steps: int = 8, overrides: list[st
     hosts = inv.ordered(inv.select(limit))
     result = BenchResult(str(inv.path), time.time(), steps)
     with Group(hosts, forks=forks) as group:
-        targets = launch.preflight(group, hosts)
+        targets = preflight.check(group, hosts)
         for spec in specs:
             prepared = datasets.prepare(spec, log)
             _stage(group, spec, prepared)

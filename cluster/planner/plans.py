@@ -11,7 +11,7 @@ from cluster import paths
 from cluster.bounds import read_regular
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
-from cluster.runs import jobs, launch, schema
+from cluster.runs import jobs, preflight, schema
 from cluster.planner import bench, commmodel
 from cluster.planner.bench import NetworkBench
 from cluster.planner.placement import SHARES_GAIN, NodeSpeed, Placement, PlacementChoice, Workload, candidates, \
@@ -107,7 +107,7 @@ def choose(inv: Inventory, job: str, overrides: list[str] | None = None, limit: 
     `launch --plan`. `limit` (a host pattern) narrows the job's nodes the candidates are made of."""
     spec = jobs.load(job, overrides or [])
     b, comp = _job_bench(inv, spec, job)
-    allowed = {h.name for h in launch.select_hosts(inv, spec, limit)}
+    allowed = {h.name for h in preflight.select_hosts(inv, spec, limit)}
     speeds = {n: NodeSpeed.from_bench(r) for n, r in comp.nodes.items() if n in allowed}
     work = workload(spec, b.network)
     cands = candidates(speeds, spec["batch"], b.network, work=work)

@@ -8,21 +8,18 @@ logs) is cluster/runs/state.py; its names stay importable from here.
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import time
 from importlib import resources
-from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
-from cluster.runs import carryover, code, datasets, elastic, firewall, layers, records as runs, render
-from cluster.provision import verify
-from cluster.bounds import FileRefused, read_regular
-from cluster.errors import ClusterError, UsageError
+from cluster.runs import (carryover, code, datasets, elastic, firewall, layers, payload, preflight, records as runs,
+                          render)
+from cluster.errors import ClusterError
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.inventory.model import Host, Inventory
+from cluster.inventory.model import Inventory
 from cluster.runs.jobs import JobSpec
 from cluster.runs.schema import JobError
 from cluster.runs.render import LaunchRequest
@@ -33,171 +30,14 @@ from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SIL
 from cluster.transport import Transport
 
 __all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "SILENT_STATES",
-           "UNREACHABLE_GRACE_S", "LaunchRefused", "LaunchRequest", "NodeStatus", "agent_reply",
-           "execute", "follow", "judge", "launch", "logs", "poll", "prepare", "preflight", "program_tree",
-           "refresh", "request_for", "require", "secret_values", "secrets_file", "select_hosts", "settle", "stop",
+           "UNREACHABLE_GRACE_S", "LaunchRequest", "NodeStatus", "agent_reply",
+           "execute", "follow", "judge", "launch", "logs", "poll", "prepare",
+           "refresh", "request_for", "require", "settle", "stop",
            "stop_nodes"]
 
 START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
 DEFAULT_PORTS = {"torchrun": 29400, "tensorflow": 23456, "plain": 29500}  # per launcher
 Log = Callable[[str], None]
-
-
-class LaunchRefused(ClusterError):
-    """The nodes are not ready for this job (not provisioned, environments differ, busy)."""
-
-
-# --------------------------------------------------------------------------- preflight
-
-
-def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]:
-    nodes = spec["nodes"]
-    chosen = inv.select(None if nodes == "all" else ",".join(nodes) if isinstance(nodes, list) else nodes)
-    if limit:
-        allowed = {h.name for h in inv.select(limit)}
-        chosen = [h for h in chosen if h.name in allowed]
-    if not chosen and limit:
-        raise UsageError(f"job {spec.name}: --limit {limit!r} leaves none of the job's nodes (nodes={nodes!r})",
-                         "name hosts or groups that the job's `nodes:` includes")
-    if not chosen:
-        raise UsageError(f"job {spec.name}: nodes={nodes!r} selects no host of the inventory",
-                         "set the job's `nodes:` to all, a group or host names of the inventory")
-    clash = sorted(h.name for h in chosen if h.name in runs.RUN_FOLDER_ENTRIES)
-    if clash:  # each node's results go to runs/<id>/<node>/ beside these
-        raise UsageError(f"host name {clash[0]!r} is the name of a file clusterctl keeps in each run folder",
-                         f"rename the host in the inventory (reserved: {', '.join(sorted(runs.RUN_FOLDER_ENTRIES))})")
-    return inv.ordered(chosen)
-
-
-def preflight(group: Group, hosts: list[Host], spec: JobSpec | None = None,
-              left_out: dict[str, str] | None = None) -> dict[str, render.Target]:
-    """Each node's verified environment (its provision state.json); refuse unless all exist and match, and
-    (with `spec`) unless that environment has the framework the job's launcher starts.
-    `left_out`: where the job's `min_nodes` lets it start without the nodes that do not answer, they are put
-    there (node -> why) and left out of the targets; otherwise one unreachable node refuses the start."""
-
-    def read(t: Transport) -> dict[str, Any] | None:
-        q = shlex.quote(t.host.workdir)
-        r = t.run(f"cat -- {q}/clusterctl/state.json && test -f {q}/cluster.env", timeout=60)
-        return json.loads(r.stdout) if r.exit_code == 0 and r.stdout.strip() else None
-
-    results = group.call(read, hosts)
-    unreachable = {n: r for n, r in results.items() if not r.ok and r.status == "unreachable"}
-    need = (spec["min_nodes"] or len(hosts)) if spec is not None else len(hosts)
-    if unreachable and (left_out is None or len(hosts) - len(unreachable) < need):
-        short = (f" (min_nodes {need}: {len(hosts) - len(unreachable)} of {len(hosts)} answer)"
-                 if spec is not None and spec["min_nodes"] else "")
-        raise LaunchRefused("cannot reach " + "; ".join(f"{n}: {r.error}" for n, r in unreachable.items()) + short,
-                            next((r.fix for r in unreachable.values() if r.fix), None)
-                            or "check the nodes with `clusterctl check`", exit_code=errors.EXIT_UNREACHABLE)
-    if unreachable and left_out is not None:
-        left_out.update({n: f"unreachable: {r.error}" for n, r in unreachable.items()})
-        hosts = [h for h in hosts if h.name not in unreachable]
-        results = GroupResult((n, r) for n, r in results.items() if n not in unreachable)
-    missing = [n for n, r in results.items() if not r.ok or not r.value]
-    if missing:
-        raise LaunchRefused(f"not provisioned (no verified environment): {', '.join(missing)}",
-                            "run `clusterctl provision` for these nodes first")
-    states = {n: r.value for n, r in results.items()}
-    fps = {n: s.get("fingerprint") or {} for n, s in states.items()}
-    gpu_nodes = {n for n, s in states.items() if (s.get("build") or {}).get("gpu")}
-    diff, _ = verify.fingerprint_diff(fps, gpu_nodes)
-    if diff:
-        raise LaunchRefused("the nodes' environments differ: " + "; ".join(diff),
-                            "run `clusterctl provision` so every node gets the same builds")
-    need = {"torchrun": "torch", "tensorflow": "tensorflow"}.get(spec.launcher if spec else "", "")
-    lacking = sorted(n for n, fp in fps.items() if need and not fp.get(need))
-    if spec is not None and lacking:
-        raise JobError(str(spec.path), None, "launcher", f"{spec.launcher} needs {need}, which the provisioned "
-                       f"environment of {', '.join(lacking)} does not have",
-                       f"provision {need} on those nodes, or choose another launcher (plain starts any program)")
-    targets = {}
-    for h in hosts:
-        s = states[h.name]
-        gpus = len(s["fingerprint"].get("gpus") or []) if s["fingerprint"].get("cuda_available") else 0
-        chosen = render.visible_devices(h)
-        if chosen is not None:
-            beyond = [d for d in chosen if d.isdigit() and int(d) >= gpus]
-            if beyond:
-                raise LaunchRefused(f"{h.name}: cuda_visible_devices names GPU {', '.join(beyond)}, but the node's "
-                                    f"verified environment sees {gpus} GPU(s)",
-                                    "list indices from `nvidia-smi -L` on that node, or leave the var out")
-            gpus = len(chosen) if gpus else 0
-        targets[h.name] = render.Target(h, gpus, (s.get("build") or {}).get("backend") or "gloo")
-    return targets
-
-
-def _busy(hosts: list[Host]) -> None:
-    """Refuse to start on nodes another run still uses (after asking the nodes, not trusting the record),
-    or where an earlier stop could not be confirmed. Called under runs.launch_lock()."""
-    mine = {(h.address, h.port): h.name for h in hosts}  # the same machines, whatever they are called
-    records, damaged = runs.scan()
-    if damaged:
-        raise LaunchRefused(f"cannot tell whether the nodes are free: {damaged[0].message}", damaged[0].fix)
-    for rec in records:
-        if not rec.active and not rec.stop_pending:
-            continue
-        shared = {mine[(h.address, h.port)] for h in rec.hosts() if (h.address, h.port) in mine}
-        if not shared:
-            continue
-        rec = refresh(rec)
-        pending = shared & set(rec.stop_pending)
-        if rec.active:
-            raise LaunchRefused(f"run {rec.run_id} is still {rec.state} on {', '.join(sorted(shared))}",
-                                f"wait for it, or stop it: clusterctl stop {rec.run_id}")
-        if pending:
-            raise LaunchRefused(f"run {rec.run_id} could not be stopped on {', '.join(sorted(pending))} "
-                                "(unreachable): its processes may still be running there",
-                                f"bring the node back and run `clusterctl stop {rec.run_id}`",
-                                exit_code=errors.EXIT_UNREACHABLE)
-
-
-# --------------------------------------------------------------------------- what a node gets
-
-
-def _agent_source() -> str:
-    return resources.files("cluster.agent").joinpath("nodeagent.py").read_text()
-
-
-def program_tree(spec: JobSpec) -> code.CodeTree:
-    """What a node runs, as a code tree: a user's `code` folder, or a built-in program (its entry point and
-    the modules it imports, out of cluster/programs). Both are shipped the same way (runs/code.py)."""
-    if spec.own:
-        return code.scan(Path(str(spec["code"])).expanduser())
-    return code.named(Path(str(resources.files("cluster.programs"))), spec.program_files())
-
-
-def secret_values(spec: JobSpec) -> dict[str, str]:
-    """`env_from`: each secret read on the head, from a file or the head's environment, at launch time."""
-    out = {}
-    for name, src in sorted(spec["env_from"].items()):
-        field_ = f"env_from.{name}"
-        if "file" in src:
-            path = Path(str(src["file"])).expanduser()
-            fix = "point `file:` at a readable text file on the head"
-            try:
-                out[name] = read_regular(path, fix, noun="a secret").decode().rstrip("\n")
-            except FileRefused as e:  # a FIFO would block the launch, /dev/zero exhaust the memory
-                raise JobError(str(spec.path), None, field_, f"cannot read {path}: it {e.problem}", fix) from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise JobError(str(spec.path), None, field_, f"cannot read {path}: {getattr(e, 'strerror', e)}",
-                               fix) from None
-        else:
-            if src["env"] not in os.environ:
-                raise JobError(str(spec.path), None, field_, f"the head's environment has no {src['env']}",
-                               f"export {src['env']}=... before `clusterctl launch`")
-            out[name] = os.environ[src["env"]]
-    return out
-
-
-def secrets_file(values: dict[str, str]) -> str:
-    """The node's secrets.env (mode 0600), sourced by launch.sh: every value shell-quoted."""
-    lines = ["# Secrets of this run (env_from), readable by its owner only. Never copied back by collect."]
-    for k, v in values.items():
-        lines += [f"{k}={shlex.quote(v)}", f"export {k}"]
-    return "\n".join(lines) + "\n"
-
-
 
 
 # --------------------------------------------------------------------------- the request
@@ -207,19 +47,19 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
             log: Log = lambda s: None) -> LaunchRequest:
     """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
     and every node's rendered files. Nothing is changed on the nodes or the head."""
-    secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
+    payload.secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     carryover.continued(spec)  # a run it continues: ended, here, the same job (--dry-run checks it too)
-    hosts = select_hosts(inv, spec, limit)
+    hosts = preflight.select_hosts(inv, spec, limit)
     if spec["min_nodes"] > len(hosts):
         raise JobError(str(spec.path), None, "min_nodes", f"min_nodes is {spec['min_nodes']}, but the job has "
                        f"{len(hosts)} nodes ({', '.join(h.name for h in hosts)})",
                        f"set min_nodes to at most {len(hosts)} (0: all of them)")
     log(f"checking {len(hosts)} nodes are provisioned and identical")
-    tree = program_tree(spec)  # a user's code refused here (too large, links out), before any node
-    data = data_tree(spec) if spec.own and spec["data"] is not None else None  # and its data, the same way
+    tree = payload.program_tree(spec)  # a user's code refused here (too large, links out), before any node
+    data = payload.data_tree(spec) if spec.own and spec["data"] is not None else None  # and its data, the same way
     left_out: dict[str, str] = {}
     with Group(hosts, forks=forks) as group:
-        targets = preflight(group, hosts, spec, left_out)
+        targets = preflight.check(group, hosts, spec, left_out)
         hosts = [h for h in hosts if h.name in targets]
         if left_out:
             log(f"starting on {len(hosts)} nodes without {', '.join(left_out)} (min_nodes {spec['min_nodes']})")
@@ -241,7 +81,7 @@ def request_for(inv: Inventory, spec: JobSpec, targets: list[render.Target], run
     port = spec["port"]
     ports = {t.host.name: port or DEFAULT_PORTS[spec.launcher] for t in targets}
     data = "" if spec.own else data_file or datasets.file_name(spec)  # a user program brings its own data
-    request = render.render(spec, targets, run_id, data, ports, _layer_dir(layer))
+    request = render.render(spec, targets, run_id, data, ports, payload.layer_dir(layer))
     request.layer = layer
     request.port_picked_at_start = not port
     names = {t.host.name for t in targets}
@@ -259,7 +99,7 @@ def execute(request: LaunchRequest, log: Log = lambda s: None, prediction: dict[
     Until the record says `running`, the start can be called off: by `clusterctl stop` (seen between
     steps), by Ctrl-C or by a failed step. Either way what was started is stopped and the record says
     which nodes confirmed it (StartAborted)."""
-    secret = secret_values(request.job)  # read at the start, never kept in the request or the record
+    secret = payload.secret_values(request.job)  # read at the start, never kept in the request or the record
     hosts = [t.host for t in request.targets]
     with Group(hosts, forks=forks) as group:
         record = _reserve(request, prediction, watch)
@@ -296,7 +136,7 @@ def _reserve(request: LaunchRequest, prediction: dict[str, Any] | None, watch: b
     """The busy check and the new record in one step under the launch lock: two launches on the same
     nodes cannot both pass. The record says which process is starting it (see runstate.refresh)."""
     with runs.launch_lock():
-        _busy([t.host for t in request.targets])
+        preflight.refuse_busy([t.host for t in request.targets])
         record = _record(request, "starting")
         record.endpoint = None if request.port_picked_at_start else request.endpoint  # known once picked
         record.prediction = prediction
@@ -353,7 +193,7 @@ def _unless_stopped(record: runs.RunRecord) -> None:
 def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
     """The node agent and the dataset on every node (the dataset sent once and relayed, verified); a user's
     program gets no dataset (its `code` is shipped by _upload)."""
-    agent = _agent_source()
+    agent = payload.agent_source()
     hosts = [t.host for t in request.targets]
 
     usage = resources.files("cluster.agent").joinpath("usage.py").read_bytes()  # its sampler, beside it
@@ -380,15 +220,15 @@ def _upload(group: Group, record: runs.RunRecord, request: LaunchRequest, secret
             log: Log) -> None:
     """Each node's run folder: its rendered files, the program (a user's code shipped through each node's
     cache: only what it lacks is sent), the secrets (owner-only)."""
-    _ship(group, record, request, request.code if request.code is not None else program_tree(request.job),
+    _ship(group, record, request, request.code if request.code is not None else payload.program_tree(request.job),
           "program", log)
     if request.job.own and request.job["data"] is not None:
-        _ship(group, record, request, request.data if request.data is not None else data_tree(request.job), "data",
+        _ship(group, record, request, request.data if request.data is not None else payload.data_tree(request.job), "data",
               log)
     if request.layer is not None:
         _install_layer(group, record, request, log)
     by_node = {n.node: n for n in request.nodes}
-    private = {"secrets.env": secrets_file(secret)} if secret else {}
+    private = {"secrets.env": payload.secrets_file(secret)} if secret else {}
 
     def upload(t: Transport) -> None:
         n = by_node[t.host.name]
@@ -420,7 +260,6 @@ def _carry_over(group: Group, record: runs.RunRecord, request: LaunchRequest, lo
     runs.update(record.run_id, lambda r: r.extra.__setitem__("continues", {"run": old.run_id, "copied": copied}))
 
 
-DATA_LIMIT_BYTES = 64 * 2**30  # a data set is sent once per node and linked into each run: larger than code
 
 
 def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: code.CodeTree, into: str,
@@ -442,14 +281,6 @@ def _ship(group: Group, record: runs.RunRecord, request: LaunchRequest, tree: co
                   for n, v in sent.items()}}))
 
 
-def data_tree(spec: JobSpec) -> code.CodeTree:
-    return code.data(Path(str(spec["data"])), DATA_LIMIT_BYTES)
-
-
-def _layer_dir(layer: layers.Layer | None) -> str | None:
-    return f"clusterctl/layers/{layer.digest}" if layer else None  # under each node's workdir (Layer.dir)
-
-
 def _install_layer(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
     """The job's requirements on every node, offline, where a node does not have them yet."""
     layer: layers.Layer = request.layer
@@ -467,7 +298,7 @@ def _install_layer(group: Group, record: runs.RunRecord, request: LaunchRequest,
 def _with_ports(request: LaunchRequest, ports: dict[str, int]) -> LaunchRequest:
     """The same request with the ports picked at the start: rendered from the same inputs."""
     final = render.render(request.job, request.targets, request.run_id, request.data_file, ports,
-                          _layer_dir(request.layer))
+                          payload.layer_dir(request.layer))
     final.inventory, final.code, final.layer = request.inventory, request.code, request.layer
     return final
 
@@ -586,7 +417,7 @@ def _record(request: LaunchRequest, state: str) -> runs.RunRecord:
         left_out=dict(request.left_out),
         # what a restart without a lost node renders from again (cluster/runs/elastic.py)
         extra={"targets": {t.host.name: {"gpus": t.gpus, "backend": t.backend} for t in request.targets},
-               "layer_dir": _layer_dir(request.layer)})
+               "layer_dir": payload.layer_dir(request.layer)})
 
 
 def _keep_rendered(request: LaunchRequest) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
-from cluster.runs import collect as run_collect, elastic, launch, logstream, records, state, watch
+from cluster.runs import collect as run_collect, elastic, launch, logstream, preflight, records, state, watch
 from cluster.runs.render import LaunchRequest
 from cluster.schedulers.interface import Log, Logs, OnUpdate, Option, Submission
 
@@ -20,13 +20,13 @@ class Room:
     continues_runs = True  # its checkpoints stay on the PCs that wrote them
 
     def pcs(self, sub: Submission) -> list[Host] | None:
-        return launch.select_hosts(sub.inventory, sub.spec, sub.limit)
+        return preflight.select_hosts(sub.inventory, sub.spec, sub.limit)
 
     def dryrun(self, sub: Submission, log: Log = lambda s: None) -> LaunchRequest:
         """Preflight (read-only, over SSH) and every PC's rendered files; `nodes`: the first N of the job's PCs."""
         limit = sub.limit
         if sub.nodes is not None:
-            hosts = launch.select_hosts(sub.inventory, sub.spec, sub.limit)
+            hosts = preflight.select_hosts(sub.inventory, sub.spec, sub.limit)
             if sub.nodes > len(hosts):
                 raise UsageError(f"{sub.nodes} nodes: job {sub.spec.name} has only {len(hosts)} in "
                                  f"{sub.inventory.path}", f"use counts up to {len(hosts)}")

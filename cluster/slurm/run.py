@@ -20,7 +20,7 @@ from typing import Any, Callable
 from cluster import __version__, paths
 from cluster.errors import ClusterError, TransportError
 from cluster.inventory.model import Host
-from cluster.runs import code, collect as run_collect, datasets, launch, records as runs
+from cluster.runs import code, collect as run_collect, datasets, payload, records as runs
 from cluster.runs.render import AGENT
 from cluster.slurm import facts, fit, layout
 from cluster.slurm.submit import SlurmRequest
@@ -79,7 +79,7 @@ def submit(request: SlurmRequest, log: Log = lambda s: None) -> runs.RunRecord:
         q = shlex.quote
         _run(t, f"mkdir -p -- {q(rdir + '/program')} {q(rdir + '/clusterctl')} {q(cluster.workdir + '/datasets')} "
                 f"{q(cluster.workdir + '/clusterctl')} && chmod 700 -- {q(rdir)}", "making the run folder")
-        _stage_tree(t, launch.program_tree(spec), f"{rdir}/program", log, "program")
+        _stage_tree(t, payload.program_tree(spec), f"{rdir}/program", log, "program")
         if spec.own and spec["data"] is not None:
             _stage_data(t, spec, f"{rdir}/data", log)
         if not spec.own:
@@ -87,9 +87,9 @@ def submit(request: SlurmRequest, log: Log = lambda s: None) -> runs.RunRecord:
         for dest, src in layout.HELPERS.items():
             t.put_bytes(src.read_bytes(), f"{rdir}/{dest}")
         t.put_bytes((paths.PACKAGE_DIR / "agent" / "nodeagent.py").read_bytes(), f"{cluster.workdir}/{AGENT}")
-        secret = launch.secret_values(spec)
+        secret = payload.secret_values(spec)
         if secret:
-            t.put_bytes(launch.secrets_file(secret).encode(), f"{rdir}/{layout.SECRETS}", mode=0o600)
+            t.put_bytes(payload.secrets_file(secret).encode(), f"{rdir}/{layout.SECRETS}", mode=0o600)
         for name, content in request.files.items():
             t.put_bytes(content.encode(), f"{rdir}/{name}", mode=0o600)
         # recorded before sbatch: a lost answer or a Ctrl-C after it leaves a record that finds its job by name
@@ -167,7 +167,7 @@ def _remote_sums(t: Transport, root: str, rels: list[str]) -> dict[str, str]:
 
 
 def _stage_data(t: Transport, spec: Any, into: str, log: Log) -> None:
-    tree = launch.data_tree(spec)
+    tree = payload.data_tree(spec)
     _stage_tree(t, tree, into if tree.root.is_dir() else str(Path(into).parent), log, "data")
 
 

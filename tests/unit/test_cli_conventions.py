@@ -109,18 +109,18 @@ def test_bench_passes_limit_and_forks(inv: Path, seen: dict[str, Any]) -> None:
 
 
 def test_plan_passes_limit_to_the_candidates(inv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cluster.runs import launch
+    from cluster.runs import preflight
     from cluster.planner import plans
 
     got: dict[str, Any] = {}
-    real = launch.select_hosts
+    real = preflight.select_hosts
 
     def select_hosts(inventory: Any, spec: Any, limit: str | None) -> Any:
         got["hosts"] = [h.name for h in real(inventory, spec, limit)]
         raise Stop("stopped")
 
     monkeypatch.setattr(plans, "_job_bench", lambda inventory, spec, job: (None, None))
-    monkeypatch.setattr(launch, "select_hosts", select_hosts)
+    monkeypatch.setattr(preflight, "select_hosts", select_hosts)
     assert main(["plan", "resnet50-ddp", "-i", str(inv), "--limit", "~[ac]$"]) == errors.EXIT_FAILED
     assert got == {"hosts": ["a", "c"]}
 

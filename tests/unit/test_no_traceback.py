@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster import cli, errors
-from cluster.runs import jobs, launch, records as runs, render, schema
+from cluster.runs import jobs, launch, preflight, records as runs, render, schema
 from cluster.inventory import loader as inventory, model
 
 FAST = settings(max_examples=150, deadline=None,
@@ -153,7 +153,7 @@ def test_job_loader_and_render_never_raise_anything_else(tmp_path_factory: pytes
         return
     inv = inventory.load(gone_inventory)  # read only: render needs hosts, not nodes
     try:
-        hosts = launch.select_hosts(inv, got, None)
+        hosts = preflight.select_hosts(inv, got, None)
         targets = [render.Target(h) for h in hosts]
         plan = render.render(got, targets, "run-1", "data.npz", {h.name: 29400 + i for i, h in enumerate(hosts)})
     except errors.ClusterError as e:  # e.g. `nodes:` naming no host of the inventory

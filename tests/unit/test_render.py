@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import jobs, launch, render
+from cluster.runs import jobs, launch, payload, render
 from cluster.inventory import loader, model
 from cluster.errors import UsageError
 from cluster.runs.schema import JobError
@@ -171,13 +171,12 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A token from the head's environment and one from a file: on the node only in secrets.env (sourced by
     launch.sh), never in launch.sh, job.json or anything kept on the head."""
-    from cluster.runs import launch
 
     evil = EVIL.format(canary=tmp_path / "pwned")
     monkeypatch.setenv("LAB_TOKEN", f"tok-{evil}")
     (tmp_path / "hf").write_text("hf-secret-123\n")
     spec = jobs.load("resnet50-ddp", ["env_from.API_TOKEN={env: LAB_TOKEN}", f"env_from.HF_TOKEN={{file: {tmp_path / 'hf'}}}"])
-    values = launch.secret_values(spec)
+    values = payload.secret_values(spec)
     assert values == {"API_TOKEN": f"tok-{evil}", "HF_TOKEN": "hf-secret-123"}
     host = model.Host(name="pc1", address="127.0.0.1", workdir=str(tmp_path / "w"))
     node = render.render(spec, [render.Target(host)], "run1", "d.npz", {"pc1": 29400}).nodes[0]
@@ -186,7 +185,7 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
     rdir = Path(node.run_dir)
     rdir.mkdir(parents=True)
     (rdir / "launch.sh").write_text(node.files["launch.sh"].replace('exec "$CLUSTER_PYTHON"', "exec env #"))
-    (rdir / "secrets.env").write_text(launch.secrets_file(values))
+    (rdir / "secrets.env").write_text(payload.secrets_file(values))
     (tmp_path / "w" / "cluster.env").write_text("")
     r = subprocess.run(["sh", "launch.sh"], cwd=rdir, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -199,11 +198,10 @@ def test_env_from_secrets_reach_the_program_and_no_rendered_file(tmp_path: Path,
     ("{env: CLUSTERCTL_TEST_UNSET_VAR}", "the head.s environment has no CLUSTERCTL_TEST_UNSET_VAR"),
 ])
 def test_env_from_a_missing_source_names_the_field(value: str, match: str) -> None:
-    from cluster.runs import launch
 
     spec = jobs.load("resnet50-ddp", [f"env_from.TOKEN={value}"])
     with pytest.raises(JobError, match=f"env_from.TOKEN: {match}"):
-        launch.secret_values(spec)
+        payload.secret_values(spec)
 
 
 @pytest.mark.parametrize("value", ["x", "{file: a, env: b}", "{path: a}", "{env: ''}", "[a]"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import launch, records as runs, state as runstate
+from cluster.runs import preflight, records as runs, state as runstate
 from cluster.nodes.replies import agent_reply
 from cluster.runs.state import NodeStatus, judge
 
@@ -72,8 +72,8 @@ def test_a_damaged_record_is_reported_never_skipped(home: Path) -> None:
     assert len(damaged) == 1 and "bad/run.json" in damaged[0].message and damaged[0].fix
     with pytest.raises(runs.RecordError):
         runs.list_runs()
-    with pytest.raises(launch.LaunchRefused, match="cannot tell whether the nodes are free"):
-        launch._busy(_record("new").hosts())
+    with pytest.raises(preflight.LaunchRefused, match="cannot tell whether the nodes are free"):
+        preflight.refuse_busy(_record("new").hosts())
     (bad / "run.json").write_text(json.dumps({"run_id": 3, "nodes": "x"}))
     with pytest.raises(runs.RecordError, match="damaged run record"):
         runs.load("bad")
@@ -212,7 +212,7 @@ def test_a_host_named_like_a_run_folder_entry_is_refused(tmp_path: Path, name: s
     inv = loader.load(write(tmp_path, f"hosts:\n  {name}: {{address: 127.0.0.1}}\n", "inv.yaml"),
                          check_files=False)
     with pytest.raises(UsageError, match=f"host name '{name}' is the name of a file clusterctl keeps"):
-        launch.select_hosts(inv, jobs.load("resnet50-ddp"), None)
+        preflight.select_hosts(inv, jobs.load("resnet50-ddp"), None)
 
 
 # --------------------------------------------------------------------------- the state machine

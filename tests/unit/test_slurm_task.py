@@ -348,7 +348,7 @@ def test_the_job_secrets_file_is_read_by_each_task(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("s3cr3t 'x'\n")
     req = c.request("resnet50-ddp", [f"env_from.HF_TOKEN={{file: {tmp_path / 'token'}}}"])
     rdir = c.stage(req)
-    from cluster.runs.launch import secret_values, secrets_file
+    from cluster.runs.payload import secret_values, secrets_file
 
     (rdir / layout.SECRETS).write_text(secrets_file(secret_values(req.job)))
     assert c.run_task(req, 0, "node1").returncode == 0
