@@ -1,5 +1,5 @@
 """`clusterctl wheelhouse build|export|import`: the head's wheelhouse for a lab without internet
-(cluster.provision.wheelhouse_io)."""
+(cluster.provision.wheelhouse_plan, wheelhouse_export, wheelhouse_import)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,7 @@ from cluster.cli.output import emit_json, err, error_line, load_inventory, notes
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from cluster.provision.wheelhouse_io import Selection
+    from cluster.provision.wheelhouse_plan import Selection
 
 ACTIONS = (("build", "download the wheels provision needs for an inventory (or --for targets) into this "
                      "machine's wheelhouse cache"),
@@ -63,7 +63,7 @@ def _no_action(args: argparse.Namespace) -> int:
 
 
 def _declare_selection(sp: argparse.ArgumentParser, action: str) -> None:
-    from cluster.provision.wheelhouse_io import TARGET_HELP
+    from cluster.provision.wheelhouse_plan import TARGET_HELP
 
     add_inventory_args(sp)
     sp.add_argument("--facts", metavar="FILE",
@@ -82,7 +82,7 @@ def _declare_selection(sp: argparse.ArgumentParser, action: str) -> None:
 
 def _selection(args: argparse.Namespace, default_context: bool) -> Selection | None:
     """The nodes named by INVENTORY / --facts / --for, planned as provision plans them; None: nothing named."""
-    from cluster.provision import wheelhouse_io
+    from cluster.provision import wheelhouse_plan
 
     given = args.inventory_pos or args.inventory
     log = notes(args.json)
@@ -90,10 +90,10 @@ def _selection(args: argparse.Namespace, default_context: bool) -> Selection | N
         if given or args.facts:
             raise errors.UsageError("--for names the nodes itself: give it without an inventory or --facts",
                                     "either INVENTORY [--facts FILE], or --for py3.11,cpu")
-        targets = wheelhouse_io.parse_targets(args.targets)
-        inv, facts = wheelhouse_io.target_inventory(targets, args.torch_index, tuple(args.extra))
-        return wheelhouse_io.select(inv, list(inv.hosts.values()), facts,
-                                    source="--for " + " --for ".join(args.targets), log=log)
+        targets = wheelhouse_plan.parse_targets(args.targets)
+        inv, facts = wheelhouse_plan.target_inventory(targets, args.torch_index, tuple(args.extra))
+        return wheelhouse_plan.select(inv, list(inv.hosts.values()), facts,
+                                      source="--for " + " --for ".join(args.targets), log=log)
     if args.extra or args.torch_index != "pytorch":
         raise errors.UsageError("--torch-index and --extra go with --for",
                                 "with an inventory, set torch_index / extra_packages under its vars:")
@@ -102,9 +102,9 @@ def _selection(args: argparse.Namespace, default_context: bool) -> Selection | N
     inv = load_inventory(given, args.set, args.ssh_config)
     hosts = inv.select(args.limit)
     if args.facts:
-        facts, outcomes = wheelhouse_io.facts_file(Path(args.facts), hosts)
-        return wheelhouse_io.select(inv, hosts, facts, outcomes, log=log)
-    return wheelhouse_io.select(inv, hosts, forks=args.forks, log=log)
+        facts, outcomes = wheelhouse_plan.facts_file(Path(args.facts), hosts)
+        return wheelhouse_plan.select(inv, hosts, facts, outcomes, log=log)
+    return wheelhouse_plan.select(inv, hosts, forks=args.forks, log=log)
 
 
 def _left_out_code(sel: Selection) -> int:
@@ -144,14 +144,14 @@ def _bytes_bar(quiet: bool, label: str) -> Progress:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from cluster.provision import wheelhouse, wheelhouse_io
+    from cluster.provision import wheelhouse, wheelhouse_plan
 
     sel = _selection(args, default_context=True)
     assert sel is not None
     quiet = args.json or args.dry_run
     status: ContextManager[Any] = nullcontext() if quiet else err.status("downloading wheels")
     with status:
-        built = wheelhouse_io.build(sel, dry_run=args.dry_run, log=notes(args.json))
+        built = wheelhouse_plan.build(sel, dry_run=args.dry_run, log=notes(args.json))
     if args.json:
         emit_json({**_selection_dict(sel), "cache": str(wheelhouse.cache_dir()),
                    "wheelhouses": [b.to_dict() for b in built]})
@@ -194,7 +194,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from cluster.provision import wheelhouse_io
+    from cluster.provision import wheelhouse_export
 
     sel = _selection(args, default_context=False)
     keys = None if sel is None else [s.key for s in sel.sets]
@@ -204,8 +204,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     bar = _bytes_bar(args.json, "exporting")
     with bar:
         task = bar.add_task("export", total=None)
-        report = wheelhouse_io.export(Path(args.dir), keys, log=notes(args.json),
-                                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = wheelhouse_export.export(Path(args.dir), keys, log=notes(args.json),
+                                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     if args.json:
         emit_json({**report.to_dict(), **(_selection_dict(sel) if sel else {})})
     else:
@@ -229,13 +229,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from cluster.provision import wheelhouse_io
+    from cluster.provision.wheelhouse_import import import_dir
 
     bar = _bytes_bar(args.json, "verifying")
     with bar:
         task = bar.add_task("import", total=None)
-        report = wheelhouse_io.import_dir(Path(args.dir), replace=args.replace, log=notes(args.json),
-                                          progress=lambda done, total: bar.update(task, completed=done, total=total))
+        report = import_dir(Path(args.dir), replace=args.replace, log=notes(args.json),
+                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     if args.json:
         emit_json(report.to_dict())
         return errors.EXIT_OK

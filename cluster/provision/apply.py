@@ -276,7 +276,7 @@ def wheelhouse_sets(hosts: list[Host], nf: dict[str, facts.NodeFacts], choice: c
                     out: dict[str, NodeOutcome]) -> dict[WheelhouseSet, list[str]]:
     """Each wheelhouse provision needs, with its nodes: one per (requirements, Python minor, index). What
     `_wheelhouses` builds here, and `clusterctl wheelhouse build` fills ahead on a machine with internet
-    (provision/wheelhouse_io.py). A node whose Python does not run fails in `out`."""
+    (provision/wheelhouse_plan.py). A node whose Python does not run fails in `out`."""
     groups: dict[WheelhouseSet, list[str]] = {}
     for h in hosts:
         if h.vars.get("python_env", "venv") != "venv" or choice is None:

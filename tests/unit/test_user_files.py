@@ -18,7 +18,7 @@ import pytest
 
 from cluster import errors
 from cluster.bounds import FILE_MAX_BYTES
-from cluster.provision import wheelhouse_io
+from cluster.provision import wheelhouse_export
 from tests.conftest import ROOT
 from tests.unit.test_wheelhouse_io import fake_wheelhouse
 
@@ -75,7 +75,7 @@ def test_a_wheelhouse_manifest_that_is_a_fifo_is_called_so_not_missing(tmp_path:
     monkeypatch.setenv("CLUSTERCTL_WHEELHOUSE", str(tmp_path / "connected"))
     key = fake_wheelhouse(tmp_path / "connected", ["pkg0==1.0"], "3.11").dir.parent.name
     usb = tmp_path / "usb"
-    wheelhouse_io.export(usb)
+    wheelhouse_export.export(usb)
     (usb / key / "manifest.json").unlink()
     os.mkfifo(usb / key / "manifest.json")
     r = _run("-m", "cluster", "wheelhouse", "import", str(usb), env={"CLUSTERCTL_WHEELHOUSE": str(tmp_path / "head")})

@@ -1,7 +1,7 @@
-"""A head without internet (cluster/provision/wheelhouse_io.py, `clusterctl wheelhouse build|export|import`):
-the wheelhouses provision would build, exported with a manifest of sha256s, imported only when every file
-matches, then used by provision without network; and pip's failure on a head that cannot reach the index
-names that way out.
+"""A head without internet (`clusterctl wheelhouse build|export|import`; cluster/provision/wheelhouse_plan.py,
+wheelhouse_export.py, wheelhouse_import.py): the wheelhouses provision would build, exported with a manifest
+of sha256s, imported only when every file matches, then used by provision without network; and pip's failure
+on a head that cannot reach the index names that way out.
 
 Fast: the wheelhouses are made by hand (files of a few bytes under the keys provision computes), and the
 one pip run goes to a closed port on 127.0.0.1 (never anything else on the network).
@@ -27,7 +27,7 @@ from cluster import cli, errors
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory import loader
 from cluster.nodes.facts import NodeFacts
-from cluster.provision import apply, wheelhouse, wheelhouse_io
+from cluster.provision import apply, wheelhouse, wheelhouse_export, wheelhouse_import, wheelhouse_plan
 from cluster.provision.report import NodeOutcome
 from tests.conftest import write
 
@@ -106,8 +106,8 @@ def test_provision_on_a_head_without_internet_fails_its_nodes_with_that_fix(cach
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """What provision does with each wheelhouse (apply._wheelhouses): the node fails, the fix says import."""
     offline_pip(monkeypatch)
-    inv, facts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.11,cpu"]), torch_index="pypi")
-    sel = wheelhouse_io.select(inv, list(inv.hosts.values()), facts)
+    inv, facts = wheelhouse_plan.target_inventory(wheelhouse_plan.parse_targets(["py3.11,cpu"]), torch_index="pypi")
+    sel = wheelhouse_plan.select(inv, list(inv.hosts.values()), facts)
     hosts = list(inv.hosts.values())
     out = {h.name: NodeOutcome(h.name) for h in hosts}
     assert apply._wheelhouses(hosts, facts, sel.choice, False, lambda s: None, out) == {}
@@ -158,8 +158,8 @@ def test_build_plans_exactly_the_wheelhouses_provision_would(tmp_path: Path, cac
     inv = loader.load(room(tmp_path))
     hosts = list(inv.hosts.values())
     ff = facts_json(tmp_path, {"pc1": [GTX1050TI], "pc2": [RTX3060], "pc3": []})
-    nf, out = wheelhouse_io.facts_file(ff, hosts)
-    sel = wheelhouse_io.select(inv, hosts, nf, out)
+    nf, out = wheelhouse_plan.facts_file(ff, hosts)
+    sel = wheelhouse_plan.select(inv, hosts, nf, out)
     asked: list[tuple[tuple[str, ...], str, str | None]] = []
 
     def recording_build(reqs: list[str], python: str, index: str | None = None, **kw: Any) -> wheelhouse.Wheelhouse:
@@ -183,20 +183,20 @@ def test_for_targets_render_the_same_sets_as_such_nodes(tmp_path: Path, cache: P
     """`--for py3.11,cpu,cu126`: the requirement sets of a lab of a CPU PC and a Pascal PC on R580."""
     inv = loader.load(write(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n  b: {address: 10.0.0.2}\n"))
     hosts = list(inv.hosts.values())
-    nf, out = wheelhouse_io.facts_file(facts_json(tmp_path, {
+    nf, out = wheelhouse_plan.facts_file(facts_json(tmp_path, {
         "a": [], "b": [{"name": "NVIDIA GeForce GTX 1080", "compute_capability": "6.1", "driver": "580.95.05"}]}),
         hosts)
-    from_facts = wheelhouse_io.select(inv, hosts, nf, out)
-    tinv, tfacts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.11,cpu,cu126"]))
-    from_targets = wheelhouse_io.select(tinv, list(tinv.hosts.values()), tfacts)
+    from_facts = wheelhouse_plan.select(inv, hosts, nf, out)
+    tinv, tfacts = wheelhouse_plan.target_inventory(wheelhouse_plan.parse_targets(["py3.11,cpu,cu126"]))
+    from_targets = wheelhouse_plan.select(tinv, list(tinv.hosts.values()), tfacts)
     assert [s.key for s in from_targets.sets] == [s.key for s in from_facts.sets]
     cu = next(s for s in from_targets.sets if s.nodes == ("cu126-py3.11",))
     assert cu.index == "https://download.pytorch.org/whl/cu126" and cu.python == "3.11"
     assert cu.requirements == ("torch==2.14.1+cu126", "torchvision==0.29.1+cu126", "tensorflow[and-cuda]==2.21.0",
                                "tf-keras==2.21.*", "nvidia-cudnn-cu12<9.11", *apply.EXTRA_PACKAGES)
     # cu118 (an R470 driver) pulls the whole lab down to torch 2.7.1, as provision's plan would
-    tinv, tfacts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.10,cpu", "py3.10,cu118"]))
-    sel = wheelhouse_io.select(tinv, list(tinv.hosts.values()), tfacts)
+    tinv, tfacts = wheelhouse_plan.target_inventory(wheelhouse_plan.parse_targets(["py3.10,cpu", "py3.10,cu118"]))
+    sel = wheelhouse_plan.select(tinv, list(tinv.hosts.values()), tfacts)
     assert sel.choice is not None and sel.choice.torch == "2.7.1"
     assert {s.requirements[0] for s in sel.sets} == {"torch==2.7.1+cpu", "torch==2.7.1+cu118"}
 
@@ -255,8 +255,8 @@ def test_export_then_import_fills_an_offline_head_that_provision_then_uses(tmp_p
     py3.11,cpu` (made by hand here), export to a 'USB disk', import on a head whose index is a closed port;
     then `wheelhouse build` finds it cached and wheelhouse.build (provision's call) downloads nothing."""
     connected = use_cache(monkeypatch, tmp_path / "connected")
-    tinv, tfacts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.11,cpu"]))
-    (s,) = wheelhouse_io.select(tinv, list(tinv.hosts.values()), tfacts).sets
+    tinv, tfacts = wheelhouse_plan.target_inventory(wheelhouse_plan.parse_targets(["py3.11,cpu"]))
+    (s,) = wheelhouse_plan.select(tinv, list(tinv.hosts.values()), tfacts).sets
     made = fake_wheelhouse(connected, list(s.requirements), s.python, s.index)
     layer = fake_wheelhouse(connected, ["tabulate==0.9.0"], "3.11", constraints=("numpy==2.1.0",))
     usb = tmp_path / "usb"
@@ -264,14 +264,14 @@ def test_export_then_import_fills_an_offline_head_that_provision_then_uses(tmp_p
     assert rc == 0, err
     doc = json.loads(out)
     assert {w["key"] for w in doc["wheelhouses"]} == {s.key, layer.dir.parent.name}
-    manifest = json.loads((usb / wheelhouse_io.EXPORT_MANIFEST).read_text())
-    assert manifest["format"] == wheelhouse_io.FORMAT and manifest["platform"] == wheelhouse_io.platform_tag()
+    manifest = json.loads((usb / wheelhouse_export.EXPORT_MANIFEST).read_text())
+    assert manifest["format"] == wheelhouse_export.FORMAT and manifest["platform"] == wheelhouse_export.platform_tag()
     assert f"{s.key}/manifest.json" in manifest["files"] and f"{layer.dir.parent.name}/constraints.txt" in \
         manifest["files"]
     for rel, m in manifest["files"].items():
         assert hashlib.sha256((usb / rel).read_bytes()).hexdigest() == m["sha256"], rel
     if shutil.which("sha256sum"):
-        assert subprocess.run(["sha256sum", "--quiet", "-c", wheelhouse_io.SUMS], cwd=usb).returncode == 0
+        assert subprocess.run(["sha256sum", "--quiet", "-c", wheelhouse_export.SUMS], cwd=usb).returncode == 0
     # again: nothing written, everything verified in place
     rc, out, _ = main("wheelhouse", "export", str(usb), "--json")
     assert rc == 0 and json.loads(out)["copied"] == 0 and json.loads(out)["kept"] == len(manifest["files"])
@@ -282,7 +282,7 @@ def test_export_then_import_fills_an_offline_head_that_provision_then_uses(tmp_p
     assert rc == 0, err
     doc = json.loads(out)
     assert {w["status"] for w in doc["wheelhouses"]} == {"imported"} and doc["files"] == len(manifest["files"])
-    assert not [p for p in head.iterdir() if p.name.startswith(wheelhouse_io.STAGING_PREFIX)]
+    assert not [p for p in head.iterdir() if p.name.startswith(wheelhouse_import.STAGING_PREFIX)]
     got = wheelhouse.build(list(s.requirements), s.python, s.index)  # provision's call: no pip, no network
     assert got.files == made.files and got.dir == head / s.key / "files"
     assert wheelhouse.build(["tabulate==0.9.0"], "3.11", constraints=("numpy==2.1.0",)).files == layer.files
@@ -297,7 +297,7 @@ def exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int = 2) -> tup
     src = use_cache(monkeypatch, tmp_path / "connected")
     keys = [fake_wheelhouse(src, [f"pkg{i}==1.0", "six==1.16.0"], "3.11").dir.parent.name for i in range(n)]
     usb = tmp_path / "usb"
-    wheelhouse_io.export(usb)
+    wheelhouse_export.export(usb)
     use_cache(monkeypatch, tmp_path / "head")
     return usb, keys
 
@@ -328,8 +328,8 @@ def test_a_damaged_file_is_refused_by_name_and_nothing_is_imported(tmp_path: Pat
     else:
         rel = f"{keys[1]}/manifest.json"
         (usb / rel).write_text((usb / rel).read_text() + " ")
-    with pytest.raises(wheelhouse_io.ImportRefused) as e:
-        wheelhouse_io.import_dir(usb)
+    with pytest.raises(wheelhouse_import.ImportRefused) as e:
+        wheelhouse_import.import_dir(usb)
     assert rel in e.value.message and "nothing was imported" in e.value.message
     assert [m.split(":")[0] for m in e.value.mismatches] == [rel]
     assert e.value.exit_code == errors.EXIT_FAILED and "export again" in (e.value.fix or "")
@@ -345,8 +345,8 @@ def test_a_mismatch_leaves_an_earlier_cache_as_it_was(tmp_path: Path, monkeypatc
     (head / keys[0] / "files").mkdir(parents=True)
     (head / keys[0] / "files" / "partial.whl").write_bytes(b"half")
     next((usb / keys[0] / "files").glob("six-*.whl")).write_bytes(b"six==1.16.0 " + b"x")
-    with pytest.raises(wheelhouse_io.ImportRefused):
-        wheelhouse_io.import_dir(usb)
+    with pytest.raises(wheelhouse_import.ImportRefused):
+        wheelhouse_import.import_dir(usb)
     assert sorted(p.name for p in head.iterdir()) == [keys[0]]
     assert [p.name for p in (head / keys[0] / "files").iterdir()] == ["partial.whl"]
 
@@ -359,19 +359,20 @@ def test_an_interrupted_download_is_replaced_a_complete_other_build_kept(tmp_pat
     (head / keys[0] / "files" / "partial.whl").write_bytes(b"half")
     other = fake_wheelhouse(tmp_path / "other", ["pkg1==1.0", "six==1.16.0"], "3.11", seed="built later")
     shutil.copytree(other.dir.parent, head / keys[1])
-    report = wheelhouse_io.import_dir(usb)
+    report = wheelhouse_import.import_dir(usb)
     assert {w.entry.key: w.status for w in report.wheelhouses} == {keys[0]: "replaced", keys[1]: "kept"}
-    assert wheelhouse_io.cache_entry(keys[0]) is not None and not (head / keys[0] / "files" / "partial.whl").exists()
-    assert wheelhouse_io.cache_entry(keys[1]).files == other.files  # type: ignore[union-attr]
-    report = wheelhouse_io.import_dir(usb, replace=True)
+    assert wheelhouse_export.cache_entry(keys[0]) is not None
+    assert not (head / keys[0] / "files" / "partial.whl").exists()
+    assert wheelhouse_export.cache_entry(keys[1]).files == other.files  # type: ignore[union-attr]
+    report = wheelhouse_import.import_dir(usb, replace=True)
     assert {w.entry.key: w.status for w in report.wheelhouses} == {keys[0]: "present", keys[1]: "replaced"}
-    assert wheelhouse_io.cache_entry(keys[1]).files != other.files  # type: ignore[union-attr]
+    assert wheelhouse_export.cache_entry(keys[1]).files != other.files  # type: ignore[union-attr]
     assert sorted(p.name for p in head.iterdir()) == sorted(keys)
 
 
 def test_an_export_cut_short_or_from_elsewhere_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     usb, keys = exported(tmp_path, monkeypatch)
-    manifest = usb / wheelhouse_io.EXPORT_MANIFEST
+    manifest = usb / wheelhouse_export.EXPORT_MANIFEST
     doc = json.loads(manifest.read_text())
     cases: list[tuple[dict[str, Any] | None, str]] = [
         (None, "no manifest.json"),
@@ -399,16 +400,16 @@ def test_an_export_cut_short_or_from_elsewhere_is_exit_2(tmp_path: Path, monkeyp
                "files": {(bad + r[16:] if r.startswith(keys[0]) else r): m for r, m in doc["files"].items()}}
     manifest.write_text(json.dumps(renamed))
     with pytest.raises(UsageError) as e:
-        wheelhouse_io.import_dir(usb)
+        wheelhouse_import.import_dir(usb)
     assert "built by another clusterctl version" in e.value.message
     assert_nothing_imported(tmp_path)
 
 
 def test_import_needs_room_and_says_how_much(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     usb, _ = exported(tmp_path, monkeypatch)
-    monkeypatch.setattr(wheelhouse_io, "ROOM_MARGIN", 1 << 60)
+    monkeypatch.setattr(wheelhouse_import, "ROOM_MARGIN", 1 << 60)
     with pytest.raises(ClusterError) as e:
-        wheelhouse_io.import_dir(usb)
+        wheelhouse_import.import_dir(usb)
     assert "MiB free, the import needs" in e.value.message and e.value.exit_code == errors.EXIT_FAILED
     assert [p.name for p in (tmp_path / "head").iterdir()] == []
 
@@ -420,9 +421,9 @@ def test_export_refuses_a_damaged_cache_and_an_empty_one(tmp_path: Path, cache: 
     f = next(wh.dir.iterdir())
     f.write_bytes(bytes(b ^ 1 for b in f.read_bytes()))  # same size: only the sha256 tells
     with pytest.raises(ClusterError) as e:
-        wheelhouse_io.export(tmp_path / "usb")
+        wheelhouse_export.export(tmp_path / "usb")
     assert str(f) in e.value.message and "the cache is damaged" in e.value.message
-    assert not (tmp_path / "usb" / wheelhouse_io.EXPORT_MANIFEST).exists()
+    assert not (tmp_path / "usb" / wheelhouse_export.EXPORT_MANIFEST).exists()
     rc, _, err = main("wheelhouse", "export", str(cache / "inside"))
     assert rc == errors.EXIT_USAGE and "overlap" in err
 
@@ -433,8 +434,8 @@ def test_export_of_an_inventory_takes_its_wheelhouses_only(tmp_path: Path, cache
     rc, _, err = main("wheelhouse", "export", str(tmp_path / "usb"), str(inv), "--facts", str(ff))
     assert rc == errors.EXIT_FAILED and "not in the wheelhouse cache" in err and "wheelhouse build" in err
     hosts = list(loader.load(inv).hosts.values())
-    nf, out = wheelhouse_io.facts_file(ff, hosts)
-    (s,) = wheelhouse_io.select(loader.load(inv), hosts, nf, out).sets
+    nf, out = wheelhouse_plan.facts_file(ff, hosts)
+    (s,) = wheelhouse_plan.select(loader.load(inv), hosts, nf, out).sets
     fake_wheelhouse(cache, list(s.requirements), s.python, s.index)
     fake_wheelhouse(cache, ["six==1.16.0"], "3.11")  # another lab's: not exported
     rc, out_, err = main("wheelhouse", "export", str(tmp_path / "usb"), str(inv), "--facts", str(ff), "--json")
@@ -460,7 +461,7 @@ def test_any_damaged_manifest_is_exit_1_or_2_never_a_traceback(tmp_path_factory:
     mp = pytest.MonkeyPatch()
     try:
         usb, keys = exported(tmp, mp, n=1)
-        manifest = usb / wheelhouse_io.EXPORT_MANIFEST
+        manifest = usb / wheelhouse_export.EXPORT_MANIFEST
         doc = json.loads(manifest.read_text())
         rel = next(r for r in doc["files"] if r.endswith(".whl"))
         if path == "file-meta":
@@ -523,10 +524,10 @@ def test_every_action_has_help_and_json() -> None:
 
 def test_planned_and_facts_types_are_what_provision_uses() -> None:
     """The facts made for `--for` targets read as a node's facts do (node_gpus, the Python minor)."""
-    inv, facts = wheelhouse_io.target_inventory(wheelhouse_io.parse_targets(["py3.12,cc8.6@550.54.14"]))
+    inv, facts = wheelhouse_plan.target_inventory(wheelhouse_plan.parse_targets(["py3.12,cc8.6@550.54.14"]))
     (h,) = inv.hosts.values()
     assert isinstance(facts[h.name], NodeFacts)
     assert apply.node_gpus(h, facts[h.name]) == [{"name": "a GPU of compute capability 8.6",
                                                   "compute_capability": "8.6", "driver": "550.54.14"}]
-    sel = wheelhouse_io.select(inv, [h], facts)
+    sel = wheelhouse_plan.select(inv, [h], facts)
     assert [s.python for s in sel.sets] == ["3.12"]
