@@ -16,48 +16,28 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import shlex
 import shutil
-import signal
-import socket
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from cluster.errors import LabError, UsageError
 from cluster.lab import slurm as lab_slurm
-from cluster.lab.net import kill_netns as _kill_netns
-from cluster.lab.net import answers, links, netns_list, sh, start_gateway_links, start_links, subnet_in_use
+from cluster.lab.net import (ANY_LAB, answers, kill_netns, links, netns_list, sh, start_gateway_links, start_links,
+                             subnet_in_use)
+from cluster.lab.processes import alive
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
-from cluster.lab.state import LabState, NodeState, NodeStatus, default_dir, load_state, save_state, state_path
+from cluster.lab.slurm_conf import login_address
+from cluster.lab.sshd import HOME_POINT, MOUNT_POINT, SSHD, SSHD_CONFIG, keygen, start_sshd, wait_listening
+from cluster.lab.state import (LabState, NodeState, NodeStatus, default_dir, load_state, probe_ns, save_state,
+                               state_path)
 
-__all__ = ["MOUNT_POINT", "NAME_RE", "RATE_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down",
-           "load_state", "preflight", "restart_sshd", "state_path", "status", "stop_sshd", "up"]
+__all__ = ["NAME_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "down", "labs_here", "leftovers",
+           "load_state", "preflight", "state_path", "status", "up"]
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
+NAME_RE = re.compile(rf"^{ANY_LAB}\Z")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
-SSHD = "/usr/sbin/sshd"
-MOUNT_POINT = Path("/srv/cluster")
-HOME_POINT = Path("/srv/clusterctl-home")  # each node's own home directory is mounted here, in its namespace
-SSHD_CONFIG = """\
-# sshd for one node of a clusterctl simulated lab (written by `clusterctl lab up`)
-Port 22
-AuthorizedKeysFile {authorized_keys} .ssh/authorized_keys
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-# The lab directory may sit under a group-writable tree; keys are ours, made 0600.
-StrictModes no
-UseDNS no
-PrintMotd no
-MaxStartups 200:30:400
-MaxSessions 64
-Subsystem sftp internal-sftp
-"""
 
 
 def preflight() -> None:
@@ -89,11 +69,6 @@ def _validate(name: str, nodes: int, subnet: str, gateway: bool = False) -> ipad
     return net
 
 
-def _keygen(path: Path, comment: str) -> None:
-    if not path.exists():
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path))
-
-
 def _check_up(nodes: int, name: str, subnet: str, bandwidth: str | None, cpu_quotas: list[float] | None,
               uplink: str | None, gateway: bool = False) -> ipaddress.IPv4Network:
     """Refuse bad arguments before anything is created."""
@@ -115,7 +90,7 @@ def _prepare_dir(d: Path, name: str) -> None:
     """The lab's directory: its login key (authorized on every node) and the nodes' sshd_config."""
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
-    _keygen(d / "id_ed25519", f"clusterctl-lab-{name}")
+    keygen(d / "id_ed25519", f"clusterctl-lab-{name}")
     shutil.copyfile(d / "id_ed25519.pub", d / "authorized_keys")
     (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
     MOUNT_POINT.mkdir(parents=True, exist_ok=True)
@@ -168,7 +143,7 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
             state.nodes.append(node)
             _start_node(state, node, net.prefixlen, None if cpu_quotas is None else cpu_quotas[i - 1], i - 1)
         for node in state.nodes:
-            _wait_listening(node, state.jump.netns if state.jump else None)
+            wait_listening(node, probe_ns(state))
         if slurm:
             _start_slurm(state, net)
     except BaseException:
@@ -189,20 +164,20 @@ def _start_gateway(state: LabState, net: ipaddress.IPv4Network) -> None:
                      hostname="gateway", dir=str(Path(state.dir) / "gateway"))
     state.jump = jump
     start_gateway_links(jump, state.bridge, state.gateway, net.prefixlen, str(head_end))
-    _start_sshd(jump, Path(state.dir))
-    _wait_listening(jump)
+    start_sshd(jump, Path(state.dir))
+    wait_listening(jump)
 
 
 def _start_slurm(state: LabState, net: ipaddress.IPv4Network) -> None:
     """--slurm: the login node (netns <name>-sl at the subnet's .10, its own sshd and host key, the nodes'
     login user; not a compute node), then the lab's Slurm (cluster.lab.slurm) with it."""
     login = NodeState(name="login", netns=f"{state.name}-sl", veth=f"{state.name}-vs",
-                      address=lab_slurm.login_address(net), hostname="login", dir=str(Path(state.dir) / "login"))
+                      address=login_address(net), hostname="login", dir=str(Path(state.dir) / "login"))
     start_links(login, state.bridge, net.prefixlen)
     if state.bandwidth:
         shape_link(login.netns, login.veth, state.bandwidth)
-    _start_sshd(login, Path(state.dir), state.user)
-    _wait_listening(login, state.jump.netns if state.jump else None)
+    start_sshd(login, Path(state.dir), state.user)
+    wait_listening(login, probe_ns(state))
     lab_slurm.start(state, login, sys.executable)
 
 
@@ -211,137 +186,12 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
     start_links(node, state.bridge, prefix)
     if state.bandwidth:
         shape_link(node.netns, node.veth, state.bandwidth)
-    pid = _start_sshd(node, Path(state.dir), state.user, lab=state.name)
+    pid = start_sshd(node, Path(state.dir), state.user, lab=state.name)
     if quota is not None:
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
         limit_cpu(state.name, node.name, pid, core, quota)
         node.cpu, node.cpu_quota = str(core), quota
-
-
-def _accounts(nd: Path, user: str, home: Path, again: bool = False) -> list[tuple[Path, Path]]:
-    """The node's own /etc/passwd (the login user's home: `home`), and for a user other than root its own
-    /etc/group, /etc/shadow (no password: keys only) and /etc/sudoers.d (NOPASSWD for that user), written
-    beside the node and mounted over the host's in the node's namespace only: (file, mount point) pairs.
-    The head's Python may live under /root (pyenv), which is 0700: its folder is shown in a /root of the
-    node's own, so that a python_env: existing run as that user finds it.
-    `again`: the node powering on from its own namespace (a magic packet), where /etc is already the node's:
-    the files written at `lab up` are mounted as they are."""
-    again = again and (nd / "passwd").exists()
-    if user == "root":
-        if not again:
-            (nd / "passwd").write_text(_passwd_with_home(Path("/etc/passwd").read_text(), "root", str(HOME_POINT)))
-        return [(nd / "passwd", Path("/etc/passwd"))]
-    if not again:
-        _write_accounts(nd, user, home)
-    mounts = [(nd / "passwd", Path("/etc/passwd")), (nd / "group", Path("/etc/group")),
-              (nd / "shadow", Path("/etc/shadow")), (nd / "sudoers.d", Path("/etc/sudoers.d"))]
-    pyenv = Path("/root/.pyenv")
-    if pyenv.is_dir():
-        view = nd / "rootview"
-        (view / ".pyenv").mkdir(parents=True, exist_ok=True)
-        view.chmod(0o755)
-        mounts += [(pyenv, view / ".pyenv"), (view, Path("/root"))]
-    return mounts
-
-
-def _write_accounts(nd: Path, user: str, home: Path) -> None:
-    """A non-root login user's files for the node (see _accounts), from this machine's own."""
-    passwd = Path("/etc/passwd").read_text()
-    if not Path("/etc/sudoers.d").is_dir() or not shutil.which("sudo"):
-        raise LabError("--user needs sudo on this machine (the nodes share its /usr)", "apt-get install sudo")
-    taken = {int(line.split(":")[2]) for line in passwd.splitlines() if line.count(":") >= 6}
-    uid = next(u for u in range(20000, 60000) if u not in taken)
-    if any(line.split(":")[0] == user for line in passwd.splitlines()):
-        raise UsageError(f"--user {user}: this machine has a user {user!r} already (the nodes share its accounts)",
-                         "pick a name this machine does not have, e.g. --user student")
-    (nd / "passwd").write_text(passwd + f"{user}:x:{uid}:{uid}::{HOME_POINT}:/bin/bash\n")
-    (nd / "group").write_text(Path("/etc/group").read_text() + f"{user}:x:{uid}:\n")
-    (nd / "shadow").write_text(Path("/etc/shadow").read_text() + f"{user}:*:19700:0:99999:7:::\n")
-    (nd / "shadow").chmod(0o640)
-    sudoers = nd / "sudoers.d"
-    if sudoers.exists():
-        shutil.rmtree(sudoers)
-    shutil.copytree("/etc/sudoers.d", sudoers)
-    (sudoers / "clusterctl-lab").write_text(f"{user} ALL=(ALL) NOPASSWD: ALL\n")
-    (sudoers / "clusterctl-lab").chmod(0o440)
-    sudoers.chmod(0o755)
-    # sshd reads a user's keys as that user: the lab's key, in the home it can read (the lab folder is 0700)
-    (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
-    shutil.copyfile(nd.parent / "authorized_keys", home / ".ssh" / "authorized_keys")
-    for p in (home, *home.rglob("*")):
-        os.chown(p, uid, uid)
-
-
-def _start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None, again: bool = False) -> int:
-    """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts, home and accounts);
-    returns its pid. `again`: its accounts as `lab up` wrote them (see _accounts)."""
-    nd = Path(node.dir)
-    (nd / "srv").mkdir(parents=True, exist_ok=True)
-    _keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
-    pidfile = nd / "sshd.pid"
-    pidfile.unlink(missing_ok=True)
-    # A PC of its own: its home directory (root's, in this node's copy of /etc/passwd), with a fresh shell's
-    # ~/.bashrc (the head's, with pyenv or conda, would run before every command), so that a workdir in
-    # the login directory is the node's own, not one folder shared by every node.
-    home = nd / "home"
-    home.mkdir(exist_ok=True)
-    (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
-    mounts = _accounts(nd, user, home, again)
-    if lab is not None:  # a node (not the gateway nor a login node): its power switch is the lab's
-        from cluster.lab.switch import power_bin
-
-        mounts += power_bin(node, lab, d)
-    # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
-    (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
-                              "::1\tlocalhost ip6-localhost ip6-loopback\n")
-    q = shlex.quote
-    script = (
-        f"hostname {q(node.hostname)} && mount --bind {q(str(nd / 'srv'))} {q(str(MOUNT_POINT))} && "
-        f"mount --bind {q(str(home))} {q(str(HOME_POINT))} && "
-        + "".join(f"mount --rbind {q(str(src))} {q(str(dst))} && " for src, dst in mounts) +  # rbind: the view's .pyenv
-        f"mount --bind {q(str(nd / 'hosts'))} /etc/hosts && "
-        f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
-        f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
-    )
-    sh("ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
-        "sh", "-c", script)
-    for _ in range(100):
-        if pidfile.exists() and pidfile.read_text().strip():
-            node.pid = int(pidfile.read_text())
-            return node.pid
-        time.sleep(0.05)
-    raise LabError(f"sshd of {node.name} did not start; see {nd / 'sshd.log'}")
-
-
-def _answers(address: str, via: str | None, timeout: float) -> bool:
-    """Port 22 of `address` open, from the head or (a gateway lab's nodes) from the gateway's namespace."""
-    if via:
-        return answers(via, address, 22, timeout)
-    try:
-        with socket.create_connection((address, 22), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _passwd_with_home(passwd: str, user: str, home: str) -> str:
-    """/etc/passwd with `user`'s home directory (the sixth field) replaced."""
-    lines = []
-    for line in passwd.splitlines():
-        parts = line.split(":")
-        if len(parts) == 7 and parts[0] == user:
-            parts[5] = home
-        lines.append(":".join(parts))
-    return "\n".join(lines) + "\n"
-
-
-def _wait_listening(node: NodeState, via: str | None = None, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not _answers(node.address, via, 1.0):
-        if time.monotonic() > deadline:
-            raise LabError(f"{node.name} ({node.address}) does not answer on port 22")
-        time.sleep(0.05)
 
 
 def _write_known_hosts(state: LabState) -> None:
@@ -400,7 +250,7 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
         raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
     removed: list[str] = lab_slurm.stop(name)  # slurmctld and munged live on the head, not in a namespace
     for ns in netns_list(name):
-        _kill_netns(ns)
+        kill_netns(ns)
         sh("ip", "netns", "del", ns, check=False)
         removed.append(f"netns {ns}")
     for link in links(name):
@@ -433,70 +283,13 @@ def labs_here() -> dict[str, list[str]]:
 
 
 def status(name: str = "lab", directory: Path | None = None) -> tuple[LabState | None, list[NodeStatus]]:
+    """Each node's namespace, sshd and port 22, and a --slurm lab's login node's (its Slurm: lab_slurm.status)."""
     state = load_state(name, directory)
     if state is None:
         return None, []
     present = set(netns_list(name))
     rows = []
-    for n in state.nodes:
-        alive = n.pid is not None and _pid_alive(n.pid)
-        port = _answers(n.address, state.jump.netns if state.jump else None, 0.5)
-        rows.append(NodeStatus(n.name, n.address, n.netns in present, alive, port, n.power))
-    if state.slurm:  # the login node's sshd; its Slurm part: lab_slurm.status
-        lg = state.slurm.login
-        rows.append(NodeStatus(lg.name, lg.address, lg.netns in present, lg.pid is not None and _pid_alive(lg.pid),
-                               _answers(lg.address, state.jump.netns if state.jump else None, 0.5)))
+    for n in [*state.nodes, *([state.slurm.login] if state.slurm else [])]:
+        rows.append(NodeStatus(n.name, n.address, n.netns in present, n.pid is not None and alive(n.pid),
+                               answers(probe_ns(state), n.address, 22, 0.5), n.power))
     return state, rows
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------- failure injection (tests, teaching)
-
-
-def stop_sshd(state: LabState, node: str) -> None:
-    """Stop one node's sshd (the PC is 'off' for SSH; its namespace stays)."""
-    n = _node(state, node)
-    if n.pid and _pid_alive(n.pid):
-        os.kill(n.pid, signal.SIGTERM)
-        for _ in range(100):
-            if not _pid_alive(n.pid):
-                break
-            time.sleep(0.02)
-
-
-def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None:
-    """Start a node's sshd again; with `new_host_key`, as if the PC had been reinstalled."""
-    n = _node(state, node)
-    stop_sshd(state, node)
-    if new_host_key:
-        for suffix in ("", ".pub"):
-            (Path(n.dir) / f"hostkey{suffix}").unlink(missing_ok=True)
-    _start_sshd(n, Path(state.dir), state.user, lab=state.name)
-    if state.slurm:  # a new sshd, a new mount namespace: the lab's /etc/slurm and shared folder again
-        lab_slurm.mount_into(state, n)
-    _wait_listening(n, state.jump.netns if state.jump else None)
-    save_state(state)
-
-
-def start_node_sshd(state: LabState, node: NodeState) -> None:
-    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers; on a --slurm lab
-    its slurmd too. Also run from the node's own namespaces (its Wake-on-LAN listener)."""
-    _start_sshd(node, Path(state.dir), state.user, lab=state.name, again=True)
-    _wait_listening(node, state.jump.netns if state.jump else None)
-    if state.slurm:
-        lab_slurm.mount_into(state, node)
-        lab_slurm.restart_slurmd(state, node.name)
-
-
-def _node(state: LabState, node: str) -> NodeState:
-    for n in state.nodes:
-        if n.name == node:
-            return n
-    raise UsageError(f"lab {state.name} has no node {node!r}", f"use one of {[n.name for n in state.nodes]}")

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import time
 
@@ -65,11 +66,17 @@ def start_gateway_links(jump: NodeState, bridge: str, inner: str, prefix: int, o
     sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
 
 
-def answers(ns: str, address: str, port: int = 22, timeout: float = 1.0) -> bool:
-    """Whether address:port accepts a TCP connection as seen from inside namespace `ns` (the gateway's:
-    the head has no route to a gateway lab's nodes)."""
+def answers(ns: str | None, address: str, port: int = 22, timeout: float = 1.0) -> bool:
+    """Whether address:port accepts a TCP connection as seen from the head (`ns` None) or from inside namespace
+    `ns` (the gateway's: the head has no route to a gateway lab's nodes)."""
     import sys
 
+    if ns is None:
+        try:
+            with socket.create_connection((address, port), timeout=timeout):
+                return True
+        except OSError:
+            return False
     probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3]))"
     return sh("ip", "netns", "exec", ns, sys.executable, "-c", probe, address, str(port), str(timeout),
               check=False).returncode == 0

@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.errors import LabError, UsageError
+from cluster.errors import LabError
 from cluster.lab.net import kill_netns, sh
-from cluster.lab.state import LabState, NodeState, load_state, save_state
+from cluster.lab.state import LabState, NodeState, find_node, load_state, save_state
 
 WOL_PORT = 9
 def mac_of(node: NodeState) -> str:
@@ -47,18 +47,10 @@ def _record(state: LabState, node: NodeState, **fields: object) -> None:
         save_state(current)
 
 
-def _node(state: LabState, which: str) -> NodeState:
-    name = f"node{which}" if which.isdigit() else which
-    for n in state.nodes:
-        if n.name == name:
-            return n
-    raise UsageError(f"lab {state.name} has no node {which!r}", f"use one of {[n.name for n in state.nodes]}")
-
-
 def power_off(state: LabState, which: str) -> NodeState:
     """Switch a node off from the head: every process in its namespace ends (sshd, its sessions, training,
     slurmd); a Wake-on-LAN listener for its MAC takes their place. Off already: nothing changes."""
-    node = _node(state, which)
+    node = find_node(state, which)
     if node.power == "off":
         return node
     mac = mac_of(node)
@@ -81,9 +73,9 @@ def power_off(state: LabState, which: str) -> NodeState:
 
 def power_on(state: LabState, which: str) -> NodeState:
     """Switch a node on (the power button): its sshd starts as at boot. On already: nothing changes."""
-    from cluster.lab import lifecycle
+    from cluster.lab import sshd
 
-    node = _node(state, which)
+    node = find_node(state, which)
     if node.power != "off":
         return node
     if node.listener:
@@ -91,7 +83,7 @@ def power_on(state: LabState, which: str) -> NodeState:
             os.kill(node.listener, 15)
         except ProcessLookupError:
             pass
-    lifecycle.start_node_sshd(state, node)
+    sshd.start_node_sshd(state, node)
     _record(state, node, pid=node.pid, power="on", listener=None)
     return node
 
@@ -99,7 +91,7 @@ def power_on(state: LabState, which: str) -> NodeState:
 def switch_off(state: LabState, which: str) -> None:
     """The node's own poweroff (its switch script, run on the node): every other process of its namespace
     ends, and this one stays as the listener for its magic packet."""
-    node = _node(state, which)
+    node = find_node(state, which)
     mac = mac_of(node)
     kill_netns(node.netns, spare=os.getpid())
     _record(state, node, pid=None, power="off", listener=os.getpid())
@@ -134,7 +126,7 @@ def listen(node_name: str, lab: str, lab_dir: str, mac: str) -> None:
     state = load_state(lab, Path(lab_dir))
     if state is None:
         raise LabError(f"lab {lab} is gone ({lab_dir})")
-    node = _node(state, node_name)
+    node = find_node(state, node_name)
     node.listener = None  # this process: power_on must not signal it
     power_on(state, node_name)
 

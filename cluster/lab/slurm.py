@@ -29,33 +29,22 @@ from pathlib import Path
 
 from cluster.errors import LabError, UsageError
 from cluster.lab.net import sh
-from cluster.lab.state import LabState, NodeState, SlurmState
-
-__all__ = ["CLUSTER", "CPUS", "PARTITION", "SHARED_POINT", "SlurmNode", "SlurmStatus", "client", "crash_node",
-           "ctld_port", "login_address", "mount_into", "node_states", "preflight", "render_cgroup_conf",
-           "render_slurm_conf", "restart_slurmd", "start", "status", "stop"]
+from cluster.lab.processes import alive, kill, marked, tree
+from cluster.lab.slurm_conf import (PARTITION, SLURMD_POINT, SLURMD_PORT, ctld_port, render_cgroup_conf,
+                                    render_slurm_conf)
+from cluster.lab.state import LabState, NodeState, SlurmState, find_node, probe_ns, save_state
 
 CLUSTER = "slurm"  # the cluster's name in the lab's inventory: `clusterctl launch JOB --on slurm`
-PARTITION = "debug"
-CPUS = 2  # per compute node: bookkeeping only (no confinement, no pinning), whatever the host has
 SHARED_POINT = Path("/srv/slurm-shared")  # the shared folder, at the same path in the login and compute nodes
-SLURMD_POINT = Path("/srv/clusterctl-slurmd")  # each compute node's own slurmd spool, pid and log
 ETC_SLURM = Path("/etc/slurm")  # where clients look by default; the lab's folder is mounted there in the PCs
 RUN_ROOT = Path("/run/clusterctl-lab")  # world-traversable: the munge socket and the job completion file
-SLURMD_PORT = 6818  # each slurmd in its own network namespace: no clash between nodes or labs
 MARK = "CLUSTERCTL_SLURM_LAB"
+PLAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # what the lab's Slurm programs run with
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "sinfo", "squeue", "sacct",
             "scontrol", "nsenter")
 INSTALL = "apt-get install slurmctld slurmd slurm-client munge"
 USABLE = ("idle", "mixed", "allocated", "completing")  # sinfo %T of a node that runs jobs
 UP_TIMEOUT = 30.0  # daemons up and every node idle (well under a second on 2 shared cores)
-
-CGROUP_CONF = """\
-# cgroup.conf of a clusterctl simulated lab (written by `clusterctl lab up --slurm`)
-# Slurm 22.05 always loads a cgroup plugin; the nodes see no /sys/fs/cgroup of their own, and with
-# proctrack/linuxproc and task/none nothing is confined: CPU counts are bookkeeping only.
-CgroupPlugin=cgroup/v1
-"""
 
 
 @dataclass
@@ -89,91 +78,13 @@ def preflight() -> None:
         raise LabError(f"{ETC_SLURM} does not exist (slurm-wlm's packages make it)", INSTALL)
 
 
-def login_address(net: ipaddress.IPv4Network) -> str:
-    """The login node's address: the subnet's .10, below the nodes (.11+) and apart from a gateway's."""
-    return str(list(net.hosts())[9])
-
-
-def ctld_port(net: ipaddress.IPv4Network) -> int:
-    """slurmctld's port on the head, from the lab's subnet (labs have subnets of their own), moved past any
-    port already taken."""
-    base = 20000 + (int(net.network_address) >> (32 - net.prefixlen)) % 20000
-    for port in range(base, base + 50):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise LabError(f"no free port for slurmctld in {base}-{base + 49}", "free one, or use another --subnet")
-
-
-def render_slurm_conf(*, name: str, ctld_host: str, ctld_addr: str, ctld_port: int, munge_socket: str,
-                      slurm_dir: str, jobcomp: str, nodes: list[tuple[str, str]], cpus: int = CPUS,
-                      partition: str = PARTITION) -> str:
-    """slurm.conf of the lab: one controller, `nodes` (name, address) in one default partition."""
-    node_lines = "".join(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN\n" for n, a in nodes)
-    return f"""\
-# slurm.conf of clusterctl simulated lab '{name}' (written by `clusterctl lab up --slurm`)
-ClusterName={name}
-# NOTE: no CommunicationParameters=NoCtldInAddrAny: slurmctld would bind to what the head's name resolves to
-SlurmctldHost={ctld_host}({ctld_addr})
-SlurmctldPort={ctld_port}
-SlurmdPort={SLURMD_PORT}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket}
-StateSaveLocation={slurm_dir}/ctld
-SlurmctldPidFile={slurm_dir}/slurmctld.pid
-SlurmctldLogFile={slurm_dir}/slurmctld.log
-SlurmctldDebug=info
-# each compute node's own folder (mounted there in its namespace)
-SlurmdSpoolDir={SLURMD_POINT}/spool
-SlurmdPidFile={SLURMD_POINT}/slurmd.pid
-SlurmdLogFile={SLURMD_POINT}/slurmd.log
-SlurmdDebug=info
-# the configured CPUs win over what the (shared) host really has
-SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-# no slurmdbd: `sacct -c` reads one line per finished job from this file
-JobCompType=jobcomp/filetxt
-JobCompLoc={jobcomp}
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-SwitchType=switch/none
-MpiDefault=none
-MailProg=/bin/true
-# a crashed node is DOWN after 25-33 s; a restarted slurmd brings it back
-SlurmdTimeout=20
-ReturnToService=2
-InactiveLimit=0
-KillWait=5
-MinJobAge=300
-{node_lines}PartitionName={partition} Nodes={','.join(n for n, _ in nodes)} Default=YES MaxTime=60 State=UP
-"""
-
-
-def render_cgroup_conf() -> str:
-    return CGROUP_CONF
-
-
-def _run_dir(name: str) -> Path:
-    return RUN_ROOT / name
-
-
 def _slurm_dir(state: LabState) -> Path:
     return Path(state.dir) / "slurm"
 
 
-def _env(name: str, **extra: str) -> dict[str, str]:
+def _env(name: str) -> dict[str, str]:
     """A daemon's environment: a plain PATH and the lab's mark (how `down` finds it again by name)."""
-    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", MARK: name, **extra}
+    return {**PLAIN_ENV, MARK: name}
 
 
 def _sh(*args: str, env: dict[str, str]) -> None:
@@ -201,12 +112,12 @@ def _uid(state: LabState) -> int:
 def start(state: LabState, login: NodeState, python: str = sys.executable) -> SlurmState:
     """Start the lab's Slurm, its nodes and `login` already up (their sshd pids known): the config, munged,
     slurmctld, one slurmd per compute node; returns once every node is idle in sinfo (bounded)."""
-    run, shared = _run_dir(state.name), Path(state.dir) / "shared"
+    run, shared = RUN_ROOT / state.name, Path(state.dir) / "shared"
     ctl = SlurmState(conf=str(_slurm_dir(state) / "etc" / "slurm.conf"), shared=str(shared),
                      shared_mount=str(SHARED_POINT), login=login, controller=state.gateway,
                      ctld_port=ctld_port(ipaddress.IPv4Network(state.subnet)), slurmd_port=SLURMD_PORT,
                      munge_socket=str(run / "munge" / "munge.socket"), jobcomp=str(run / "jobcomp.txt"),
-                     partition=PARTITION, python=python, via=state.jump.netns if state.jump else None)
+                     partition=PARTITION, python=python, via=probe_ns(state))
     state.slurm = ctl
     _prepare(state, ctl)
     ctl.munged_pid = _start_munged(state)
@@ -222,7 +133,7 @@ def start(state: LabState, login: NodeState, python: str = sys.executable) -> Sl
 def _prepare(state: LabState, ctl: SlurmState) -> None:
     """The folders (each reachable by who needs it), the shared folder (the login user's), the job
     completion file and the config."""
-    sd, run, shared = _slurm_dir(state), _run_dir(state.name), Path(ctl.shared)
+    sd, run, shared = _slurm_dir(state), RUN_ROOT / state.name, Path(ctl.shared)
     for p in (sd / "etc", sd / "nodes", run / "munge", shared / "clusterctl", SHARED_POINT, SLURMD_POINT):
         p.mkdir(parents=True, exist_ok=True)  # the two /srv ones: empty mount points on the host, like /srv/cluster
     shutil.rmtree(sd / "ctld", ignore_errors=True)  # a fresh cluster: no jobs of an earlier `up`
@@ -254,8 +165,7 @@ def _start_munged(state: LabState) -> int:
     key.chmod(0o600)
     pidfile = sd / "munged.pid"
     pidfile.unlink(missing_ok=True)
-    assert state.slurm is not None
-    _sh("munged", f"--key-file={key}", f"--socket={state.slurm.munge_socket}", f"--pid-file={pidfile}",
+    _sh("munged", f"--key-file={key}", f"--socket={_slurm_of(state).munge_socket}", f"--pid-file={pidfile}",
        f"--log-file={sd / 'munged.log'}", f"--seed-file={sd / 'munged.seed'}", env=_env(state.name))
     return _wait_pidfile(pidfile, "munged", sd / "munged.log")
 
@@ -264,14 +174,14 @@ def _start_slurmctld(state: LabState) -> int:
     """slurmctld on the head, in a mount namespace of its own where /etc/passwd and /etc/group are the PCs'
     (it refuses jobs of a uid it cannot name: the login user exists only on the PCs). --gateway: in the
     gateway PC's network namespace, the one with the controller's address on the lab's bridge."""
-    sd, login = _slurm_dir(state), state.slurm.login if state.slurm else None
-    assert state.slurm is not None and login is not None
+    sd, ctl = _slurm_dir(state), _slurm_of(state)
+    login = ctl.login
     pidfile = sd / "slurmctld.pid"
     pidfile.unlink(missing_ok=True)
     q = shlex.quote
     binds = "".join(f"mount --bind {q(str(Path(login.dir) / f))} /etc/{f} && "
                     for f in ("passwd", "group") if (Path(login.dir) / f).exists())
-    script = f"{binds}exec slurmctld -f {q(state.slurm.conf)}"
+    script = f"{binds}exec slurmctld -f {q(ctl.conf)}"
     via = ["nsenter", "-t", str(state.jump.pid), "-n"] if state.jump else []
     _sh(*via, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, env=_env(state.name))
     return _wait_pidfile(pidfile, "slurmctld", sd / "slurmctld.log")
@@ -310,30 +220,18 @@ def _wait_pidfile(pidfile: Path, what: str, log: Path, timeout: float = 10.0) ->
             pid = int(pidfile.read_text().strip() or 0)
         except (OSError, ValueError):
             pid = 0
-        if pid and _alive(pid):
+        if pid and alive(pid):
             return pid
         time.sleep(0.05)
     raise LabError(f"{what} did not start within {timeout:g} s", f"see {log}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a daemon that died but is not reaped yet is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def client(state: LabState, *argv: str, timeout: float = 30.0) -> str:
     """Run a Slurm client (sinfo, squeue, sacct, scontrol, ...) on the head against the lab's cluster, as
     root: its stdout. --gateway: from the gateway's network namespace (the head has no route to the bridge)."""
-    if state.slurm is None:
-        raise UsageError(f"lab {state.name} has no Slurm", f"`clusterctl lab up N --name {state.name} --slurm`")
-    via = ["ip", "netns", "exec", state.slurm.via] if state.slurm.via else []
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "SLURM_CONF": state.slurm.conf}
+    ctl = _slurm_of(state)
+    via = ["ip", "netns", "exec", ctl.via] if ctl.via else []
+    env = {**PLAIN_ENV, "SLURM_CONF": ctl.conf}
     try:
         proc = subprocess.run([*via, *argv], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -371,62 +269,27 @@ def status(state: LabState) -> SlurmStatus | None:
     ctl = state.slurm
     if ctl is None:
         return None
-    ctld = ctl.slurmctld_pid is not None and _alive(ctl.slurmctld_pid)
+    ctld = ctl.slurmctld_pid is not None and alive(ctl.slurmctld_pid)
     try:
         states = node_states(state) if ctld else {}
     except LabError:
         states = {}
-    rows = [SlurmNode(n.name, _slurmd_alive(state, n), states.get(n.name)) for n in state.nodes]
-    return SlurmStatus(ctl.munged_pid is not None and _alive(ctl.munged_pid), ctld, rows)
-
-
-def _slurmd_alive(state: LabState, node: NodeState) -> bool:
-    pid = state.slurm.slurmd_pids.get(node.name) if state.slurm else None
-    return pid is not None and _alive(pid)
-
-
-def _marked(name: str) -> list[int]:
-    """Processes started for lab `name` (its mark in their environment), wherever they run."""
-    want = f"{MARK}={name}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want in env:
-            pids.append(int(entry))
-    return pids
-
-
-def _kill(pids: list[int], timeout: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `timeout`; returns once all are gone (bounded)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.05)
-        if not any(_alive(p) for p in pids):
-            return
+    rows = [SlurmNode(n.name, n.name in ctl.slurmd_pids and alive(ctl.slurmd_pids[n.name]), states.get(n.name))
+            for n in state.nodes]
+    return SlurmStatus(ctl.munged_pid is not None and alive(ctl.munged_pid), ctld, rows)
 
 
 def stop(name: str) -> list[str]:
     """Stop lab `name`'s munged, slurmctld and slurmd (found by their mark, so a crashed lab's too) and
     remove its /run folder. Idempotent. The nodes' job tasks end with their namespaces (`lab down`)."""
     removed = []
-    pids = _marked(name)
+    pids = marked(f"{MARK}={name}")
     if pids:
         # NOTE: slurmctld takes ~3 s to exit on SIGTERM once it has run jobs; the lab's Slurm state is thrown
         # away (`up` starts a fresh cluster), so it gets a second, then SIGKILL
-        _kill(pids, timeout=1.0)
+        kill(pids, timeout=1.0)
         removed.append(f"slurm daemons {' '.join(map(str, sorted(pids)))}")
-    run = _run_dir(name)
+    run = RUN_ROOT / name
     if run.exists():
         shutil.rmtree(run, ignore_errors=True)
         removed.append(f"directory {run}")
@@ -439,58 +302,28 @@ def stop(name: str) -> list[str]:
 def crash_node(state: LabState, node: str) -> list[int]:
     """A crashed compute node, as Slurm sees one: its slurmd, slurmstepd and job tasks killed (SIGKILL), its
     sshd left alone. Returns the pids killed. slurmctld marks it DOWN after SlurmdTimeout (25-33 s)."""
-    n = _compute(state, node)
-    keep = _tree(n.pid) if n.pid else set()  # the sshd and its sessions: the PC is up, its Slurm is not
+    _slurm_of(state)
+    n = find_node(state, node)
+    keep = tree(n.pid) if n.pid else set()  # the sshd and its sessions: the PC is up, its Slurm is not
     ns_pids = [int(p) for p in sh("ip", "netns", "pids", n.netns, check=False).stdout.split()]
     victims = [p for p in ns_pids if p not in keep]
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(_alive(p) for p in victims):
-        time.sleep(0.05)
+    kill(victims, (signal.SIGKILL,), timeout=5.0)
     return victims
 
 
 def restart_slurmd(state: LabState, node: str) -> int:
     """Start a crashed node's slurmd again (ReturnToService=2 brings the node back); returns its pid."""
-    from cluster.lab.state import save_state
-
-    n = _compute(state, node)
-    assert state.slurm is not None
-    pid = state.slurm.slurmd_pids.get(n.name)
-    if pid and _alive(pid):
-        _kill([pid])
-    state.slurm.slurmd_pids[n.name] = _start_slurmd(state, n)
+    ctl, n = _slurm_of(state), find_node(state, node)
+    pid = ctl.slurmd_pids.get(n.name)
+    if pid and alive(pid):
+        kill([pid])
+    ctl.slurmd_pids[n.name] = _start_slurmd(state, n)
     save_state(state)
-    return state.slurm.slurmd_pids[n.name]
+    return ctl.slurmd_pids[n.name]
 
 
-def _compute(state: LabState, node: str) -> NodeState:
+def _slurm_of(state: LabState) -> SlurmState:
+    """The lab's Slurm, or the error that says the lab has none and how to start one that has."""
     if state.slurm is None:
         raise UsageError(f"lab {state.name} has no Slurm", f"`clusterctl lab up N --name {state.name} --slurm`")
-    for n in state.nodes:
-        if n.name == node:
-            return n
-    raise UsageError(f"lab {state.name} has no compute node {node!r}", f"use one of {[n.name for n in state.nodes]}")
-
-
-def _tree(root: int) -> set[int]:
-    """`root` and all its descendants (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    seen, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
-            seen.add(pid)
-            todo += children.get(pid, [])
-    return seen
+    return state.slurm

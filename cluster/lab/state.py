@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cluster import paths
+from cluster.errors import UsageError
 
 
 @dataclass
@@ -82,6 +83,21 @@ def load_state(name: str, directory: Path | None = None) -> LabState | None:
 
 def save_state(state: LabState) -> None:
     paths.write_atomic(Path(state.dir) / "lab.json", json.dumps(asdict(state), indent=2) + "\n")
+
+
+def find_node(state: LabState, which: str) -> NodeState:
+    """A node of the lab by name or number (node2 or 2), as the user names it on the command line."""
+    name = f"node{which}" if which.isdigit() else which
+    for n in state.nodes:
+        if n.name == name:
+            return n
+    raise UsageError(f"lab {state.name} has no node {which!r}", f"use one of {[n.name for n in state.nodes]}")
+
+
+def probe_ns(state: LabState) -> str | None:
+    """The namespace the head reaches the lab's bridge from: the gateway's in a --gateway lab (the head has no
+    route to it), else the head's own (None)."""
+    return state.jump.netns if state.jump else None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A lab node's power switch: its `poweroff`, `shutdown`, `halt` and `systemctl`, in its own mount namespace.
 
 The lab's nodes share this machine's /usr, so the real commands would switch off the machine itself. In
-each node's namespace a script of the lab's takes their place (mounted by lifecycle's sshd start); it runs
+each node's namespace a script of the lab's takes their place (mounted by cluster.lab.sshd's start); it runs
 `python -m cluster.lab.power switch NODE`, which powers off that node only (cluster.lab.power).
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.lab import lifecycle
+from cluster.lab import sshd
 from tests.conftest import ROOT
 from tests.integration.conftest import clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
@@ -227,11 +227,11 @@ def test_collect_while_running_after_stop_and_with_a_node_down(clab) -> None:
     for i, n in enumerate(state.nodes):
         assert {k: sha(home / "runs" / run_id / n.name / k) for k in node_files(state, i, run_id)} \
             == node_files(state, i, run_id)
-    lifecycle.stop_sshd(state, "node2")  # node2 is 'off'
+    sshd.stop_sshd(state, "node2")  # node2 is 'off'
     try:
         rc, down = clusterctl_json("collect", run_id, env=env, timeout=600)
     finally:
-        lifecycle.restart_sshd(state, "node2")
+        sshd.restart_sshd(state, "node2")
     by = {x["node"]: x for x in down["nodes"]}
     assert rc == 3 and by["node2"]["status"] == "unreachable" and by["node2"]["error"]
     assert by["node1"]["status"] == "ok" and by["node1"]["files"] > 0  # the others are collected all the same

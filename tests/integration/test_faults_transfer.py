@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pytest
 
 from cluster.runs import records
-from cluster.lab import lifecycle
+from cluster.lab import lifecycle, sshd
 from cluster.errors import TransportError
 from cluster.inventory.model import Host
 from cluster.transport.base import STALL_ENV
@@ -76,7 +76,7 @@ def _print_table(config: pytest.Config) -> None:
 def _host(state: lifecycle.LabState) -> Host:
     d, n = Path(state.dir), state.nodes[0]
     return Host(name=n.name, address=n.address, user="root", identity_file=str(d / "id_ed25519"),
-                known_hosts=str(d / "known_hosts"), workdir=str(lifecycle.MOUNT_POINT), python=sys.executable,
+                known_hosts=str(d / "known_hosts"), workdir=str(sshd.MOUNT_POINT), python=sys.executable,
                 connect_timeout=3)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from cluster.provision import diskspace
-from cluster.lab import lifecycle
+from cluster.lab import lifecycle, sshd
 from cluster.inventory import loader
 from cluster.nodes import health
 from cluster.nodes.fanout import Group
@@ -84,13 +84,13 @@ def test_exec_failure_and_limit(lab3) -> None:
 
 
 def test_stopped_sshd_is_unreachable_within_the_timeout_others_reported_in_full(lab3) -> None:
-    lifecycle.stop_sshd(lab3, "node2")
+    sshd.stop_sshd(lab3, "node2")
     try:
         start = time.monotonic()
         rc, data = clusterctl_json("check", lab3.inventory)
         wall = time.monotonic() - start
     finally:
-        lifecycle.restart_sshd(lab3, "node2")
+        sshd.restart_sshd(lab3, "node2")
     nodes = {n["host"]: n for n in data["nodes"]}
     assert rc != 0
     assert nodes["node2"]["status"] == "unreachable" and nodes["node2"]["facts"] is None
@@ -120,7 +120,7 @@ def test_silent_node_is_unreachable_after_the_connect_timeout(lab3) -> None:
 def test_changed_host_key_is_refused_with_its_fingerprint_then_fixed_as_told(lab3) -> None:
     node = lab3.nodes[2]
     kh = Path(lab3.dir, "known_hosts")
-    lifecycle.restart_sshd(lab3, node.name, new_host_key=True)  # as if the PC had been reinstalled
+    sshd.restart_sshd(lab3, node.name, new_host_key=True)  # as if the PC had been reinstalled
     new_fp = subprocess.run(["ssh-keygen", "-lf", str(Path(node.dir) / "hostkey.pub")], capture_output=True,
                             text=True, check=True).stdout.split()[1]
     rc, data = clusterctl_json("check", lab3.inventory)

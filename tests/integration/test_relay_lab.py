@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cluster.relay import distribute as relay
-from cluster.lab import lifecycle
+from cluster.lab import lifecycle, net, sshd
 from cluster.inventory import loader, model
 from cluster.nodes.fanout import Group
 from tests.conftest import ROOT
@@ -183,11 +183,11 @@ def test_relay_node_killed_mid_transfer_the_others_complete(rlab) -> None:
     part = node_dir(state, "node3", "w2") / ".big-1.0-py3-none-any.whl.part"
     wait_until(lambda: part_size(part) >= 3 << 20, 60, "node3 to be relaying the big file")
     victim = next(n for n in state.nodes if n.name == "node2")
-    lifecycle._kill_netns(victim.netns)  # the PC dies: its relay, its sshd, its fetch
+    net.kill_netns(victim.netns)  # the PC dies: its relay, its sshd, its fetch
     th.join(timeout=120)
     assert not th.is_alive()
     _, res = box["r"]
-    lifecycle.restart_sshd(state, "node2")
+    sshd.restart_sshd(state, "node2")
     assert res["node2"].status == "unreachable"
     assert res["node1"].ok and res["node3"].ok, {n: r.error for n, r in res.items()}
     for n in ("node1", "node3"):

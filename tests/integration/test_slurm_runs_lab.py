@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.lab import lifecycle
+from cluster.lab import lifecycle, sshd
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark, wait_until  # noqa: F401
 
 pytestmark = [pytestmark, pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists(),
@@ -131,7 +131,7 @@ def test_a_job_waiting_for_nodes_is_queued_with_slurms_reason_and_stops_while_qu
     say `queued` with Slurm's reason; `logs -f` following it is left with Ctrl-C (the job stays queued);
     `stop` while it is queued cancels it (`stopped`, never ran) and the first job goes on."""
     state, d, env = slab
-    from cluster.lab.slurm import CPUS
+    from cluster.lab.slurm_conf import CPUS
 
     rc, first = clusterctl_json("launch", "resnet50-ddp", "--on", "slurm", "--detach", "--set", "epochs=50",
                                 "--set", "threads=1", "--cpus-per-task", str(CPUS), env=env, timeout=300)
@@ -229,12 +229,12 @@ def test_a_login_node_that_wants_a_password_or_a_code_is_refused_with_the_fix(sl
     login = state.slurm.login
     lab = Path(state.dir)
     cfg = d / f"sshd-{methods.replace(',', '-')}"
-    text = lifecycle.SSHD_CONFIG.format(authorized_keys=lab / "authorized_keys").replace("Port 22", "Port 2200")
+    text = sshd.SSHD_CONFIG.format(authorized_keys=lab / "authorized_keys").replace("Port 22", "Port 2200")
     text = text.replace("PasswordAuthentication no", "PasswordAuthentication yes").replace(
         "KbdInteractiveAuthentication no", "KbdInteractiveAuthentication yes")
     cfg.write_text(text + f"AuthenticationMethods {methods}\n")
     pid = d / f"{cfg.name}.pid"
-    subprocess.run(["ip", "netns", "exec", login.netns, lifecycle.SSHD, "-f", str(cfg), "-h",
+    subprocess.run(["ip", "netns", "exec", login.netns, sshd.SSHD, "-f", str(cfg), "-h",
                     str(Path(login.dir) / "hostkey"), "-o", f"PidFile={pid}", "-o", f"ListenAddress={login.address}",
                     "-E", str(d / f"{cfg.name}.log")], check=True, timeout=30)
     try:

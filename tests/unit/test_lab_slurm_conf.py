@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.errors import LabError
-from cluster.lab import slurm, state
+from cluster.lab import slurm, slurm_conf, state
 
 
 def _conf(**kw: object) -> dict[str, str]:
@@ -18,7 +18,7 @@ def _conf(**kw: object) -> dict[str, str]:
                                    jobcomp="/run/clusterctl-lab/s1/jobcomp.txt",
                                    nodes=[("node1", "10.197.3.11"), ("node2", "10.197.3.12")])
     args.update(kw)
-    text = slurm.render_slurm_conf(**args)  # type: ignore[arg-type]
+    text = slurm_conf.render_slurm_conf(**args)  # type: ignore[arg-type]
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     keys: dict[str, str] = {}
     for ln in lines:
@@ -78,18 +78,18 @@ def test_every_compute_node_at_its_lab_address_in_the_one_default_partition() ->
 
 
 def test_cgroup_conf_names_the_v1_plugin() -> None:
-    lines = [ln for ln in slurm.render_cgroup_conf().splitlines() if ln and not ln.startswith("#")]
+    lines = [ln for ln in slurm_conf.render_cgroup_conf().splitlines() if ln and not ln.startswith("#")]
     assert lines == ["CgroupPlugin=cgroup/v1"]
 
 
 def test_the_login_node_sits_below_the_nodes_and_apart_from_a_gateway() -> None:
     net = ipaddress.IPv4Network("10.197.3.0/24")
-    assert slurm.login_address(net) == "10.197.3.10"  # nodes are .11+, a gateway .1 and the last /30
+    assert slurm_conf.login_address(net) == "10.197.3.10"  # nodes are .11+, a gateway .1 and the last /30
 
 
 def test_ports_differ_between_labs_of_other_subnets() -> None:
-    a = slurm.ctld_port(ipaddress.IPv4Network("10.197.3.0/24"))
-    b = slurm.ctld_port(ipaddress.IPv4Network("10.197.4.0/24"))
+    a = slurm_conf.ctld_port(ipaddress.IPv4Network("10.197.3.0/24"))
+    b = slurm_conf.ctld_port(ipaddress.IPv4Network("10.197.4.0/24"))
     assert a != b and all(20000 <= p < 40050 for p in (a, b))
 
 
