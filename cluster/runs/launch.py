@@ -4,7 +4,7 @@ torchx's shape: `prepare` returns the LaunchRequest that `launch --dry-run` prin
 and start command, nothing changed), and `execute` starts exactly that request. Every node is started
 by the node agent (cluster/agent/nodeagent.py) in a session of its own, so a run outlives the SSH
 connection that started it. What happens after the start (poll, judge, settle, refresh, follow, stop,
-logs) is cluster/runs/state.py; its names stay importable from here.
+logs) is cluster/runs/state.py.
 """
 from __future__ import annotations
 
@@ -24,16 +24,9 @@ from cluster.runs.jobs import JobSpec
 from cluster.runs.schema import JobError
 from cluster.runs.render import LaunchRequest
 from cluster.nodes.replies import agent_reply, error_tail
-from cluster.runs.state import (AGENT_STATES, FAILED_STATES, POLL_TIMEOUT_S, SILENT_STATES, UNREACHABLE_GRACE_S,
-                              NodeStatus, stop_and_record, follow, judge, logs, poll, refresh, settle, stop,
-                              stop_nodes)
+from cluster.runs.state import stop_and_record
 from cluster.transport import Transport
 
-__all__ = ["AGENT_STATES", "DEFAULT_PORTS", "FAILED_STATES", "POLL_TIMEOUT_S", "SILENT_STATES",
-           "UNREACHABLE_GRACE_S", "LaunchRequest", "NodeStatus", "agent_reply",
-           "execute", "follow", "judge", "launch", "logs", "poll", "prepare",
-           "refresh", "request_for", "require", "settle", "stop",
-           "stop_nodes"]
 
 START_TIMEOUT_S = 30.0  # the node agent's `start` forks and answers in well under a second
 DEFAULT_PORTS = {"torchrun": 29400, "tensorflow": 23456, "plain": 29500}  # per launcher

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from cluster.runs import launch, records, state
+from cluster.runs import records, state
 
 
 def follow(record: records.RunRecord, node: str | None = None, interval: float = 1.0,
@@ -17,7 +17,7 @@ def follow(record: records.RunRecord, node: str | None = None, interval: float =
     `unreachable` is kept equal to the nodes the last read could not reach."""
     offsets: dict[str, int] = {}
     while True:
-        got = launch.logs(record, node, offsets=offsets)
+        got = state.logs(record, node, offsets=offsets)
         if unreachable is not None:
             unreachable.clear()
             unreachable.update(getattr(got, "unreachable", ()))
@@ -27,5 +27,5 @@ def follow(record: records.RunRecord, node: str | None = None, interval: float =
                 yield name, line
         if state.stop_answered(record):  # ended, or the user's stop answered (a node may stay pending)
             return
-        record = launch.refresh(record)
+        record = state.refresh(record)
         sleep(interval)

@@ -96,7 +96,7 @@ class RunRecord:
     started: float | None = None
     ended: float | None = None
     failure: Failure | None = None
-    last_status: dict[str, dict[str, Any]] | None = None  # node -> launch.NodeStatus.to_dict()
+    last_status: dict[str, dict[str, Any]] | None = None  # node -> nodestatus.NodeStatus.to_dict()
     last_seen: dict[str, float] = field(default_factory=dict)  # node -> last time its agent answered
     stop_pending: list[str] = field(default_factory=list)  # nodes whose processes could not be confirmed gone
     stop_results: dict[str, Any] | None = None

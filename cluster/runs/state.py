@@ -18,10 +18,10 @@ import json
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cluster.runs import elastic, records, render
+from cluster.runs.nodestatus import FAILED_STATES, SILENT_STATES, NodeStatus, poll
 from cluster.errors import UsageError
 from cluster.nodes.fanout import Group
 from cluster.inventory.model import Host
@@ -30,11 +30,7 @@ from cluster.nodes.replies import agent_reply, error_tail
 # A node silent this long (since it last answered) fails the run: long enough for an old PC's sshd
 # under training load, short enough that the survivors are stopped within a minute (docs/reliability.md).
 UNREACHABLE_GRACE_S = 30.0
-POLL_TIMEOUT_S = 20.0  # one agent `status` call
 STOP_RETRY_S = 15.0  # between two stops sent to a node not yet confirmed stopped
-FAILED_STATES = ("failed", "vanished", "missing")  # as the node's agent reports them: final at once
-SILENT_STATES = ("unreachable", "unanswered")  # no (readable) answer: failed only after the grace
-AGENT_STATES = ("not started", "running", "stopping", "succeeded", "failed", "stopped", "vanished", "missing")
 
 
 def grace(record: records.RunRecord) -> float:
@@ -43,106 +39,6 @@ def grace(record: records.RunRecord) -> float:
     value = (record.settings or {}).get("silent_grace_s")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
         else UNREACHABLE_GRACE_S
-
-
-def _obj(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def _num(x: Any, kind: type = float) -> Any:
-    """x when it is a number (a whole one for kind=int), else None: agent replies are data from a node."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or (kind is int and not isinstance(x, int)):
-        return None
-    return x
-
-
-@dataclass
-class NodeStatus:
-    node: str
-    state: str  # agent state, or unreachable
-    epoch: int | None = None
-    step: int | None = None
-    loss: float | None = None
-    images_per_s: float | None = None
-    world: int | None = None
-    ranks: int = 0
-    exit_code: int | None = None
-    processes: int = 0
-    log: list[str] = field(default_factory=list)
-    error: str | None = None
-    ended: float | None = None
-    cpu_percent: float | None = None  # the run's processes on this node, last sample (100: one core busy)
-    rss_mb: float | None = None
-    traceback: list[str] = field(default_factory=list)  # a failed program's last Python traceback
-    failed_ranks: list[int] = field(default_factory=list)  # the global ranks torchrun's summary names
-    # from its programs' start record: the membership period (cluster/runs/elastic.py) and where they resumed
-    period: int | None = None
-    start_epoch: int | None = None
-    start_step: int | None = None
-
-    @classmethod
-    def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
-        """The agent's JSON, read defensively: a field of the wrong type is dropped, an unknown state is
-        `unanswered` (the grace applies), never an exception."""
-        state = doc.get("state")
-        if state not in AGENT_STATES:
-            return cls(node, "unanswered", error=f"unreadable agent reply (state {str(state)[:40]!r})")
-        log = doc.get("log")
-        exit_doc, metrics = _obj(doc.get("exit")), _obj(doc.get("metrics"))
-        s = cls(node, state, error=doc.get("error") if isinstance(doc.get("error"), str) else None,
-                log=[x for x in log if isinstance(x, str)] if isinstance(log, list) else [],
-                traceback=[x for x in doc["traceback"] if isinstance(x, str)] if isinstance(doc.get("traceback"), list)
-                else [],
-                failed_ranks=[x for x in doc["failed_ranks"] if isinstance(x, int) and not isinstance(x, bool)]
-                if isinstance(doc.get("failed_ranks"), list) else [],
-                processes=len(doc["processes"]) if isinstance(doc.get("processes"), list) else 0,
-                exit_code=_num(exit_doc.get("code"), int), ended=_num(exit_doc.get("ended")))
-        usage = _obj(doc.get("usage"))
-        s.cpu_percent, s.rss_mb = _num(usage.get("cpu_percent")), _num(usage.get("rss_mb"))
-        ranks = {int(k): _obj(v) for k, v in metrics.items() if isinstance(k, str) and k.isascii() and k.isdecimal()}
-        s.ranks = len(ranks)
-        if ranks:
-            recs = ranks[min(ranks)]  # the node's lowest rank speaks for it
-            last, end = _obj(recs.get("step")), _obj(recs.get("end"))
-            start = _obj(recs.get("start"))
-            s.world = _num(start.get("world"), int)
-            s.period, s.start_epoch = _num(start.get("period", 1), int), _num(start.get("start_epoch"), int)
-            s.start_step = _num(start.get("start_step"), int)
-            s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
-            s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
-        return s
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def poll(record: records.RunRecord, group: Group | None = None, lines: int = 20) -> dict[str, NodeStatus]:
-    """Every node's state, read by its agent (one bounded command per node).
-
-    A node that cannot be reached is `unreachable`; one whose agent does not answer in time or answers
-    something unreadable is `unanswered`: both get a grace time before they fail the run (see judge)."""
-    dirs = record.node_dirs()
-    asked = set(record.members()) | set(record.stop_pending)  # a dropped node only while its stop is pending
-    hosts = [h for h in record.hosts() if h.name in asked]
-
-    def ask(g: Group) -> dict[str, NodeStatus]:
-        res = g.run(lambda h: render.agent_command(h, "status", dirs[h.name], str(lines)), timeout=POLL_TIMEOUT_S,
-                    hosts=hosts)
-        out = {}
-        for h in hosts:
-            r = res[h.name]
-            doc = agent_reply(r.stdout)
-            if doc is not None and isinstance(doc.get("state"), str):
-                out[h.name] = NodeStatus.from_agent(h.name, doc)
-            else:
-                out[h.name] = NodeStatus(h.name, "unreachable" if r.status == "unreachable" else "unanswered",
-                                         error=r.error or error_tail(r.stderr) or "no answer")
-        return out
-
-    if group is not None:
-        return ask(group)
-    with Group(hosts) as g:
-        return ask(g)
 
 
 def judge(record: records.RunRecord, statuses: dict[str, NodeStatus], now: float | None = None) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import launch
+from cluster.runs import state as runstate
 from tests.conftest import ROOT
 from tests.integration.conftest import (clusterctl, clusterctl_json, procs_of, provisioned_lab,  # noqa: F401
                                         pytestmark, wait_until)
@@ -193,7 +193,7 @@ def test_a_frozen_sshd_costs_a_timeout_at_launch_not_a_hang(flab) -> None:
     finally:
         for p in sshd:
             os.kill(p, signal.SIGCONT)
-    assert launch.UNREACHABLE_GRACE_S <= 60
+    assert runstate.UNREACHABLE_GRACE_S <= 60
 
 
 # --------------------------------------------------------------------------- faults in the start phase

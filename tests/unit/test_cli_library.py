@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cluster.runs import collect, launch, logstream, records
+from cluster.runs import collect, logstream, records, state as runstate
 from cluster.schedulers import api
 from cluster.runs.collect import NodeCollect
 from cluster.errors import UsageError
@@ -85,15 +85,15 @@ def test_logstream_follows_until_the_run_is_no_longer_active(monkeypatch: pytest
         rec.state = next(states)
         return rec
 
-    monkeypatch.setattr(launch, "logs", fake_logs)
-    monkeypatch.setattr(launch, "refresh", fake_refresh)
+    monkeypatch.setattr(runstate, "logs", fake_logs)
+    monkeypatch.setattr(runstate, "refresh", fake_refresh)
     got = list(logstream.follow(record("r1", "running"), sleep=slept.append))
     assert got == [("a", "one"), ("a", "two"), ("b", "x"), ("a", "three"), ("a", "four")]
     assert reads == [{}, {"a": 8, "b": 2}, {"a": 14, "b": 2}] and slept == [1.0, 1.0]
 
 
 def test_logstream_of_an_ended_run_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "logs", lambda rec, node=None, offsets=None, lines=50: {"a": ("last\n", 5)})
-    monkeypatch.setattr(launch, "refresh", lambda rec: pytest.fail("an ended run is not asked again"))
+    monkeypatch.setattr(runstate, "logs", lambda rec, node=None, offsets=None, lines=50: {"a": ("last\n", 5)})
+    monkeypatch.setattr(runstate, "refresh", lambda rec: pytest.fail("an ended run is not asked again"))
     assert list(logstream.follow(record("r1"), "a", sleep=lambda s: pytest.fail("no wait"))) == [("a", "last")]
 

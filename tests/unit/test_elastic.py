@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cluster.runs.nodestatus import NodeStatus
 from cluster.runs import elastic, records, state
 
 
@@ -22,8 +23,8 @@ def rec(min_nodes: int = 2, nodes: int = 3, **kw: Any) -> records.RunRecord:
     return r
 
 
-def st(node: str, s: str, **kw: Any) -> state.NodeStatus:
-    return state.NodeStatus(node, s, **kw)
+def st(node: str, s: str, **kw: Any) -> NodeStatus:
+    return NodeStatus(node, s, **kw)
 
 
 @pytest.mark.parametrize("before,survivors,want", [

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster import cli, errors
-from cluster.runs import jobs, launch, preflight, records as runs, render, schema
+from cluster.runs import jobs, nodestatus, preflight, records as runs, render, schema
+from cluster.nodes.replies import agent_reply
 from cluster.inventory import loader as inventory, model
 
 FAST = settings(max_examples=150, deadline=None,
@@ -439,7 +440,7 @@ def test_any_command_line_exits_with_a_documented_code(gone_inventory: Path, dat
 
 
 AGENT_DOCS = st.fixed_dictionaries({}, optional={
-    "state": st.sampled_from(list(launch.AGENT_STATES)) | VALUES, "log": VALUES, "error": VALUES,
+    "state": st.sampled_from(list(nodestatus.AGENT_STATES)) | VALUES, "log": VALUES, "error": VALUES,
     "processes": VALUES, "exit": st.fixed_dictionaries({}, optional={"code": VALUES, "ended": VALUES}) | VALUES,
     "metrics": st.dictionaries(st.text(alphabet="0123456789٣x", max_size=3), st.fixed_dictionaries(
         {}, optional={"start": VALUES, "step": VALUES, "end": VALUES}) | VALUES, max_size=3) | VALUES})
@@ -452,14 +453,14 @@ def test_agent_reply_is_read_or_unanswered_never_raised(doc: dict[str, Any], noi
     """A garbled reply from a node's agent (wrong types, odd rank keys, text around it) is read defensively:
     a NodeStatus, `unanswered` when its state cannot be read; never an exception (it would crash `status`)."""
     for stdout in (json.dumps(doc), noise + "\n" + json.dumps(doc), noise):
-        parsed = launch.agent_reply(stdout)
+        parsed = agent_reply(stdout)
         assert parsed is None or isinstance(parsed, dict)
         if parsed is not None:
-            s = launch.NodeStatus.from_agent("pc1", parsed)
+            s = nodestatus.NodeStatus.from_agent("pc1", parsed)
             json.dumps(s.to_dict())  # goes into the run record as it is
-            assert s.state in launch.AGENT_STATES or s.state == "unanswered"
+            assert s.state in nodestatus.AGENT_STATES or s.state == "unanswered"
 
 
 def test_agent_reply_with_a_superscript_rank_key() -> None:
-    s = launch.NodeStatus.from_agent("pc1", {"state": "running", "metrics": {"²": {}, "0": {}}})
+    s = nodestatus.NodeStatus.from_agent("pc1", {"state": "running", "metrics": {"²": {}, "0": {}}})
     assert s.state == "running" and s.ranks == 1

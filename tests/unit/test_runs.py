@@ -11,7 +11,8 @@ import pytest
 
 from cluster.runs import preflight, records as runs, state as runstate
 from cluster.nodes.replies import agent_reply
-from cluster.runs.state import NodeStatus, judge
+from cluster.runs.nodestatus import AGENT_STATES, NodeStatus
+from cluster.runs.state import judge
 
 
 def _record(run_id: str = "r1", nodes: tuple[str, ...] = ("a", "b"), state: str = "running") -> runs.RunRecord:
@@ -157,7 +158,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=20)
 AGENT_KEYS = st.sampled_from(["state", "exit", "metrics", "log", "processes", "error", "pid"])
 AGENT_DOCS = st.dictionaries(AGENT_KEYS, JSON | st.sampled_from(["running", "failed", "succeeded"]), max_size=7) | \
-    st.fixed_dictionaries({"state": st.sampled_from(runstate.AGENT_STATES)},
+    st.fixed_dictionaries({"state": st.sampled_from(AGENT_STATES)},
                           optional={"exit": st.dictionaries(st.sampled_from(["code", "ended"]), JSON),
                                     "metrics": st.dictionaries(st.text(max_size=3) | st.sampled_from(["0", "1"]),
                                                                st.dictionaries(st.sampled_from(["start", "step", "end"]),
@@ -171,7 +172,7 @@ AGENT_DOCS = st.dictionaries(AGENT_KEYS, JSON | st.sampled_from(["running", "fai
 @given(AGENT_DOCS)
 def test_any_agent_reply_gives_a_status_never_an_exception(doc: dict) -> None:
     s = NodeStatus.from_agent("n", doc)
-    assert s.state in (*runstate.AGENT_STATES, "unanswered")
+    assert s.state in (*AGENT_STATES, "unanswered")
     assert all(isinstance(x, str) for x in s.log)
     assert s.step is None or isinstance(s.step, int)
     judge(_record(nodes=("n",)), {"n": s}, now=1000.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.inventory import loader
-from cluster.runs import jobs, launch
+from cluster.runs import jobs, render as run_render
 from cluster.slurm import layout, render, submit
 from cluster.slurm.resources import SlurmOverrides
 from tests import goldens
@@ -98,7 +98,7 @@ def test_sbatch_lines_say_the_resources_the_job_and_command_line_ask_for(tmp_pat
 def test_the_program_runs_with_the_arguments_of_an_ssh_launch(tmp_path: Path) -> None:
     """Same spec, same command line: the Slurm task's program words are render.program_words' (SSH's)."""
     req = request(tmp_path, "resnet50-ddp")
-    python, words = launch.render.program_words(req.job, layout.dataset(req.cluster.workdir, DATA_FILE))
+    python, words = run_render.program_words(req.job, layout.dataset(req.cluster.workdir, DATA_FILE))
     assert python and words[0] == "program/train_torch.py"
     assert " ".join(words) in req.script
     assert "--nproc-per-node 2" in req.script  # procs_per_node auto: one per GPU asked
