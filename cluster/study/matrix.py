@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster import paths
-from cluster.study import report
+from cluster.study import figures, report
 from cluster.runs import jobs, records, schema
 from cluster.schedulers import api
 from cluster.errors import ClusterError, UsageError
@@ -71,7 +71,7 @@ def study_dir(sid: str) -> Path:
 def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[str] | None = None,
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
         on_run: Callable[[records.RunRecord, Any], None] | None = None,
-        target_acc: float = report.DEFAULT_TARGET_ACC, vary: str | None = None, limit: str | None = None,
+        target_acc: float = figures.DEFAULT_TARGET_ACC, vary: str | None = None, limit: str | None = None,
         forks: int = 32, on: str | None = None) -> tuple[str, list[Cell], Path | None]:
     """Each job on each node count (the first N of its nodes, narrowed by `limit`, a host pattern), each run
     collected, one report; `forks` bounds the nodes contacted at once. `on`: the inventory's Slurm cluster of

@@ -1,161 +1,22 @@
-"""`clusterctl report`: collected runs -> the comparison a lab can publish (docs/report.md).
+"""`clusterctl report`: collected runs -> the tables and pages a lab can publish (docs/report.md).
 
-Reads only what `collect` brought to the head (runs/<run-id>/<node>/...), so a
-report can be rebuilt offline at any time. The figures are computed in
-cluster/study/figures.py; this module renders them as tables (terminal, HTML,
-Markdown, JSON) and PNG plots (matplotlib), and writes the pages; the HTML page
-embeds its plots.
+Reads only what `collect` brought to the head (runs/<run-id>/<node>/...), so a report can be rebuilt offline
+at any time. The figures (comparison.build) in words: the tables and paragraphs of the terminal, the HTML
+page (which embeds its plots, plots.py) and the Markdown page (its plots beside it).
 """
 from __future__ import annotations
 
 import base64
 import html
-import io
 import time
 from pathlib import Path
 from typing import Any
 
 from cluster import paths
 from cluster.runs import records
-from cluster.study.figures import DEFAULT_TARGET_ACC, NodeFigures, RunFigures, build, read_metrics, run_figures
-
-__all__ = ["DEFAULT_TARGET_ACC", "NodeFigures", "RunFigures", "build", "read_metrics", "run_figures", "curve", "plots",
-           "summary_rows", "node_rows", "period_rows", "dropped_lines", "run_line", "html_page", "markdown_page", "default_page",
-           "write_pages"]
-
-# --------------------------------------------------------------------------- plots
-
-
-def _joined(f: RunFigures) -> dict[str, Any] | None:
-    """A continued run's figures joined with the runs it continues (RunFigures.joined); None where it
-    continues none or they could not be joined."""
-    return f.joined if f.joined and "error" not in f.joined else None
-
-
-def curve(f: RunFigures) -> tuple[list[float], list[dict[str, Any]], str]:
-    """A run's points on the accuracy plot: minutes from its first epoch's start, its epochs, its label. A
-    continued run is drawn with the runs it continues, from the first one's start (the gaps between them
-    show), as what its user waited for."""
-    j = _joined(f)
-    epochs = j["curve"] if j and j.get("curve") else f.epochs
-    t0 = min((e["time"] - e["epoch_s"] for e in epochs), default=0)
-    label = f"{f.job} x{len(f.nodes)} ({f.run_id[-4:]}" + (f", {len(j['runs'])} runs)" if j else ")")
-    return [(e["time"] - t0) / 60 for e in epochs], epochs, label
-
-
-def _accuracy_loss(plt: Any, figs: list[RunFigures]) -> Any:
-    if not any(len(curve(f)[1]) > 1 for f in figs):
-        return None  # a line needs two points
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for f in figs:
-        ts, epochs, label = curve(f)
-        a1.plot(ts, [e["val_acc"] for e in epochs], marker="o", label=label)
-        a2.plot(ts, [e["val_loss"] for e in epochs], marker="o", label=f"{label} val")
-        a2.plot(ts, [e["train_loss"] for e in epochs], linestyle="--", alpha=0.6, label=f"{label} train")
-    a1.set(xlabel="wall time (min)", ylabel="validation accuracy", title="Accuracy vs wall time")
-    a2.set(xlabel="wall time (min)", ylabel="loss (log scale)", title="Loss vs wall time")
-    a2.set_yscale("log")  # early validation losses (BatchNorm statistics still settling) dwarf the rest
-    a1.legend(fontsize=7)
-    a2.legend(fontsize=7)
-    return fig
-
-
-def _throughput_nodes(plt: Any, figs: list[RunFigures]) -> Any:
-    by_job: dict[str, list[tuple[int, float]]] = {}
-    for f in figs:
-        if f.images_per_s:
-            by_job.setdefault(f.job, []).append((len(f.nodes), f.images_per_s))
-            if f.scaling:
-                by_job[f.job].append((1, f.scaling["baseline_images_per_s"]))
-    if not any(len({p[0] for p in pts}) > 1 for pts in by_job.values()):
-        return None  # one node count: nothing to draw against the number of nodes (the table has the figure)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for job, pts in by_job.items():
-        pts = sorted(set(pts))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=job)
-    ax.set(xlabel="nodes", ylabel="images/s", title="Throughput vs number of nodes")
-    ax.set_xticks(sorted({p[0] for pts in by_job.values() for p in pts}) or [1])
-    ax.legend(fontsize=8)
-    return fig
-
-
-def _step_time(plt: Any, figs: list[RunFigures]) -> Any:
-    if not any(p.step_s_median for f in figs for p in f.per_node):
-        return None
-    fig, ax = plt.subplots(figsize=(min(11, max(6, 1.2 * sum(len(f.per_node) for f in figs))), 4))
-    labels, values, colors = [], [], []
-    for i, f in enumerate(figs):
-        for p in f.per_node:
-            labels.append(f"{p.node}\n{f.job}\n{f.run_id[-4:]}")
-            values.append(p.step_s_median or 0)
-            colors.append(f"C{i % 10}")
-    ax.bar(range(len(values)), values, color=colors)
-    ax.set_xticks(range(len(values)), labels, fontsize=7)
-    ax.set(ylabel="median step time (s)", title="Per-node step time (stragglers stand out)")
-    return fig
-
-
-def _usage(plt: Any, figs: list[RunFigures]) -> Any:
-    """Each node's CPU use and memory over the run, as the node agent sampled them."""
-    series = [(f, p) for f in figs for p in f.per_node if len([x for x in p.usage if "cpu_percent" in x]) > 1]
-    if not series:
-        return None
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for f, p in series:
-        t0 = p.usage[0]["t"]
-        pts = [x for x in p.usage if "cpu_percent" in x]
-        label = f"{p.node} {f.job} ({f.run_id[-4:]})"
-        a1.plot([(x["t"] - t0) / 60 for x in pts], [x["cpu_percent"] for x in pts], label=label)
-        a2.plot([(x["t"] - t0) / 60 for x in p.usage], [x.get("rss_mb", 0) for x in p.usage], label=label)
-    a1.set(xlabel="wall time (min)", ylabel="CPU % (100: one core)", title="CPU use of the run's processes")
-    a2.set(xlabel="wall time (min)", ylabel="resident memory (MB)", title="Memory of the run's processes")
-    a1.legend(fontsize=7)
-    a2.legend(fontsize=7)
-    return fig
-
-
-def _user_metrics(plt: Any, figs: list[RunFigures]) -> Any:
-    """Every numeric field a program wrote to $CLUSTER_METRICS, against its `step` (else the line number)."""
-    fields = sorted({k for f in figs for recs in f.user_metrics.values() for r in recs for k in r if k != "step"})
-    if not fields or not any(len(recs) > 1 for f in figs for recs in f.user_metrics.values()):
-        return None
-    fig, axes = plt.subplots(1, len(fields[:4]), figsize=(min(11, 4 * len(fields[:4])), 4), squeeze=False)
-    for ax, name in zip(axes[0], fields[:4]):  # at most four panels: the page stays readable
-        for f in figs:
-            for node, recs in f.user_metrics.items():
-                pts = [(r.get("step", i), r[name]) for i, r in enumerate(recs) if name in r]
-                if len(pts) > 1:
-                    ax.plot([x for x, _ in pts], [y for _, y in pts], label=f"{node} ({f.run_id[-4:]})")
-        ax.set(xlabel="step", title=name)
-        ax.legend(fontsize=7)
-    return fig
-
-
-PLOTS = {"accuracy_loss": _accuracy_loss, "throughput_nodes": _throughput_nodes, "step_time": _step_time,
-         "usage": _usage, "user_metrics": _user_metrics}
-
-
-def plots(figs: list[RunFigures]) -> dict[str, bytes]:
-    """name -> PNG bytes: accuracy and loss vs wall time, images/s vs nodes, per-node step time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out: dict[str, bytes] = {}
-    for name, draw in PLOTS.items():
-        fig = draw(plt, figs)
-        if fig is None:  # nothing to draw, or a single point: the tables say it
-            continue
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        out[name] = buf.getvalue()
-    return out
-
-
-# --------------------------------------------------------------------------- tables and pages
+from cluster.study.comparison import build
+from cluster.study.figures import DEFAULT_TARGET_ACC, RunFigures
+from cluster.study.plots import CAPTIONS, pngs
 
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -178,7 +39,7 @@ def _scheme(f: RunFigures) -> str:
 def _whole(f: RunFigures) -> tuple[float | None, float | None, float | None, int]:
     """Time to the target, end-to-end images/s and wall time of what the user ran: a continued run's with
     the runs it continues (RunFigures.joined), else its own; and how many runs that is."""
-    j = _joined(f)
+    j = f.joined_figures()
     if j:
         return j["time_to_target_s"], j["images_per_s_e2e"], j["wall_s"], len(j["runs"])
     return f.time_to_target_s, f.images_per_s_e2e, f.wall_s, 1
@@ -358,20 +219,6 @@ def node_rows(f: RunFigures) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    e = html.escape
-    return ("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
-            + "</tbody></table>")
-
-
-CAPTIONS = {"accuracy_loss": "Validation accuracy and loss (dashed: training loss) against wall time",
-            "throughput_nodes": "Images/s against the number of nodes, per job",
-            "step_time": "Median step time per node and run",
-            "usage": "CPU use and resident memory of each node's run processes over time (the node agent's samples)",
-            "user_metrics": "What the programs wrote to $CLUSTER_METRICS, field by field"}
-
-
 def title(figs: list[RunFigures]) -> str:
     """The study's title, naming the models the runs trained (a ResNet18 study is not called ResNet50's),
     when every run is a training run of the built-in programs; else a plain one."""
@@ -382,6 +229,13 @@ def title(figs: list[RunFigures]) -> str:
     kinds = [v for k, v in (("pytorch", "PyTorch DDP"), ("tensorflow", "TensorFlow MWMS"))
              if any(f.framework == k for f in figs)]
     return f"{models} study: {' vs '.join(kinds)}" if kinds else f"{models} study"
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    e = html.escape
+    return ("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
+            + "</tbody></table>")
 
 
 def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[str], list[list[str]]]]:
@@ -450,21 +304,16 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
     return "\n".join(parts)
 
 
-def default_page(figs: list[RunFigures]) -> Path:
-    """Where a report goes when no path is given: beside the run for one, else a dated page under reports/."""
-    if len(figs) == 1:
-        return records.run_path(figs[0].run_id) / "report.html"
-    return paths.home() / "reports" / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
-
-
 def write_pages(run_ids: list[str], *, html: Path | None, markdown: Path | None, price_kwh: float | None,
                 target_acc: float = DEFAULT_TARGET_ACC) -> tuple[list[RunFigures], list[Path]]:
     """Build the figures and plots and write the pages (HTML by default); the figures and the resolved paths
-    written. `target_acc`: the validation accuracy whose time to reach is shown. Markdown gets its plots as PNG files in <stem>-plots/ beside it."""
+    written. `target_acc`: the validation accuracy whose time to reach is shown. Markdown gets its plots as
+    PNG files in <stem>-plots/ beside it."""
     figs = build(run_ids, price_kwh=price_kwh, target_acc=target_acc)
-    images = plots(figs)
-    if html is None and markdown is None:
-        html = default_page(figs)
+    images = pngs(figs)
+    if html is None and markdown is None:  # beside the run for one, else a dated page under reports/
+        html = (records.run_path(figs[0].run_id) / "report.html" if len(figs) == 1
+                else paths.home() / "reports" / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html")
     written: list[Path] = []
     if html is not None:
         html.parent.mkdir(parents=True, exist_ok=True)

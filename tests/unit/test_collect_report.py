@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.study import figures, report
+from cluster.study import comparison, figures, plots, report
 from cluster.runs import collect, records
 from tests import goldens
 from tests.conftest import ROOT
@@ -69,7 +69,7 @@ def test_report_figures_come_from_the_metrics(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
     _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75], power=100.0)
-    figs = {f.run_id: f for f in report.build(["one", "two"], price_kwh=0.5)}
+    figs = {f.run_id: f for f in comparison.build(["one", "two"], price_kwh=0.5)}
     two = figs["two"]
     assert two.images_per_s == 95.0 and two.epoch_s == 10.0  # median of the epochs after the first
     assert (two.final_val_acc, two.best_val_acc) == (0.75, 0.8)
@@ -78,13 +78,13 @@ def test_report_figures_come_from_the_metrics(tmp_path: Path, monkeypatch: pytes
     # no all-reduce timing recorded: the share is derived from the one-node run's step time (same batch)
     assert two.comm_share == pytest.approx(1 - (32 / 61.0) / (64 / 95.0)) and "one" in two.comm_share_source
     assert figs["one"].comm_share == 0.0 and two.time_to_target_s is None  # 0.9 not reached
-    assert report.build(["two"], target_acc=0.8)[0].time_to_target_s == 20.0  # epoch 1 ends 20 s after start
+    assert comparison.build(["two"], target_acc=0.8)[0].time_to_target_s == 20.0  # epoch 1 ends 20 s after start
     assert two.step_spread == pytest.approx(1.01 / 0.51)
     # measured GPU power: idle + half-loaded CPU + 100 W GPU, per node, over the 40 s wall time
     assert two.per_node[0].watts == 40 + 32.5 + 100 and two.energy_source == "measured GPU power"
     assert two.energy_kwh == pytest.approx(2 * 172.5 * 40 / 3.6e6) and two.cost == pytest.approx(two.energy_kwh * 0.5)
     assert figs["one"].energy_source == "estimated" and figs["one"].per_node[0].watts == 72.5
-    pngs = report.plots(list(figs.values()))
+    pngs = plots.pngs(list(figs.values()))
     assert set(pngs) == {"accuracy_loss", "throughput_nodes", "step_time"}
     assert all(p.startswith(b"\x89PNG") for p in pngs.values())
     page = report.html_page(list(figs.values()), pngs, 0.5)
@@ -95,7 +95,7 @@ def test_scaling_needs_the_same_job_and_settings(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _write_run(tmp_path, "one", ["a"], [50.0, 60.0], [0.2, 0.6], settings={"epochs": 2, "batch": 64})
     _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0], [0.3, 0.8], settings={"epochs": 2, "batch": 32})
-    two = report.build(["two"])[0]
+    two = comparison.build(["two"])[0]
     assert two.scaling is None and two.comm_share is None and two.comm_share_source is None
     assert "communication share unknown" in report.run_line(two)
     head, rows = report.summary_rows([two])
@@ -108,7 +108,7 @@ def test_report_without_collected_metrics_says_how_to_get_them(tmp_path: Path, m
                                         "created": 1, "nodes": [{"node": "a", "node_rank": 0, "nproc": 1,
                                                                  "run_dir": "/srv/r"}], "inventory": {"hosts": []}}))
     with pytest.raises(Exception, match="collect them first: clusterctl collect r"):
-        report.build(["r"])
+        comparison.build(["r"])
 
 
 class _Outline(HTMLParser):
@@ -153,9 +153,9 @@ def test_report_page_structure_matches_golden(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _write_run(tmp_path, "one", ["a"], [50.0, 60.0, 62.0], [0.2, 0.6, 0.7])
     _write_run(tmp_path, "two", ["a", "b"], [40.0, 90.0, 100.0], [0.3, 0.8, 0.75], power=100.0)
-    figs = report.build(["one", "two"], price_kwh=0.5)
+    figs = comparison.build(["one", "two"], price_kwh=0.5)
     outline = _Outline()
-    outline.feed(report.html_page(figs, report.plots(figs), 0.5))
+    outline.feed(report.html_page(figs, plots.pngs(figs), 0.5))
     text = "\n".join(outline.lines) + "\n"
     goldens.check(GOLDEN_PAGE, text, "the report page's structure")
 
@@ -193,7 +193,7 @@ def test_recorded_runs_show_bytes_compression_cpu_and_time_to_target(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _recorded(tmp_path)
-    figs = {f.run_id: f for f in report.build([DDP3, TF3, DDP1], target_acc=0.9)}
+    figs = {f.run_id: f for f in comparison.build([DDP3, TF3, DDP1], target_acc=0.9)}
     ddp, tf, one = figs[DDP3], figs[TF3], figs[DDP1]
     start = _rank_records(DDP3, "node1", 0)[0]
     assert (ddp.bytes_sent_per_step, ddp.allreduce_payload_bytes) == (start["bytes_sent_per_step_ring"],

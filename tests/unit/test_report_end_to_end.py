@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.runs import records
-from cluster.study import report
+from cluster.study import comparison, figures, plots, report
 from tests.conftest import ROOT
 
 FACTS = ROOT / "tests" / "fixtures" / "report" / "runs" / "resnet50-ddp-20261130-145756-1prc" / "node1" / "facts.json"
@@ -73,7 +73,7 @@ VAL = [0.5, 0.8, 0.92]  # 0.9 first reached at the end of epoch 2, in every run 
 
 
 @pytest.fixture
-def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, report.RunFigures]:
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, figures.RunFigures]:
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     # one node: 10 s of steps per epoch, 2 s of evaluation; ends at 1037
     _run("one", 1, [T0 + 12, T0 + 24, T0 + 36], [10.0, 10.0, 10.0], VAL)
@@ -83,10 +83,10 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, report.Ru
     _run("fast", 2, [T0 + 6, T0 + 12, T0 + 18], [4.0, 4.0, 4.0], VAL)
     # two nodes, fast, but never at 0.9
     _run("never", 2, [T0 + 6, T0 + 12, T0 + 18], [4.0, 4.0, 4.0], [0.5, 0.8, 0.85])
-    return {f.run_id: f for f in report.build(["one", "slow", "fast", "never"], target_acc=0.9)}
+    return {f.run_id: f for f in comparison.build(["one", "slow", "fast", "never"], target_acc=0.9)}
 
 
-def test_end_to_end_throughput_counts_the_slow_first_epoch(runs: dict[str, report.RunFigures]) -> None:
+def test_end_to_end_throughput_counts_the_slow_first_epoch(runs: dict[str, figures.RunFigures]) -> None:
     one, slow = runs["one"], runs["slow"]
     assert slow.trained_samples == 3 * SAMPLES and one.trained_samples == 3 * SAMPLES  # steps x global batch, exact
     assert slow.wall_s == 45.0 and one.wall_s == 37.0
@@ -98,7 +98,7 @@ def test_end_to_end_throughput_counts_the_slow_first_epoch(runs: dict[str, repor
     assert one.energy_to_target_kwh == pytest.approx(WATTS * 36 / 3.6e6)
 
 
-def test_the_ratios_against_one_node(runs: dict[str, report.RunFigures]) -> None:
+def test_the_ratios_against_one_node(runs: dict[str, figures.RunFigures]) -> None:
     s = runs["slow"].scaling
     assert s is not None and s["baseline"] == "one"
     assert s["speedup"] == pytest.approx(80 / 32) and s["efficiency"] == pytest.approx(80 / (2 * 32))  # steady
@@ -115,7 +115,7 @@ def test_the_ratios_against_one_node(runs: dict[str, report.RunFigures]) -> None
     assert d["images_per_s_e2e"] == pytest.approx(960 / 45) and d["scaling"]["wall_ratio"] == pytest.approx(45 / 37)
 
 
-def test_the_summary_and_the_paragraph_say_which_is_faster(runs: dict[str, report.RunFigures]) -> None:
+def test_the_summary_and_the_paragraph_say_which_is_faster(runs: dict[str, figures.RunFigures]) -> None:
     figs = [runs[k] for k in ("one", "slow", "fast", "never")]
     head, rows = report.summary_rows(figs)
     assert head.index("e2e images/s") == head.index("images/s") + 1
@@ -132,7 +132,7 @@ def test_the_summary_and_the_paragraph_say_which_is_faster(runs: dict[str, repor
     assert "one node" not in report.run_line(runs["one"]).lower()
 
 
-def test_a_run_that_never_reaches_the_target(runs: dict[str, report.RunFigures]) -> None:
+def test_a_run_that_never_reaches_the_target(runs: dict[str, figures.RunFigures]) -> None:
     never = runs["never"]
     assert never.time_to_target_s is None and never.energy_to_target_kwh is None
     assert never.scaling is not None and never.scaling["time_to_target_ratio"] is None
@@ -164,12 +164,12 @@ def test_neither_reaching_the_target_and_the_pages(tmp_path: Path, monkeypatch: 
 
 
 def test_without_steps_per_epoch_the_samples_are_images_per_s_times_epoch_s(
-        runs: dict[str, report.RunFigures]) -> None:
+        runs: dict[str, figures.RunFigures]) -> None:
     path = records.run_path("slow") / "pc0" / "out" / "metrics-rank0.jsonl"
     recs = [json.loads(x) for x in path.read_text().splitlines()]
     recs[0].pop("steps_per_epoch")
     path.write_text("".join(json.dumps(x) + "\n" for x in recs))
-    f = report.run_figures(records.load("slow"))
+    f = figures.run_figures(records.load("slow"))
     assert f.trained_samples == pytest.approx(10.67 * 30 + 80.0 * 4 + 80.0 * 4)  # the records' rounded figures
 
 
@@ -199,7 +199,7 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     _run("one", 1, [T0 + 12, T0 + 24, T0 + 36], [10.0, 10.0, 10.0], VAL)
     _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
     _continued("cont", "first", 40.0, [T0 + 6], [0.92])
-    figs = {f.run_id: f for f in report.build(["one", "first", "cont"], target_acc=0.9)}
+    figs = {f.run_id: f for f in comparison.build(["one", "first", "cont"], target_acc=0.9)}
     cont, first = figs["cont"], figs["first"]
     assert first.joined is None and first.time_to_target_s is None
     assert cont.time_to_target_s == 6.0 and cont.wall_s == 7.0  # its own, from its start
@@ -208,10 +208,10 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     assert j["time_to_target_s"] == 46.0 and j["wall_s"] == 47.0 and j["trained_samples"] == 3 * SAMPLES
     assert j["images_per_s_e2e"] == pytest.approx(960 / 47)
     assert j["energy_to_target_kwh"] == pytest.approx(2 * WATTS * 46 / 3.6e6)
-    ts, points, label = report.curve(cont)  # the plot draws the 3 epochs from the first run's start
+    ts, points, label = plots.curve(cont)  # the plot draws the 3 epochs from the first run's start
     assert [p["epoch"] for p in points] == [0, 1, 2] and label.endswith("(cont, 2 runs)")
     assert ts == pytest.approx([4 / 60, 10 / 60, 44 / 60])  # from the first epoch's start (T0 + 6 - its 4 s)
-    assert report.curve(first)[1] == first.epochs and report.curve(first)[2].endswith("(irst)")
+    assert plots.curve(first)[1] == first.epochs and plots.curve(first)[2].endswith("(irst)")
     s = cont.scaling
     assert s is not None and s["baseline"] == "one" and s["joined"] is True  # compared by the first run's settings
     assert s["time_to_target_ratio"] == pytest.approx(46 / 36) and s["wall_ratio"] == pytest.approx(47 / 37)
@@ -229,7 +229,7 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     assert json.loads(json.dumps(cont.to_dict()))["joined"]["time_to_target_s"] == 46.0
     # the run it continues gone from the head: said, and nothing joined
     shutil.rmtree(records.run_path("first"))
-    gone = report.build(["cont"], target_acc=0.9)[0]
+    gone = comparison.build(["cont"], target_acc=0.9)[0]
     assert gone.joined is not None and "error" in gone.joined and "first" in gone.joined["error"]
     assert "It continues first; their figures are not joined: run first:" in report.run_line(gone)
     head, rows = report.summary_rows([gone])
@@ -238,7 +238,7 @@ def test_a_continued_run_is_timed_with_the_runs_it_continues(tmp_path: Path, mon
     _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
     shutil.rmtree(records.run_path("first") / "pc0")
     shutil.rmtree(records.run_path("first") / "pc1")
-    line = report.run_line(report.build(["cont"], target_acc=0.9)[0])
+    line = report.run_line(comparison.build(["cont"], target_acc=0.9)[0])
     assert "not joined: run first:" in line and "clusterctl collect first" in line
 
 
@@ -249,7 +249,7 @@ def test_a_run_continued_on_fewer_pcs_counts_each_runs_own_draw_to_the_target(
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     _run("first", 2, [T0 + 6, T0 + 12], [4.0, 4.0], [0.5, 0.8])
     _continued("cont", "first", 40.0, [T0 + 6], [0.92], world=1)
-    figs = {f.run_id: f for f in report.build(["first", "cont"], target_acc=0.9)}
+    figs = {f.run_id: f for f in comparison.build(["first", "cont"], target_acc=0.9)}
     first, cont = figs["first"], figs["cont"]
     assert first.training_start == T0 and first.wall_s == 13.0  # the spans the draws apply to
     assert cont.joined is not None and cont.joined["time_to_target_s"] == 46.0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.runs import records
-from cluster.study import figures, report
+from cluster.study import comparison, node_figures, periods, report
 
 RUN = "resnet50-ddp-20261201-100000-elas"
 START_FIELDS = {"schema": 1, "framework": "pytorch", "device": "cpu", "amp": False, "dataset": "digits",
@@ -103,7 +103,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_rank0_is_merged_from_every_folder_and_a_redone_epoch_counts_once(home: Path) -> None:
     _elastic_run()
-    f = report.build([RUN], target_acc=0.9)[0]
+    f = comparison.build([RUN], target_acc=0.9)[0]
     assert [e["epoch"] for e in f.epochs] == [0, 1, 2]
     assert [(e["rank"], e["time"], e["val_acc"]) for e in f.epochs] == [(0, 130.0, 0.5), (0, 240.0, 0.7),
                                                                        (0, 280.0, 0.95)]  # period 2's epoch 1 wins
@@ -125,7 +125,7 @@ def test_rank0_is_merged_from_every_folder_and_a_redone_epoch_counts_once(home: 
 
 def test_each_period_has_its_nodes_epochs_throughput_and_what_the_change_cost(home: Path) -> None:
     _elastic_run()
-    f = report.build([RUN])[0]
+    f = comparison.build([RUN])[0]
     p1, p2 = f.periods
     assert (p1.period, p1.nodes, p1.world, p1.reason, p1.epochs) == (1, ["node1", "node2", "node3"], 3, None, [0, 1])
     assert (p1.from_epoch, p1.from_step, p1.started, p1.gap_s) == (0, 0, 100.0, None)
@@ -145,7 +145,7 @@ def test_end_to_end_throughput_counts_the_restart_and_each_epoch_once(home: Path
     """Epoch 0 by three nodes (4 steps x 96), epochs 1 (redone) and 2 by two (4 x 64 each), over the wall time
     from period 1's start to period 2's end: the gap, the lost epoch 1 and the restart count as time."""
     _elastic_run()
-    f = report.build([RUN], target_acc=0.9)[0]
+    f = comparison.build([RUN], target_acc=0.9)[0]
     assert f.trained_samples == 4 * 96 + 2 * 4 * 64
     assert f.images_per_s_e2e == pytest.approx((4 * 96 + 2 * 4 * 64) / 185.0)
     assert f.images_per_s == 8.0 and f.images_per_s_e2e < f.images_per_s  # steady: period 2's epochs
@@ -155,7 +155,7 @@ def test_end_to_end_throughput_counts_the_restart_and_each_epoch_once(home: Path
 
 def test_without_the_records_periods_the_start_records_give_them(home: Path) -> None:
     _elastic_run(membership=False)
-    f = report.build([RUN])[0]
+    f = comparison.build([RUN])[0]
     assert [(p.period, p.nodes, p.world, p.reason) for p in f.periods] == [
         (1, ["node1", "node2", "node3"], 3, None), (2, ["node2", "node3"], 2, None)]
     assert [e["epoch"] for e in f.epochs] == [0, 1, 2] and f.wall_s == 185.0 and f.dropped == {}
@@ -163,7 +163,7 @@ def test_without_the_records_periods_the_start_records_give_them(home: Path) -> 
 
 def test_a_dead_node_never_collected_leaves_its_period_to_the_next_rank(home: Path) -> None:
     _elastic_run(node1_collected=False)
-    f = report.build([RUN])[0]
+    f = comparison.build([RUN])[0]
     assert [(e["epoch"], e["time"]) for e in f.epochs] == [(0, 130.0), (1, 240.0), (2, 280.0)]
     assert f.wall_s == pytest.approx(285.0 - 100.1)  # rank 1's start of period 1
     assert f.world == 3 and [p.epochs for p in f.periods] == [[0, 1], [1, 2]]
@@ -197,7 +197,7 @@ def test_a_run_that_kept_its_nodes_is_one_period_and_its_pages_do_not_change(hom
     _record("plain", ["a", "b"], membership=False)
     for r, n in enumerate(["a", "b"]):
         _write(records.run_path("plain") / n / "out" / f"metrics-rank{r}.jsonl", _period1(r, n, world=2)[:5])
-    f = report.build(["plain"])[0]
+    f = comparison.build(["plain"])[0]
     assert [(p.period, p.nodes, p.world, p.epochs, p.gap_s) for p in f.periods] == [(1, ["a", "b"], 2, [0, 1], None)]
     assert f.wall_s == 60.0 and [e["epoch"] for e in f.epochs] == [0, 1] and f.dropped == {}
     assert "Membership" not in report.html_page([f], {}, None) and "membership" not in report.run_line(f)
@@ -211,10 +211,10 @@ def test_a_node_that_kept_its_rank_appends_the_next_period_to_the_same_file(home
     _write(base / "n0" / "out" / "metrics-rank0.jsonl", _period1(0, "n0") + _period2(0, "n0"))
     _write(base / "n1" / "out" / "metrics-rank1.jsonl", _period1(1, "n1") + _period2(1, "n1"))
     _write(base / "n2" / "out" / "metrics-rank2.jsonl", _period1(2, "n2"))
-    f = report.build(["kept"])[0]
+    f = comparison.build(["kept"])[0]
     assert [(e["epoch"], e["time"]) for e in f.epochs] == [(0, 130.0), (1, 240.0), (2, 280.0)]
     assert [(p.nodes, p.epochs) for p in f.periods] == [(["n0", "n1", "n2"], [0, 1]), (["n0", "n1"], [1, 2])]
     assert [p.ranks for p in f.per_node] == [[0], [1], [2]]
-    assert figures.split_periods(figures.read_metrics(base / "n0")[0]).keys() == {1, 2}
+    assert periods.split_periods(node_figures.read_metrics(base / "n0")[0]).keys() == {1, 2}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.study import figures, matrix
+from cluster.study import comparison, matrix
 from cluster.runs import records
 from cluster.errors import UsageError
 
@@ -46,7 +46,7 @@ def record(nodes: int, **settings: object) -> records.RunRecord:
 
 def test_a_one_node_baseline_ignores_wire_settings_only() -> None:
     one = record(1)
-    assert figures._comparable(one, record(2, grad_compression="fp16", collective_timeout_s=30))
-    assert not figures._comparable(one, record(2, accumulate=4))  # another optimizer: not the same run
-    assert not figures._comparable(one, record(2, batch=16))
-    assert not figures._comparable(record(2), record(4, grad_compression="fp16"))  # both cross a network
+    assert comparison._comparable(one, record(2, grad_compression="fp16", collective_timeout_s=30))
+    assert not comparison._comparable(one, record(2, accumulate=4))  # another optimizer: not the same run
+    assert not comparison._comparable(one, record(2, batch=16))
+    assert not comparison._comparable(record(2), record(4, grad_compression="fp16"))  # both cross a network
