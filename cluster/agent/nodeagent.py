@@ -13,28 +13,19 @@
     nodeagent.py code-tree CACHE_DIR RUN_DIR      < manifest: RUN_DIR/program/ from verified cache blobs
                                        (both in codecache.py, which the head puts beside this file)
 
-A run's processes are found three ways, because torchrun puts its workers in
-sessions of their own: the process group started here, the descendants of its
-leader, and any process whose environment carries this run's CLUSTER_RUN_ID and
-this node's CLUSTER_NODE_NAME (set by launch.sh). Output is one JSON line.
+A run's processes are found by runprocs.py, its files read by runfiles.py, both shipped beside this file
+(cluster/runs/payload.AGENT_FILES). Output is one JSON line.
 
 The run's programs get a TMPDIR of their own (RUN_DIR/.tmp), emptied when each launch
 starts and removed when it ends: what a stopped program could not clean up (TensorFlow's
 autograph modules, torchrun's torchelastic_* folders, a user's temporary files) does not
 pile up in the PC's /tmp run after run.
-
-A process-group number is only trusted while it is provably ours: pid.json
-keeps the boot id and the leader's start time (/proc/PID/stat field 22). After a
-reboot, or once the leader is gone and its number could have been handed out
-again, only processes that carry the run's identity in their environment count,
-so `status` never calls a stranger running and `stop` never signals it.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -45,13 +36,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
+    from cluster.agent.runfiles import TMP, failure, last_records, manifest, prefix_sha, read_json, tail_lines
+    from cluster.agent.runprocs import boot_id, run_processes, start_ticks
+else:  # on the node: the head ships them beside this file
+    from runfiles import TMP, failure, last_records, manifest, prefix_sha, read_json, tail_lines
+    from runprocs import boot_id, run_processes, start_ticks
+
 if TYPE_CHECKING:  # the node's system Python may be older than the head's: aliases for mypy only
     Doc = dict[str, Any]  # one JSON object: a file of the run folder, or a reply
 
+FIREWALL_CLOSE = "firewall-close.sh"  # runs/firewall.py CLOSE: removes the firewall rules launch opened for the run
 LOG = "node.log"
 STOP = "stop.json"  # a stop was asked for: the run is stopped, or never starts
 ORPHAN_AGENT_S = 360.0  # see _wait_launcher
-TMP = ".tmp"  # the run's TMPDIR (module doc), never collected
 KILL_SETTLE_S = 5.0  # how long `stop` waits for SIGKILLed processes to be gone before it says what is left
 
 
@@ -59,88 +57,6 @@ def _write_json(path: Path, data: Doc) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Doc | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _env_tags(run_dir: Path) -> tuple[bytes, bytes]:
-    job = _read_json(run_dir / "job.json") or {}
-    return (f"CLUSTER_RUN_ID={job.get('run_id', '')}".encode(), f"CLUSTER_NODE_NAME={job.get('node', '')}".encode())
-
-
-def _procs() -> dict[int, tuple[int, int, int]]:
-    """pid -> (ppid, pgid, start time in clock ticks since boot) for every live process we can see."""
-    out: dict[int, tuple[int, int, int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            out[int(d)] = (int(fields[1]), int(fields[2]), int(fields[19]))
-    return out
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def _leader_is_ours(pid_doc: Doc, procs: dict[int, tuple[int, int, int]]) -> bool:
-    """The recorded session leader is still the process we started: same boot, same start time."""
-    leader = pid_doc.get("pgid")
-    if not isinstance(leader, int) or leader not in procs:
-        return False
-    return pid_doc.get("boot_id") == boot_id() and pid_doc.get("leader_start") == procs[leader][2]
-
-
-def run_processes(run_dir: Path) -> list[int]:
-    """Every live process of this run on this node (see the module docstring)."""
-    pid_doc = _read_json(run_dir / "pid.json") or {}
-    tags = _env_tags(run_dir)
-    procs = _procs()
-    leader = pid_doc.get("pgid") if _leader_is_ours(pid_doc, procs) else None
-    found = {p for p, (_, pgid, _) in procs.items() if leader and pgid == leader}
-    children: dict[int, list[int]] = {}
-    for p, (ppid, _, _) in procs.items():
-        children.setdefault(ppid, []).append(p)
-    stack = list(found)
-    while stack:
-        for c in children.get(stack.pop(), []):
-            if c not in found:
-                found.add(c)
-                stack.append(c)
-    if tags[0] != b"CLUSTER_RUN_ID=":
-        for p in procs:
-            if p in found:
-                continue
-            try:
-                env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if tags[0] in env and tags[1] in env:
-                found.add(p)
-    found.discard(os.getpid())
-    return sorted(found)
 
 
 @contextmanager
@@ -183,11 +99,11 @@ def restart(run_dir: Path, period: int, note: str) -> Doc:
     the second answer is the first start's while it runs; a start of that period that was stopped since (the
     restart was taken over by another process) is started again."""
     with _agent_lock(run_dir) as lock_fd:
-        stop_doc = _read_json(run_dir / STOP)
+        stop_doc = read_json(run_dir / STOP)
         if stop_doc is not None and not stop_doc.get("reform"):
             return {"ok": False, "stop_requested": True,
                     "error": f"{run_dir} has a stop request (clusterctl stop): not restarted"}
-        pid_doc = _read_json(run_dir / "pid.json") or {}
+        pid_doc = read_json(run_dir / "pid.json") or {}
         left = run_processes(run_dir)
         if pid_doc.get("period", 1) == period and left and not (run_dir / "exit.json").exists():
             return {"ok": True, "already": True, **pid_doc}
@@ -232,7 +148,7 @@ def _fork_leader(run_dir: Path, lock_fd: int, period: int = 1) -> Doc:
             env = dict(os.environ)
         child = subprocess.Popen(["sh", "launch.sh"], cwd=run_dir, env=env)  # bounded: see the wait below
         doc = {"pgid": os.getpid(), "launcher_pid": child.pid, "started": time.time(), "boot_id": boot_id(),
-               "leader_start": _start_ticks(os.getpid()), "period": period}
+               "leader_start": start_ticks(os.getpid()), "period": period}
         _write_json(run_dir / "pid.json", doc)
         os.write(w, json.dumps(doc).encode())
         os.close(w)
@@ -275,7 +191,7 @@ def sampler_interval() -> float:
 
 def _last_usage(run_dir: Path) -> Doc | None:
     """The run's last usage sample (out/usage.jsonl), for `status`."""
-    lines = _tail_lines(run_dir / "out" / "usage.jsonl", 1)
+    lines = tail_lines(run_dir / "out" / "usage.jsonl", 1)
     try:
         doc = json.loads(lines[-1]) if lines else None
     except ValueError:
@@ -337,69 +253,13 @@ def _wait_launcher(run_dir: Path, child: subprocess.Popen[bytes]) -> int:
     return child.wait()  # bounded: SIGKILL above
 
 
-def _tail_lines(path: Path, n: int, max_bytes: int = 65536) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return [x.decode("utf-8", "replace") for x in f.read().splitlines()[-n:]]
-    except OSError:
-        return []
-
-
-def _last_records(path: Path) -> Doc:
-    """The last step and epoch records of a metrics file (and its start record's world size)."""
-    out: Doc = {}
-    for line in _tail_lines(path, 200, 262144):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line being written right now
-        out[rec.get("type")] = rec
-    first = _first_record(path)
-    if first:
-        out.setdefault("start", first)
-    return out
-
-
-def _first_record(path: Path) -> Doc | None:
-    try:
-        with open(path) as f:
-            rec = json.loads(f.readline())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
-PREFIX = re.compile(r"^(?:\[[\w:-]*\]:\s?)+")  # the per-rank prefixes on a worker's lines ([rank1]:[rank1]: ...)
-
-
-def _failure(log: Path, most: int = 12) -> Doc:
-    """What failed, for the user to read: the program's last Python traceback in the log (its last `most`
-    lines, down to the exception line), and the global ranks torchrun's error summary names
-    (`rank : 1 (local_rank: 0)`). torchrun's own traceback (its ChildFailedError) is passed over."""
-    tail = [PREFIX.sub("", x) for x in _tail_lines(log, 400, 262144)]
-    ranks = sorted({int(m.group(1)) for m in (re.match(r"\s*rank\s*:\s*(\d+)\s*\(local_rank", x) for x in tail) if m})
-    blocks = []
-    for i, line in enumerate(tail):
-        if line.startswith("Traceback (most recent call last)"):
-            j = i + 1
-            while j < len(tail) and (tail[j].startswith((" ", "\t")) or not tail[j].strip()):
-                j += 1
-            blocks.append(tail[i:j + 1])  # through the exception line
-    mine = [b for b in blocks if not any("torch/distributed/elastic" in x or "distributed/run.py" in x for x in b)]
-    chosen = (mine or blocks or [[]])[-1]
-    return {"failed_ranks": ranks, "traceback": chosen[-most:]}
-
-
 def status(run_dir: Path, lines: int = 20) -> Doc:
-    pid_doc = _read_json(run_dir / "pid.json")
+    pid_doc = read_json(run_dir / "pid.json")
     alive = run_processes(run_dir)
     # after the processes, not before: the leader writes exit.json and then exits, so once it is gone its
     # record is there. Read first, a leader ending between the two reads looked gone without a record
     # ("vanished"), which failed runs that had succeeded (seen on a 4-node and a 2-node lab)
-    exit_doc = _read_json(run_dir / "exit.json")
+    exit_doc = read_json(run_dir / "exit.json")
     stopped = _stopped_it(run_dir, exit_doc)
     if pid_doc is None:
         state = "stopped" if stopped else "not started"  # a stop before the start: it never will
@@ -413,10 +273,10 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
         state = "stopped" if stopped else "vanished"  # the leader died without recording an exit
     metrics = {}
     for f in sorted((run_dir / "out").glob("metrics-rank*.jsonl")):
-        metrics[f.stem.removeprefix("metrics-rank")] = _last_records(f)
+        metrics[f.stem.removeprefix("metrics-rank")] = last_records(f)
     return {"state": state, "pid": pid_doc, "exit": exit_doc, "processes": alive, "metrics": metrics,
-            "log": _tail_lines(run_dir / LOG, lines), "time": time.time(), "usage": _last_usage(run_dir),
-            **(_failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
+            "log": tail_lines(run_dir / LOG, lines), "time": time.time(), "usage": _last_usage(run_dir),
+            **(failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 
 def _stopped_it(run_dir: Path, exit_doc: Doc | None) -> bool:
@@ -426,7 +286,7 @@ def _stopped_it(run_dir: Path, exit_doc: Doc | None) -> bool:
     (or has no time) still counts: it is only ever written by a stop."""
     if not (run_dir / STOP).exists():
         return False
-    ended, when = (exit_doc or {}).get("ended"), (_read_json(run_dir / STOP) or {}).get("time")
+    ended, when = (exit_doc or {}).get("ended"), (read_json(run_dir / STOP) or {}).get("time")
     return not (isinstance(ended, (int, float)) and isinstance(when, (int, float)) and ended < when)
 
 
@@ -434,7 +294,7 @@ def stop(run_dir: Path, grace: float = 10.0, reform: bool = False) -> Doc:
     """`reform`: the head stops this survivor to start it again (restart); the user's stop replaces such a
     request, never the other way round, so a restart after it is refused."""
     with _agent_lock(run_dir):  # after a start in progress, before any later one (which then refuses)
-        asked = _read_json(run_dir / STOP)
+        asked = read_json(run_dir / STOP)
         if asked is None and not (run_dir / "exit.json").exists() or (asked or {}).get("reform") and not reform:
             # the user's stop replacing the head's keeps its time: that stop is the one that ended the run
             first = (asked or {}).get("time")
@@ -481,155 +341,6 @@ def _close_firewall(run_dir: Path) -> Doc | None:
         return {"closed": False, "error": r.stdout.decode("utf-8", "replace").strip()[-300:] or
                 "exit code %d" % r.returncode}
     return {"closed": True}
-
-
-# a run whose job.json names no large_outputs (launched before jobs declared them): the built-in checkpoints
-LARGE_OUTPUTS = ("checkpoint*", ".checkpoint-worker*")
-PRIVATE_FILES = ("secrets.env",)
-SHIPPED = ".shipped-%s.json"  # codecache.SHIPPED: what launch shipped into program/ or data/
-FIREWALL_CLOSE = "firewall-close.sh"  # runs/firewall.py CLOSE: removes the firewall rules launch opened for the run
-
-
-def _sha256_prefix(path: Path, length: int | None = None) -> "tuple[str, int]":
-    """(sha256, bytes hashed) of the first `length` bytes (the whole file without one). Fewer bytes than
-    asked when a running program shortened the file meanwhile: the pair always describes the same bytes.
-    Never follows a link (a file swapped for one after the listing's lstat fails with ELOOP)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    left, done = length, 0
-    with os.fdopen(os.open(str(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            done += len(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest(), done
-
-
-def _shipped(run_dir: Path) -> "dict[str, str]":
-    """{run-relative path: sha256} of what launch shipped into program/ and data/ (codecache.SHIPPED)."""
-    found = {}  # type: dict[str, str]
-    for into in ("program", "data"):
-        try:
-            with open(run_dir / (SHIPPED % into)) as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict):
-            found.update({"%s/%s" % (into, k): v for k, v in doc.items() if isinstance(v, str)})
-    return found
-
-
-def _job(run_dir: Path) -> "dict[str, Any]":
-    """The job's settings, from the run's job.json ({} when it cannot be read)."""
-    try:
-        with open(run_dir / "job.json") as f:
-            job = json.load(f).get("job", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return job if isinstance(job, dict) else {}
-
-
-def _outputs(job: "dict[str, Any]") -> "list[str] | None":
-    """The job's `outputs` (paths under program/); None: all the program wrote."""
-    out = job.get("outputs")
-    if not isinstance(out, list):
-        return None
-    return ["program/" + o.rstrip("/") for o in out if isinstance(o, str) and o and ".." not in o.split("/")]
-
-
-def _large(job: "dict[str, Any]") -> "tuple[str, ...]":
-    """The job's `large_outputs`: name patterns of files and folders left on the node unless asked."""
-    large = job.get("large_outputs")
-    if not isinstance(large, list):
-        return LARGE_OUTPUTS
-    return tuple(x for x in large if isinstance(x, str) and x)
-
-
-def _wanted(rel: str, outputs: "list[str] | None", folder: bool) -> bool:
-    """Whether rel (run-relative) is collected under `outputs`: anything outside program/, and inside it the
-    outputs and what lies under them (a folder also when an output lies under it)."""
-    if outputs is None or not rel.startswith("program/"):
-        return True
-    return any(rel == o or rel.startswith(o + "/") or (folder and o.startswith(rel + "/")) for o in outputs)
-
-
-def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
-    """Every regular file under the run folder (never following a link), with size and sha256;
-    links and other special files are listed as skipped, not read. Left out, and counted: files the
-    launch shipped that are unchanged (the head has them: `shipped`) and, where the job names its
-    `outputs`, the rest of the program's folder (`not_outputs`); not listed: what the job names large
-    (`large_outputs`: the built-in checkpoints) unless `checkpoints` asks for it. A running program deletes
-    files while this lists them: a file (or folder: os.walk passes over one it cannot open) gone by the time
-    it is read is not there, so it is not listed."""
-    import fnmatch
-    import stat as stat_mod
-
-    files, skipped = [], []
-
-    job = _job(run_dir)
-    shipped, outputs = _shipped(run_dir), _outputs(job)
-    large = () if checkpoints else _large(job)
-
-    def is_large(name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, pat) for pat in large)
-    unchanged = left = 0
-    for root, dirs, names in os.walk(run_dir, followlinks=False):
-        rel_root = Path(root).relative_to(run_dir)
-        for d in list(dirs):
-            rel = (rel_root / d).as_posix()
-            if os.path.islink(Path(root) / d):
-                skipped.append({"path": rel, "reason": "symbolic link"})
-                dirs.remove(d)
-            elif is_large(d) or d == "__pycache__" or rel == TMP:
-                dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either); TMP: scratch
-            elif not _wanted(rel, outputs, True):
-                dirs.remove(d)
-                left += 1
-        for n in sorted(names):
-            full, rel = Path(root) / n, (rel_root / n).as_posix()
-            if n.endswith(".tmp") or is_large(n):
-                continue
-            if rel in PRIVATE_FILES:
-                skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
-                continue
-            if not _wanted(rel, outputs, False):
-                left += 1
-                continue
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
-                continue  # deleted since the walk listed it (a running program's temporary file): not there
-            if not stat_mod.S_ISREG(st.st_mode):
-                skipped.append({"path": rel, "reason": "symbolic link" if stat_mod.S_ISLNK(st.st_mode)
-                                else "not a regular file"})
-                continue
-            try:
-                sha, size = _sha256_prefix(full, st.st_size)
-            except FileNotFoundError:
-                continue  # deleted since the lstat
-            except OSError as e:
-                skipped.append({"path": rel, "reason": "unreadable: %s" % e.strerror})
-                continue
-            if shipped.get(rel) == sha:
-                unchanged += 1
-                continue
-            files.append({"path": rel, "size": size, "sha256": sha})
-    return {"ok": True, "files": files, "skipped": skipped, "shipped": unchanged, "not_outputs": left}
-
-
-def prefix_sha(path: Path, length: int | None) -> Doc:
-    """sha256 and size of a file's first `length` bytes (resuming a copy), or of all of it: the head's fresh
-    listing of one file that changed or vanished while it was copied. `gone`: it is not there any more."""
-    try:
-        sha, size = _sha256_prefix(path, length)
-    except OSError as e:
-        return {"ok": False, "gone": isinstance(e, FileNotFoundError), "error": "%s: %s" % (path, e.strerror)}
-    return {"ok": True, "sha256": sha, "size": size}
 
 
 def freeport() -> Doc:

@@ -9,9 +9,9 @@ logs) is cluster/runs/state.py.
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 import time
-from importlib import resources
 from typing import Any, Callable, NoReturn
 
 from cluster import __version__, errors
@@ -186,15 +186,13 @@ def _unless_stopped(record: runs.RunRecord) -> None:
 def _stage(group: Group, record: runs.RunRecord, request: LaunchRequest, log: Log) -> None:
     """The node agent and the dataset on every node (the dataset sent once and relayed, verified); a user's
     program gets no dataset (its `code` is shipped by _upload)."""
-    agent = payload.agent_source()
+    agent = payload.agent_files()
     hosts = [t.host for t in request.targets]
-
-    usage = resources.files("cluster.agent").joinpath("usage.py").read_bytes()  # its sampler, beside it
 
     def stage(t: Transport) -> None:
         t.run(f"mkdir -p -- {shlex.quote(t.host.workdir + '/clusterctl')}", timeout=60)
-        t.put_bytes(agent.encode(), f"{t.host.workdir}/{render.AGENT}")
-        t.put_bytes(usage, f"{t.host.workdir}/clusterctl/usage.py")
+        for name, content in agent.items():
+            t.put_bytes(content, f"{t.host.workdir}/{posixpath.dirname(render.AGENT)}/{name}")
 
     if request.job.own:
         log("staging the node agent")

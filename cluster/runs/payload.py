@@ -15,8 +15,14 @@ from cluster.runs.schema import JobError
 DATA_LIMIT_BYTES = 64 * 2**30  # a data set is sent once per node and linked into each run: larger than code
 
 
-def agent_source() -> str:
-    return resources.files("cluster.agent").joinpath("nodeagent.py").read_text()
+# The node agent and the modules it imports beside itself (cluster/agent, stdlib only), put in each node's
+# <workdir>/clusterctl/ (render.AGENT) by every launch; codecache.py goes with a user's code (runs/code.py).
+AGENT_FILES = ("nodeagent.py", "runfiles.py", "runprocs.py", "usage.py")
+
+
+def agent_files() -> dict[str, bytes]:
+    """{file name: content} of what the node agent needs beside it."""
+    return {name: resources.files("cluster.agent").joinpath(name).read_bytes() for name in AGENT_FILES}
 
 
 def program_tree(spec: JobSpec) -> code.CodeTree:

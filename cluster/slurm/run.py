@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import shlex
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster import __version__, paths
+from cluster import __version__
 from cluster.errors import ClusterError, TransportError
 from cluster.inventory.model import Host
 from cluster.runs import code, collect as run_collect, datasets, payload, records as runs
@@ -86,7 +87,8 @@ def submit(request: SlurmRequest, log: Log = lambda s: None) -> runs.RunRecord:
             _stage_dataset(t, spec, layout.dataset(cluster.workdir, request.data_file), log)
         for dest, src in layout.HELPERS.items():
             t.put_bytes(src.read_bytes(), f"{rdir}/{dest}")
-        t.put_bytes((paths.PACKAGE_DIR / "agent" / "nodeagent.py").read_bytes(), f"{cluster.workdir}/{AGENT}")
+        for helper, blob in payload.agent_files().items():  # collect lists the tasks' files with it
+            t.put_bytes(blob, f"{cluster.workdir}/{posixpath.dirname(AGENT)}/{helper}")
         secret = payload.secret_values(spec)
         if secret:
             t.put_bytes(payload.secrets_file(secret).encode(), f"{rdir}/{layout.SECRETS}", mode=0o600)

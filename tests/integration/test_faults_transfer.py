@@ -243,12 +243,12 @@ def test_a_frozen_node_behind_small_tcp_buffers_still_costs_only_a_bounded_stall
 
 
 def _agent(state: lifecycle.LabState) -> None:
-    from cluster.runs import render
-    from importlib import resources
+    from cluster.runs import payload, render
 
     p = _node_dir(state) / render.AGENT
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(resources.files("cluster.agent").joinpath("nodeagent.py").read_text())
+    for name, content in payload.agent_files().items():
+        p.with_name(name).write_bytes(content)
 
 
 def _record(state: lifecycle.LabState, run_id: str) -> records.RunRecord:

@@ -18,7 +18,7 @@ import pytest
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
 from cluster.nodes.fanout import Group
-from cluster.runs import code, jobs, render, schema
+from cluster.runs import code, jobs, payload, render, schema
 from tests.conftest import ROOT
 
 NODE_SIDE = ROOT / "cluster" / "agent"
@@ -184,7 +184,8 @@ def local_hosts(tmp_path: Path, *names: str) -> list[Host]:
     for n in names:
         wd = tmp_path / "nodes" / n
         (wd / "clusterctl").mkdir(parents=True)
-        shutil.copy(AGENT, wd / render.AGENT)  # what launch's _stage puts there (alone: ship brings codecache.py)
+        for name, content in payload.agent_files().items():  # what launch's _stage puts there (ship brings codecache.py)
+            (wd / render.AGENT).with_name(name).write_bytes(content)
         hosts.append(Host(name=n, address="127.0.0.1", connection="local", workdir=str(wd), python=sys.executable))
     return hosts
 
@@ -419,10 +420,11 @@ def test_an_upload_that_does_not_match_is_removed_and_refused(tmp_path: Path) ->
 
 
 def test_the_node_half_is_python_3_8(tmp_path: Path) -> None:
-    for name in ("codecache.py", "nodeagent.py"):
+    for name in ("codecache.py", *payload.AGENT_FILES):
         ast.parse((NODE_SIDE / name).read_text(), name, feature_version=(3, 8))
-    # shipped with the agent alone (no package): the agent finds it beside itself
-    shutil.copy(AGENT, tmp_path / "nodeagent.py")
+    # shipped with the agent's files alone (no package): the agent finds it beside itself
+    for name in payload.AGENT_FILES:
+        shutil.copy(NODE_SIDE / name, tmp_path / name)
     shutil.copy(NODE_SIDE / "codecache.py", tmp_path / "codecache.py")
     r = subprocess.run([sys.executable, str(tmp_path / "nodeagent.py"), "code-missing", str(tmp_path / "c")],
                        input=b'{"files": {}}', capture_output=True, timeout=60)

@@ -16,10 +16,9 @@ import pytest
 
 from cluster.cli import results
 from cluster.inventory.model import Host
-from cluster.runs import collect, render
+from cluster.runs import collect, payload, render
 from cluster.transport.local import LocalTransport
-from cluster.agent import nodeagent
-from tests.conftest import ROOT
+from cluster.agent import runfiles
 
 
 def _run_folder(tmp_path: Path) -> Path:
@@ -57,7 +56,7 @@ def test_a_file_deleted_between_the_walk_and_its_stat_or_read_is_not_listed(
         return st
 
     monkeypatch.setattr(os, "lstat", racing_lstat)
-    got = nodeagent.manifest(run)
+    got = runfiles.manifest(run)
     monkeypatch.undo()
     listed = {f["path"]: f for f in got["files"]}
     assert got["ok"] and got["skipped"] == [], got
@@ -95,7 +94,7 @@ def test_a_listing_under_a_program_rotating_files_never_fails(tmp_path: Path) ->
             time.sleep(0.01)
         deadline, listings = time.monotonic() + 3, 0
         while time.monotonic() < deadline and listings < 300:
-            got = nodeagent.manifest(run)
+            got = runfiles.manifest(run)
             assert got["ok"] and got["skipped"] == [], got
             listings += 1
     finally:
@@ -126,7 +125,8 @@ def _node(tmp_path: Path) -> tuple[Host, Path]:
     """A node workdir holding the real agent and a run folder of three files."""
     workdir = tmp_path / "node"
     (workdir / render.AGENT).parent.mkdir(parents=True)
-    shutil.copy(ROOT / "cluster" / "agent" / "nodeagent.py", workdir / render.AGENT)
+    for name, content in payload.agent_files().items():
+        (workdir / render.AGENT).with_name(name).write_bytes(content)
     run = workdir / "runs" / "r1"
     (run / "out").mkdir(parents=True)
     (run / "node.log").write_text("epoch 1 loss 0.5\n")

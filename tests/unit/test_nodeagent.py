@@ -175,9 +175,9 @@ def test_a_run_without_torchrun_workers_is_never_cut(tmp_path: Path) -> None:
 def test_a_failed_runs_status_names_the_ranks_and_the_programs_traceback() -> None:
     """Recorded: node.log of a torchrun run (--tee 3, rank prefixes) whose two ranks raised; the program's
     traceback is found under torchrun's own (ChildFailedError), the ranks read from torchrun's summary."""
-    from cluster.agent import nodeagent
+    from cluster.agent import runfiles
 
-    got = nodeagent._failure(ROOT / "tests" / "fixtures" / "launch" / "torchrun-failed-node.log")
+    got = runfiles.failure(ROOT / "tests" / "fixtures" / "launch" / "torchrun-failed-node.log")
     assert got["failed_ranks"] == [0, 1]
     assert got["traceback"][0] == "Traceback (most recent call last):"
     assert got["traceback"][-1] == "RuntimeError: deliberate failure on group rank 0"
