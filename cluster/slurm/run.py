@@ -35,6 +35,9 @@ LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_
 FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 STOP_WAIT_S = 60.0  # scancel, then at most this long until Slurm says the job ended
 SUBMIT_GRACE_S = 120.0  # a record without a job id younger than this: its launch may still be submitting
+# A job neither squeue nor sacct knows, with no task folder, this long: Slurm forgot it (past MinJobAge, no
+# accounting) before any task started. The run fails saying so instead of being waited for without end.
+FORGOTTEN_S = 300.0
 
 
 def target(record: runs.RunRecord) -> dict[str, Any]:
@@ -295,7 +298,16 @@ def _apply(r: runs.RunRecord, state: str, reason: str, nodelist: str, tasks: dic
             r.started = time.time()
     elif state in LIVE and r.state != "stopping":  # PENDING, or waiting again after a requeue
         r.move("queued")
-    if state in LIVE or state == "UNKNOWN" and not tasks:
+    if state == "UNKNOWN" and not tasks:
+        since = r.target.setdefault("unknown_since", time.time())
+        if time.time() - since < FORGOTTEN_S:
+            return
+        r.failure = runs.Failure(node=nodelist or "?", reason=f"Slurm no longer knows job {r.target.get('job_id')} "
+                                 f"and none of its tasks started ({reason})")
+        r.move("failed")
+        return
+    r.target.pop("unknown_since", None)
+    if state in LIVE:
         return
     if r.started is None:  # it ran and ended between two looks: its wait counts as its run
         r.started = r.created

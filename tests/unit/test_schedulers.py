@@ -94,6 +94,19 @@ def test_a_job_that_ran_and_ended_between_two_looks_gets_its_verdict(verdict: st
     assert r.state == final and not r.active and r.started is not None and r.ended is not None
 
 
+def test_a_job_slurm_forgot_before_any_task_started_fails_after_a_bound() -> None:
+    """Neither squeue nor sacct knows the job and no task left a folder: waited for FORGOTTEN_S, then failed
+    saying so (a follow never waits without end)."""
+    r = _slurm_record()
+    slurm_run._submitted(r, "8")
+    why = "neither squeue nor sacct -c knows the job (the cluster keeps no accounting)"
+    slurm_run._apply(r, "UNKNOWN", why, "", {})
+    assert r.active and r.target is not None and "unknown_since" in r.target
+    r.target["unknown_since"] -= slurm_run.FORGOTTEN_S + 1
+    slurm_run._apply(r, "UNKNOWN", why, "", {})
+    assert r.state == "failed" and r.failure is not None and "no longer knows job 8" in r.failure.reason
+
+
 def test_a_job_cancelled_while_queued_is_stopped_and_never_ran() -> None:
     r = _slurm_record()
     slurm_run._submitted(r, "5")
