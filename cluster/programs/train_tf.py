@@ -9,12 +9,11 @@ Keras 3's model.fit fails under MWMS (DESIGN.md), hence tf-keras and this loop.
 main's phases: the settings (wlcommon.parse_args), setup_worker (threads,
 strategy, seeds), build_training (data, batches, Trainer, resume, start record),
 train_epoch per epoch, MetricsWriter.finish (end record, summary), and leaving
-together (wait_for_all_workers).
+together (tfworker.wait_for_all_workers).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -25,10 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 if TYPE_CHECKING:  # mypy reads these as the package's modules; a node has them next to this file
-    from cluster.programs import tfcomm, wlcommon, wldata, wlmetrics
+    from cluster.programs import tfcomm, tfworker, wlcommon, wldata, wlmetrics
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import tfcomm
+    import tfworker
     import wlcommon
     import wldata
     import wlmetrics
@@ -43,13 +43,6 @@ Fn = TypeVar("Fn", bound=Callable[..., Any])
 def compiled(fn: Fn) -> Fn:
     """tf.function that keeps the function's signature for mypy (TensorFlow publishes no types)."""
     return cast(Fn, tf.function(fn))
-
-
-def worker_info() -> tuple[int, int]:
-    cfg = json.loads(os.environ.get("TF_CONFIG", "{}"))
-    if not cfg:
-        return 0, 1
-    return int(cfg["task"]["index"]), len(cfg["cluster"]["worker"])
 
 
 def build_model(classes: int, size: int) -> keras.Model:
@@ -230,23 +223,11 @@ class Trainer:
 
 
 @dataclass
-class Worker:
-    """This worker's place in the cluster and its CPU budget."""
-
-    rank: int
-    world: int
-    threads: int
-    loaders: int  # threads preparing the next batches
-    options: tf.distribute.experimental.CommunicationOptions
-    strategy: tf.distribute.Strategy
-
-
-@dataclass
 class Training:
     """Everything the epochs need, built once by build_training."""
 
     a: argparse.Namespace
-    worker: Worker
+    worker: tfworker.Worker
     ds: wldata.Dataset
     train: tuple[np.ndarray, np.ndarray]  # normalized images, labels
     val: tuple[np.ndarray, np.ndarray]  # this worker's validation shard
@@ -271,22 +252,25 @@ def refused(a: argparse.Namespace) -> str | None:
     return None
 
 
-def setup_worker(a: argparse.Namespace) -> Worker:
+def setup_worker(a: argparse.Namespace) -> tfworker.Worker:
     """Rank from TF_CONFIG, CPU threads, the strategy (coordination service first), the seeds."""
-    rank, world = worker_info()
+    rank, world = tfworker.worker_info()
     if world == 1 and os.environ.get("CLUSTER_DDP_ALONE") != "1":  # (bench: the compression's own compute)
         a.grad_compression = "none"  # nothing goes on a wire
     threads = wlcommon.threads_per_process(a.threads, 1)
     loaders = wlcommon.loader_workers(a.loader_workers, bool(tf.config.list_physical_devices("GPU")), 1)
-    set_threads(threads)
-    options = communication_options(a)
-    strategy = make_strategy(world, options, a.collective_timeout_s)
+    # intra-op and inter-op pools both from `threads`, as train_torch.py does: at threads=N both frameworks get
+    # the same CPU budget (left alone, the inter-op pool runs 2 threads whatever `threads` says; issue 13)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    options = tfworker.communication_options(a)
+    strategy = tfworker.make_strategy(world, options, a.collective_timeout_s)
     tf.random.set_seed(a.seed)
     keras.utils.set_random_seed(a.seed)
-    return Worker(rank, world, threads, loaders, options, strategy)
+    return tfworker.Worker(rank, world, threads, loaders, options, strategy)
 
 
-def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsWriter) -> Training:
+def build_training(a: argparse.Namespace, w: tfworker.Worker, metrics: wlmetrics.MetricsWriter) -> Training:
     """The data, every worker's batch, the Trainer (resumed from the newest checkpoint any worker
     holds, resume_newest); writes the start record."""
     ds = wldata.open_prepared(a.data) if a.data else wldata.load(a.dataset, a.data_path, a.size, a.seed)
@@ -295,16 +279,17 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
     train = normalize(ds.x_train, mean, std), ds.y_train
     val = normalize(ds.x_val[vidx], mean, std), ds.y_val[vidx]
     batch = wlcommon.my_batch(a.shares, os.environ.get("CLUSTER_NODE_NAME"), a.batch)
-    batches = [int(b) for b in _allsum(w.strategy, np.eye(w.world)[w.rank] * batch)] if w.world > 1 else [batch]
+    batches = [batch]
+    if w.world > 1:  # learn every worker's batch
+        batches = [int(b) for b in tfworker.allsum(w.strategy, np.eye(w.world)[w.rank] * batch)]
     plan = wlcommon.plan_batches(a, batch, batches, len(ds.x_train))
     tr = Trainer(w.strategy, ds.classes, a.size, a, plan.global_batch, w.options)
     shapes = [tuple(v.shape) for v in tr.model.trainable_variables]
-    psgd = a.grad_compression == "powersgd"
-    psgd_start = (0 if a.powersgd_start_step == wlcommon.FROM_FIRST else  # memory from the first step: no buckets
-                  wlcommon.powersgd_start(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs))
+    # PowerSGD's start step; 0 with powersgd_start_step 1: its memory from the first step (no buckets to rebuild)
+    psgd_start = wlcommon.fp16_steps(a.powersgd_start_step, plan.steps_per_epoch, a.warmup_epochs, a.epochs)
     comp = wlcommon.Compression(a.grad_compression, tfcomm.torch_shapes(shapes), w.world, a.powersgd_rank,
-                                tfcomm.StepCount(0, psgd_start) if psgd else None, from_first=psgd_start == 0,
-                                powersgd_wire=a.powersgd_wire)
+                                tfcomm.StepCount(0, psgd_start) if a.grad_compression == "powersgd" else None,
+                                from_first=psgd_start == 0, powersgd_wire=a.powersgd_wire)
     ckpt = tf.train.Checkpoint(model=tr.model, optimizer=tr.opt, epoch=tr.epoch, step=tr.step, val_acc=tr.val_acc)
     resumed = resume_newest(w, tr, ckpt, metrics.dir / "checkpoint") if a.resume == "auto" else "none"
     start_epoch, step, acc = int(tr.epoch.numpy()) + 1, int(tr.step.numpy()), float(tr.val_acc.numpy())
@@ -320,11 +305,8 @@ def build_training(a: argparse.Namespace, w: Worker, metrics: wlmetrics.MetricsW
                   resumed_from=resumed,
                   heartbeat_timeout_s=a.collective_timeout_s if w.world > 1 and a.collective_timeout_s else None,
                   tf_implementation=a.tf_implementation, tf_bytes_per_pack=a.tf_bytes_per_pack,
-                  grad_compression=a.grad_compression,
-                  powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
-                  powersgd_from_first=comp.from_first if psgd else None,
-                  powersgd_wire=a.powersgd_wire if psgd else None,
-                  bn_recompute=a.bn_recompute, **plan.start_fields(), **comp.volume)
+                  **wlmetrics.compression_fields(comp, a, psgd_start), bn_recompute=a.bn_recompute,
+                  **plan.start_fields(), **comp.volume)
     return Training(a, w, ds, train, val, tr, plan, comp, ckpt, metrics, start_epoch, step, acc if acc >= 0 else None)
 
 
@@ -340,7 +322,7 @@ def train_epoch(t: Training, epoch: int) -> float:
         idx = order[wlcommon.batch_slice(i, plan.step_batches, w.rank)]
         return xtr[idx], ytr[idx]
 
-    feed = iter(wlcommon.Prefetcher(gather, plan.steps_per_epoch, w.loaders))
+    feed = iter(wldata.Prefetcher(gather, plan.steps_per_epoch, w.loaders))
 
     def fetch() -> tuple[tf.Tensor, tf.Tensor]:
         xb, yb = next(feed)
@@ -356,7 +338,7 @@ def train_epoch(t: Training, epoch: int) -> float:
         return wlmetrics.StepOutcome(float(step(*batch).numpy()), int(batch[1].shape[0]), sent)
 
     t.step, tally = wlmetrics.run_steps(t.metrics, plan, a.log_every, epoch, t.step, fetch, train)
-    train_loss = _allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
+    train_loss = tfworker.allsum(w.strategy, np.array([tally.loss_sum, tally.samples]))
     if a.bn_recompute:
         few = min(wlcommon.bn_samples(a.bn_recompute, w.world), len(mine))
         tr.recompute_bn(xtr[mine[:few]], plan.batch, few)
@@ -384,61 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         acc = train_epoch(t, epoch)
         epoch += 1
     metrics.finish(a, t.ds, w.world, t.plan, epoch - t.start_epoch, t.step, cpu, acc)
-    wait_for_all_workers(w.world)
+    tfworker.wait_for_all_workers(w.world)
     return 0
-
-
-def set_threads(threads: int) -> None:
-    """Intra-op and inter-op pools both from `threads`, as train_torch.py does: at threads=N both
-    frameworks get the same CPU budget (this program used to run 2 inter-op threads whatever
-    `threads` said, ~1.2 cores at threads=1; issue 13)."""
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
-
-
-def communication_options(a: argparse.Namespace) -> tf.distribute.experimental.CommunicationOptions:
-    """MWMS's CommunicationOptions from the job: implementation (AUTO is RING on CPU), bytes per pack
-    (0: TensorFlow packs all gradients), and the collective timeout (a collective that has not completed
-    after it raises DeadlineExceeded; TensorFlow keeps a sleeping thread per collective for that time)."""
-    impl = tf.distribute.experimental.CommunicationImplementation[a.tf_implementation.upper()]
-    return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=a.tf_bytes_per_pack, implementation=impl,
-        timeout_seconds=a.collective_timeout_s if a.collective_timeout_s > 0 else None)
-
-
-def make_strategy(world: int, options: tf.distribute.experimental.CommunicationOptions,
-                  timeout_s: float) -> tf.distribute.Strategy:
-    """MWMS with the coordination service configured by us before MWMS would with its defaults.
-
-    The service's heartbeat timeout (TF default 10 s) sets both how long a silent worker is tolerated
-    and, halved, each heartbeat RPC's own deadline and interval (tsl coordination_service_agent). On a
-    link saturated by gradients a 5 s heartbeat RPC misses its deadline and the agent aborts every
-    collective ("Deadline Exceeded, RPC: /tensorflow.CoordinationService/Heartbeat", issue 13). With the
-    job's collective_timeout_s the heartbeat RPC gets timeout/2 (60 s by default) and a dead or frozen
-    worker is declared so after `timeout_s`, which fails the others' next collective: they exit non-zero."""
-    if world == 1:
-        return tf.distribute.get_strategy()
-    if timeout_s > 0:
-        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-        from tensorflow.python.distribute import multi_worker_util
-        from tensorflow.python.eager import context
-
-        spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
-        jobs = [coordination_config_pb2.CoordinatedJob(name=j, num_tasks=spec.num_tasks(j))
-                for j in ("chief", "worker") if j in spec.jobs]
-        context.context().configure_coordination_service(
-            service_type="standalone", service_leader=multi_worker_util.coordination_leader(spec),
-            coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(timeout_s * 1000))
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-def wait_for_all_workers(world: int, name: str = "clusterctl-exit") -> None:
-    """Leave together: a worker that exits right after the last all-reduce can close the socket its peer
-    still pulls that result's buffers from ("Collective ops is aborted by: Socket closed")."""
-    if world > 1:
-        from tensorflow.python.eager import context
-
-        context.context().wait_at_barrier(name, 300_000)  # the coordination service's barrier
 
 
 CKPT_SLOTS = ("ckpt-a", "ckpt-b")  # OUT/checkpoint/ckpt-?.index, .data-*; OUT/checkpoint/checkpoint names the last
@@ -458,38 +387,33 @@ def save_checkpoint(ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> None:
     os.replace(tmp, ckpt_dir / "checkpoint")
 
 
-def resume_newest(w: Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> str:
+def resume_newest(w: tfworker.Worker, tr: Trainer, ckpt: tf.train.Checkpoint, ckpt_dir: Path) -> str:
     """Every worker restores its own latest checkpoint, if it has one (a restart after a node died gives
-    the survivors new ranks, so the chief's disk may hold an older one or none); the workers agree on the
-    one with the newest epoch (ties: the lowest rank) and everyone takes its values, unless every worker
-    restored that same save point (epoch and step): then nothing is sent. A worker without a
-    checkpoint joins the collectives all the same, as does one whose checkpoint cannot be read
-    (readable_checkpoint): it takes the source's values. Returns where the values came from: "none" (a
-    fresh start), "each" or "rank R"."""
+    the survivors new ranks, so the chief's disk may hold an older one or none); the workers agree on one
+    (wlcommon.resume_source) and everyone takes its values, unless every worker restored that same save
+    point: then nothing is sent. A worker without a checkpoint joins the collectives all the same, as does
+    one whose checkpoint cannot be read (readable_checkpoint): it takes the source's values. Returns where
+    the values came from: "none" (a fresh start), "each" or "rank R"."""
     latest = readable_checkpoint(ckpt_dir)
     if latest:
         ckpt.read(latest).expect_partial()
     if w.world == 1:
         return "each" if latest else "none"
-    _build_optimizer_slots(tr)  # (the deferred restore of the momentum slots happens here)
-    mine = int(tr.epoch.numpy()) + 1 if latest else 0  # 0: no checkpoint; epoch e: e + 1
-    step = int(tr.step.numpy()) if latest else -1
-    held = _allsum(w.strategy, np.concatenate([np.eye(w.world)[w.rank] * mine, np.eye(w.world)[w.rank] * step]))
-    epochs, steps = held[: w.world], held[w.world:]
-    if epochs.max() <= 0:
-        return "none"  # no worker has one: MWMS already gave all workers the chief's initial values
-    src = int(np.argmax(epochs))  # the first of the highest: the lowest rank on a tie
-    if (epochs == epochs[src]).all() and (steps == steps[src]).all():
-        return "each"  # every worker restored that same save point: nothing to send (a restart of the same nodes)
-    tr.broadcast_from(source=w.rank == src)
-    return f"rank {src}"
+    with tr.strategy.scope():  # momentum slots exist only after the first apply: built (their deferred
+        tr.opt.build(tr.model.trainable_variables)  # restore happens here) so that they can be sent
+    mine = (int(tr.epoch.numpy()), int(tr.step.numpy())) if latest else (-1, -1)
+    one = np.eye(w.world)[w.rank]  # each worker's (epoch, step) in its own places of the sum
+    held = tfworker.allsum(w.strategy, np.concatenate([one * mine[0], one * mine[1]]))
+    src, source = wlcommon.resume_source([(int(e), int(s)) for e, s in zip(held[:w.world], held[w.world:])])
+    if source not in ("none", "each"):  # none: MWMS already gave all workers the chief's initial values
+        tr.broadcast_from(source=w.rank == src)
+    return source
 
 
 def readable_checkpoint(ckpt_dir: Path) -> str | None:
     """The latest checkpoint in `ckpt_dir` (its prefix), every tensor of it read once before anything is
-    restored from it; None where there is none, or where it cannot be read (cut short by a full disk,
-    damaged): then the line on stderr (node.log) names it and why, and the resume takes the newest any other
-    worker holds instead of failing the whole restart. Read first, so a damaged one restores nothing."""
+    restored from it, so a damaged one restores nothing; None where there is none, or where it cannot be
+    read (wlcommon.unreadable_checkpoint: the resume takes the newest another worker holds)."""
     latest: str | None = None
     try:
         latest = tf.train.latest_checkpoint(str(ckpt_dir))
@@ -498,27 +422,9 @@ def readable_checkpoint(ckpt_dir: Path) -> str | None:
             for name in reader.get_variable_to_shape_map():
                 reader.get_tensor(name)
     except Exception as e:  # noqa: BLE001 - TF raises its own errors (DataLossError, ...) and the protobuf parser's
-        why = " ".join(str(e).split())[:300]
-        print(f"warning: checkpoint {latest or ckpt_dir} cannot be read ({type(e).__name__}: {why}): counted as "
-              "none, the newest another worker holds is taken (none anywhere: training starts at epoch 0)",
-              file=sys.stderr, flush=True)
+        wlcommon.unreadable_checkpoint(latest or ckpt_dir, e, "worker")
         return None
     return latest
-
-
-def _allsum(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
-    if strategy.num_replicas_in_sync == 1:
-        return values
-    t = tf.constant(values, dtype=tf.float64)
-    total: np.ndarray = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(t)),
-                                        axis=None).numpy()
-    return total
-
-
-def _build_optimizer_slots(tr: Trainer) -> None:
-    """Momentum slots exist only after the first apply; create them (zero update) before broadcasting."""
-    with tr.strategy.scope():
-        tr.opt.build(tr.model.trainable_variables)
 
 
 if __name__ == "__main__":

@@ -268,15 +268,12 @@ def build_training(a: argparse.Namespace, proc: Proc, data: Data, metrics: wlmet
                              step, a.bucket_mb, seed=a.seed, timeout_s=a.collective_timeout_s,
                              powersgd_from_first=a.powersgd_start_step == wlcommon.FROM_FIRST,
                              powersgd_wire=a.powersgd_wire)
-    psgd = comp.kind == "powersgd"
     metrics.start(**wlmetrics.run_fields(a, data.ds, plan, start_epoch, world=proc.world, local_rank=proc.local_rank,
                                          device=str(proc.device), amp=amp, start_step=step),
                   torch=torch.__version__, threads=torch.get_num_threads(),
                   interop_threads=torch.get_num_interop_threads(), loader_workers=workers, backend=proc.backend,
                   resumed_from=resumed, weights_sent=proc.distributed and not synced,
-                  collective_timeout_s=a.collective_timeout_s, grad_compression=comp.kind,
-                  powersgd_rank=a.powersgd_rank if psgd else None, powersgd_start_step=psgd_start if psgd else None,
-                  powersgd_from_first=comp.from_first if psgd else None, powersgd_wire=a.powersgd_wire if psgd else None,
+                  collective_timeout_s=a.collective_timeout_s, **wlmetrics.compression_fields(comp, a, psgd_start),
                   **plan.start_fields(), bucket_mb=a.bucket_mb or 25.0, bn_recompute=a.bn_recompute, **comp.volume)
     return Training(a, proc, data, model, ddp, opt, torch.amp.GradScaler("cuda") if amp else None, plan,
                     wlcommon.loss_weight(batches, proc.rank), comp, workers, metrics, ckpt, start_epoch, step, acc)
@@ -295,7 +292,7 @@ def train_epoch(t: Training, epoch: int) -> float:
         x, y = data.xtr[idx], data.ytr[idx]
         return (x.pin_memory(), y.pin_memory()) if proc.cuda else (x, y)
 
-    feed = iter(wlcommon.Prefetcher(gather, plan.steps_per_epoch, t.workers))
+    feed = iter(wldata.Prefetcher(gather, plan.steps_per_epoch, t.workers))
 
     def fetch() -> tuple[torch.Tensor, torch.Tensor]:
         x, y = next(feed)
@@ -385,25 +382,24 @@ def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank
     the validation accuracy it saved (None in a checkpoint older than that), where it came from: "none",
     "each" or "rank R").
 
-    Every rank joins the all-gather, with or without a file: its (epoch, step) ((-1, -1): none); the source
-    is the rank with the highest epoch, the lowest such rank on a tie (the ranks of one node read the same
-    file). Where every rank holds that same save point (every node saves each epoch: a restart of the same
-    nodes, a `launch --continue`), each reads its own and nothing crosses the links; else the source's is
-    handed to every rank (model and momentum: 90 MB for ResNet18, 38 s to 3 peers on a 57 Mbit/s link).
-    A file that cannot be read (_read_checkpoint) counts as none: that rank receives the source's. No
-    readable file anywhere: a fresh start (0, 0) on every rank."""
+    Every rank joins the all-gather, with or without a file: its (epoch, step); the source is
+    wlcommon.resume_source's (the ranks of one node read the same file). Where every rank holds that same
+    save point (every node saves each epoch: a restart of the same nodes, a `launch --continue`), each reads
+    its own; else the source's is handed to every rank (model and momentum: 90 MB for ResNet18, 38 s to 3
+    peers on a 57 Mbit/s link). A file that cannot be read (_read_checkpoint) counts as none: that rank
+    receives the source's. No readable file anywhere: a fresh start (0, 0) on every rank."""
     state = _read_checkpoint(path)
     source = "none" if state is None else "each"
     if world > 1:
         held: list[tuple[int, int]] = [(-1, -1)] * world
         dist.all_gather_object(held, (int(state["epoch"]), int(state["step"])) if state else (-1, -1))
-        src = max(range(world), key=lambda r: (held[r][0], -r))
-        if held[src][0] < 0:
-            state, source = None, "none"
-        elif any(h != held[src] for h in held):
+        src, source = wlcommon.resume_source(held)
+        if source == "none":
+            state = None
+        elif source != "each":
             box = [state if rank == src else None]
             dist.broadcast_object_list(box, src=src)
-            state, source = box[0], f"rank {src}"
+            state = box[0]
     if state is None:
         return 0, 0, None, source
     model.load_state_dict(state["model"])
@@ -413,9 +409,8 @@ def _resume(model: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, rank
 
 
 def _read_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The checkpoint at `path`; None where there is none, or where it cannot be read (cut short by a full
-    disk, damaged, not a checkpoint of this program): then the line on stderr (node.log) names the file and
-    why, and the resume takes the newest any other rank holds instead of failing the whole restart."""
+    """The checkpoint at `path`; None where there is none, or where it cannot be read (damaged, not a
+    checkpoint of this program: wlcommon.unreadable_checkpoint says why, the resume takes another rank's)."""
     if not path.exists():
         return None
     try:
@@ -423,9 +418,7 @@ def _read_checkpoint(path: Path) -> dict[str, Any] | None:
         if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "step"} <= state.keys():
             raise ValueError("it holds no model, optimizer, epoch and step")
     except Exception as e:  # noqa: BLE001 - torch.load raises whatever pickle, zipfile or the storage raise
-        why = " ".join(str(e).split())[:300]
-        print(f"warning: checkpoint {path} cannot be read ({type(e).__name__}: {why}): counted as none, the newest "
-              "another rank holds is taken (none anywhere: training starts at epoch 0)", file=sys.stderr, flush=True)
+        wlcommon.unreadable_checkpoint(path, e, "rank")
         return None
     return state
 

@@ -6,14 +6,12 @@ import dataclasses
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
-
-T = TypeVar("T")
 
 REF_BATCH = 64  # the global batch the base learning rate is given for
 TRAIN_ACC_SAMPLES = 512  # per epoch, over all ranks: the training accuracy's sample, scored in eval mode
@@ -129,6 +127,24 @@ def trains(a: argparse.Namespace, epoch: int, acc: float | None) -> bool:
 def reached(a: argparse.Namespace, acc: float | None) -> bool:
     """Whether a validation accuracy (None: none scored yet) is at the run's --target-acc (0: none)."""
     return bool(a.target_acc) and acc is not None and acc >= a.target_acc
+
+
+def resume_source(held: list[tuple[int, int]]) -> tuple[int, str]:
+    """Whose checkpoint a restart resumes from, given every rank's (epoch, step) ((-1, -1): none; nodes don't
+    share disks): the newest epoch's, the lowest rank's on a tie; and where the values come from: "none" (no
+    rank holds one), "each" (every rank holds that same save point: nothing crosses the links) or "rank R"."""
+    src = max(range(len(held)), key=lambda r: (held[r][0], -r))
+    if held[src][0] < 0:
+        return src, "none"
+    return src, "each" if all(h == held[src] for h in held) else f"rank {src}"
+
+
+def unreadable_checkpoint(name: object, e: Exception, peer: str) -> None:
+    """Says on stderr (node.log) which checkpoint cannot be read (cut short by a full disk, damaged) and why:
+    it counts as none, and the resume takes the newest any other `peer` holds instead of failing the restart."""
+    why = " ".join(str(e).split())[:300]
+    print(f"warning: checkpoint {name} cannot be read ({type(e).__name__}: {why}): counted as none, the newest "
+          f"another {peer} holds is taken (none anywhere: training starts at epoch 0)", file=sys.stderr, flush=True)
 
 
 def parse_args(doc: str | None, argv: list[str] | None,
@@ -307,33 +323,6 @@ def loader_workers(requested: int, accelerator: bool, local_processes: int) -> i
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(4, cores // max(1, local_processes) - 1))
-
-
-class Prefetcher(Generic[T]):
-    """Yields make_batch(0..n-1) in order, with up to `workers` of the next batches prepared in
-    threads while the caller computes (the arrays are in memory: threads, no worker processes and
-    no copies between them; numpy and torch release the GIL while gathering)."""
-
-    def __init__(self, make_batch: Callable[[int], T], n: int, workers: int) -> None:
-        self.make_batch, self.n, self.workers = make_batch, n, workers
-
-    def __iter__(self) -> Iterator[T]:
-        if self.workers <= 0:
-            for i in range(self.n):
-                yield self.make_batch(i)
-            return
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="loader") as pool:
-            pending = deque(pool.submit(self.make_batch, i) for i in range(min(self.n, self.workers)))
-            nxt = len(pending)
-            while pending:
-                batch = pending.popleft().result()
-                if nxt < self.n:
-                    pending.append(pool.submit(self.make_batch, nxt))
-                    nxt += 1
-                yield batch
 
 
 def amp_wanted(mode: str, compute_capability: tuple[int, int] | None) -> bool:

@@ -1,4 +1,4 @@
-"""Datasets for the ResNet50 study, the same arrays for PyTorch and TensorFlow.
+"""Datasets for the ResNet50 study, the same arrays for PyTorch and TensorFlow, and their batches fed by threads.
 
 Runs on the nodes (numpy, scikit-learn, Pillow; no clusterctl imports). Every
 loader returns uint8 NHWC images at `size`x`size`x3 and int64 labels, split
@@ -16,12 +16,14 @@ from __future__ import annotations
 import io
 import pickle
 import tarfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 NAMES = ("digits", "digits-aug", "cifar10", "imagefolder", "synthetic")
 AUG_VARIANTS = 8  # digits-aug: variants of each training digit (the original among them)
 AUG_MAX_DEGREES, AUG_MAX_SHIFT = 12.0, 0.1  # rotation, translation as a fraction of the side
@@ -191,3 +193,30 @@ def shard(n: int, rank: int, world: int) -> np.ndarray:
     ranks take the same number of steps."""
     usable = n - n % world
     return np.arange(rank, usable, world)
+
+
+class Prefetcher(Generic[T]):
+    """Yields make_batch(0..n-1) in order, with up to `workers` of the next batches prepared in
+    threads while the caller computes (the arrays are in memory: threads, no worker processes and
+    no copies between them; numpy and torch release the GIL while gathering)."""
+
+    def __init__(self, make_batch: Callable[[int], T], n: int, workers: int) -> None:
+        self.make_batch, self.n, self.workers = make_batch, n, workers
+
+    def __iter__(self) -> Iterator[T]:
+        if self.workers <= 0:
+            for i in range(self.n):
+                yield self.make_batch(i)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="loader") as pool:
+            pending = deque(pool.submit(self.make_batch, i) for i in range(min(self.n, self.workers)))
+            nxt = len(pending)
+            while pending:
+                batch = pending.popleft().result()
+                if nxt < self.n:
+                    pending.append(pool.submit(self.make_batch, nxt))
+                    nxt += 1
+                yield batch

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 if TYPE_CHECKING:
     import argparse
 
-    from cluster.programs.wlcommon import BatchPlan
+    from cluster.programs.wlcommon import BatchPlan, Compression
     from cluster.programs.wldata import Dataset
 
 B = TypeVar("B")
@@ -108,6 +108,15 @@ def run_fields(a: argparse.Namespace, ds: Dataset, plan: BatchPlan, start_epoch:
             "momentum": a.momentum, "weight_decay": a.weight_decay, "schedule": a.schedule,
             "warmup_epochs": a.warmup_epochs, "start_epoch": start_epoch, "start_step": start_step,
             "period": int(os.environ.get("CLUSTER_PERIOD") or 1)}
+
+
+def compression_fields(comp: Compression, a: argparse.Namespace, psgd_start: int) -> dict[str, Any]:
+    """The start record's gradient compression (docs/metrics.md): PowerSGD's settings only where it runs."""
+    psgd = comp.kind == "powersgd"
+    return {"grad_compression": comp.kind, "powersgd_rank": a.powersgd_rank if psgd else None,
+            "powersgd_start_step": psgd_start if psgd else None,
+            "powersgd_from_first": comp.from_first if psgd else None,
+            "powersgd_wire": a.powersgd_wire if psgd else None}
 
 
 class StepOutcome(NamedTuple):

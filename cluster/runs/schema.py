@@ -29,7 +29,8 @@ class Component:
     checkpoint: str  # under the run folder: what `launch --continue` copies from the continued run
     large_outputs: tuple[str, ...]  # name patterns that `collect` leaves on the nodes unless asked
     # what the entry point imports of cluster/programs, shipped beside it
-    modules: tuple[str, ...] = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py")
+    modules: tuple[str, ...] = ("wlcommon.py", "wldata.py", "wlmetrics.py", "torchcomm.py", "tfcomm.py",
+                                "tfworker.py")
 
 
 # `framework:` names the component; `checkpoint*` (not only the file): a save in progress is named after it too

@@ -114,8 +114,6 @@ def test_nvidia_smi_sample_parser() -> None:
 def test_prefetcher_yields_every_batch_once_in_order() -> None:
     import threading
 
-    import wlcommon
-
     seen_threads = set()
 
     def make(i: int) -> int:
@@ -123,9 +121,9 @@ def test_prefetcher_yields_every_batch_once_in_order() -> None:
         return i * i
 
     for workers in (0, 1, 3, 10):
-        assert list(wlcommon.Prefetcher(make, 7, workers)) == [i * i for i in range(7)]
+        assert list(wldata.Prefetcher(make, 7, workers)) == [i * i for i in range(7)]
     assert any(t.startswith("loader") for t in seen_threads)
-    assert list(wlcommon.Prefetcher(make, 0, 2)) == []
+    assert list(wldata.Prefetcher(make, 0, 2)) == []
 
 
 def test_loader_workers_leave_cpu_nodes_cores_to_compute() -> None:

@@ -20,10 +20,10 @@ sys.path.insert(0, {str(WL)!r})
 import tf_keras as keras
 keras.backend.set_floatx("float64")  # the comparison sees the arithmetic, not float32 rounding
 import tensorflow as tf
-import train_tf
+import tfworker, train_tf
 
 mode, init, data, out = sys.argv[1:5]
-rank, world = train_tf.worker_info()
+rank, world = tfworker.worker_info()
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
 a = argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4)
 tr = train_tf.Trainer(strategy, 10, 32, a, global_batch=8)
@@ -47,7 +47,7 @@ for _ in range(2):  # two steps: the momentum slots are exercised too
 weights = tr.model.get_weights()  # on every worker: reading BN's sync-on-read variables is a collective
 if rank == 0:
     np.savez(out, *weights)
-train_tf.wait_for_all_workers(world)
+tfworker.wait_for_all_workers(world)
 """
 
 
@@ -179,10 +179,10 @@ sys.path.insert(0, {str(WL)!r})
 import tf_keras as keras
 keras.backend.set_floatx("float64")
 import tensorflow as tf
-import train_tf
+import tfworker, train_tf
 
 data, out = sys.argv[1:3]
-rank, world = train_tf.worker_info()
+rank, world = tfworker.worker_info()
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if world > 1 else tf.distribute.get_strategy()
 tf.keras.utils.set_random_seed(0)
 keras.utils.set_random_seed(0)
@@ -200,7 +200,7 @@ stats = [np.asarray(tf.convert_to_tensor(v)) for l in tr.model.layers
          if isinstance(l, keras.layers.BatchNormalization) for v in (l.moving_mean, l.moving_variance)]
 if rank == 0:
     np.savez(out, by_hand=by_hand, *stats)
-train_tf.wait_for_all_workers(world)
+tfworker.wait_for_all_workers(world)
 """
 
 

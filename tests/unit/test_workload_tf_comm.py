@@ -25,7 +25,7 @@ sys.path.insert(0, {str(WL)!r})
 import tf_keras as keras
 keras.backend.set_floatx("float64")
 import tensorflow as tf
-import train_tf, wlcommon
+import tfworker, train_tf, wlcommon
 
 
 def tiny(classes, size):
@@ -39,12 +39,12 @@ train_tf.build_model = tiny
 mode, init, data, out, split, k, comp = sys.argv[1:8]
 psgd_rank, wire = (int(sys.argv[8]), sys.argv[9]) if len(sys.argv) > 9 else (1, "float32")
 split, k = [int(b) for b in split.split(",")], int(k)
-rank, world = train_tf.worker_info()
+rank, world = tfworker.worker_info()
 a = argparse.Namespace(lr=0.01, momentum=0.9, weight_decay=5e-4, accumulate=k if world > 1 else 1,
                        grad_compression=comp, tf_implementation="ring", tf_bytes_per_pack=0,
                        collective_timeout_s=60.0, seed=0, powersgd_rank=psgd_rank, powersgd_wire=wire)
-options = train_tf.communication_options(a)
-strategy = train_tf.make_strategy(world, options, a.collective_timeout_s)
+options = tfworker.communication_options(a)
+strategy = tfworker.make_strategy(world, options, a.collective_timeout_s)
 n = k * sum(split)  # samples per optimizer step
 tr = train_tf.Trainer(strategy, 10, 8, a, global_batch=n, comm_options=options)
 if mode == "init":
@@ -115,7 +115,7 @@ for step in range(2):  # two steps: the momentum slots are exercised too
 weights = tr.model.get_weights()
 if rank == 0:
     np.savez(out, *weights)
-train_tf.wait_for_all_workers(world)
+tfworker.wait_for_all_workers(world)
 """
 
 
