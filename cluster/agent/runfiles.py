@@ -157,7 +157,8 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     links and other special files are listed as skipped, not read. Left out, and counted: files the
     launch shipped that are unchanged (the head has them: `shipped`) and, where the job names its
     `outputs`, the rest of the program's folder (`not_outputs`); not listed: what the job names large
-    (`large_outputs`: the built-in checkpoints) unless `checkpoints` asks for it. A running program deletes
+    (`large_outputs`: the built-in checkpoints) unless `checkpoints` asks for it: those are named with
+    their size (`large`). A running program deletes
     files while this lists them: a file (or folder: os.walk passes over one it cannot open) gone by the time
     it is read is not there, so it is not listed."""
     import fnmatch
@@ -172,6 +173,7 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
     def is_large(name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pat) for pat in large)
     unchanged = left = 0
+    large_left = []  # type: list[dict[str, Any]]
     for root, dirs, names in os.walk(run_dir, followlinks=False):
         rel_root = Path(root).relative_to(run_dir)
         for d in list(dirs):
@@ -179,20 +181,26 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
             if os.path.islink(Path(root) / d):
                 skipped.append({"path": rel, "reason": "symbolic link"})
                 dirs.remove(d)
-            elif is_large(d) or d == "__pycache__" or rel == TMP:
+            elif d == "__pycache__" or rel == TMP:
                 dirs.remove(d)  # __pycache__: what Python compiled there (never shipped either); TMP: scratch
             elif not _wanted(rel, outputs, True):
                 dirs.remove(d)
                 left += 1
+            elif is_large(d):
+                dirs.remove(d)
+                large_left.append({"path": rel + "/", "size": _tree_bytes(Path(root) / d)})
         for n in sorted(names):
             full, rel = Path(root) / n, (rel_root / n).as_posix()
-            if n.endswith(".tmp") or is_large(n):
+            if n.endswith(".tmp"):
                 continue
             if rel in PRIVATE_FILES:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
                 continue
             if not _wanted(rel, outputs, False):
                 left += 1
+                continue
+            if is_large(n):
+                large_left.append({"path": rel, "size": _tree_bytes(full)})
                 continue
             try:
                 st = os.lstat(full)
@@ -213,7 +221,24 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
                 unchanged += 1
                 continue
             files.append({"path": rel, "size": size, "sha256": sha})
-    return {"ok": True, "files": files, "skipped": skipped, "shipped": unchanged, "not_outputs": left}
+    return {"ok": True, "files": files, "skipped": skipped, "shipped": unchanged, "not_outputs": left,
+            "large": large_left}
+
+
+def _tree_bytes(path: Path) -> int:
+    """The bytes of a file, or of every regular file under a folder (links not followed): what a large
+    output left on the node weighs, so collect can say what `--with-checkpoints` would bring."""
+    import stat as stat_mod
+
+    total = 0
+    for root, _dirs, names in os.walk(path, followlinks=False) if path.is_dir() else [("", [], [str(path)])]:
+        for n in names:
+            try:
+                st = os.lstat(os.path.join(root, n))
+            except OSError:
+                continue  # gone since the walk: a running program's
+            total += st.st_size if stat_mod.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def prefix_sha(path: Path, length: int | None) -> Doc:

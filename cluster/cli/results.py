@@ -117,6 +117,10 @@ def _print_collect(run: RunCollect) -> None:
         left += [f"{c.not_outputs} path(s) of the program's folder outside its outputs"] if c.not_outputs else []
         if left:
             out.print(f"[dim]left on {c.node}: {'; '.join(left)}[/dim]")
+        if c.large:
+            named = ", ".join(f"{escape(x['path'])} ({x['size'] / 2**20:.1f} MiB)" for x in c.large)
+            out.print(f"left on {c.node}: {named}: `clusterctl collect {run.run_id} --with-checkpoints` brings "
+                      f"{'it' if len(c.large) == 1 else 'them'}", soft_wrap=True)
     if any(c.changed for c in run.nodes.values()):  # a running run's program at work: a note, not a failure
         out.print(f"[dim]changed: the run's files moved under the copy; {CHANGED_FIX}[/dim]")
 

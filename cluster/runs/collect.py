@@ -58,6 +58,7 @@ class NodeCollect:
     changed: list[dict[str, str]] = field(default_factory=list)  # vanished or rewritten during the copy, twice
     shipped: int = 0  # files left on the node: shipped by launch, unchanged (the head has them)
     not_outputs: int = 0  # files and folders of the program's folder outside the job's `outputs`, left there
+    large: list[dict[str, Any]] = field(default_factory=list)  # what the job names large, left there: path, size
     error: str | None = None
     fix: str | None = None
     duration: float = 0.0
@@ -186,6 +187,8 @@ def collect_node(t: Transport, run_dir: str, dest: Path, checkpoints: bool,
     dest.mkdir(parents=True, exist_ok=True)
     res.skipped = [x for x in listing.get("skipped", []) if isinstance(x, dict)]
     res.shipped, res.not_outputs = (int(listing.get(k) or 0) for k in ("shipped", "not_outputs"))
+    res.large = [{"path": str(x["path"]), "size": int(x["size"])} for x in listing.get("large") or []
+                 if isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("size"), int)]
     for entry in listing["files"]:
         rel = entry.get("path") if isinstance(entry, dict) else None
         try:

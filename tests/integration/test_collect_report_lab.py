@@ -17,7 +17,7 @@ import pytest
 
 from cluster.lab import sshd
 from tests.conftest import ROOT
-from tests.integration.conftest import clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
+from tests.integration.conftest import clusterctl, clusterctl_json, provisioned_lab, pytestmark  # noqa: F401
 
 # batch 8: what is tested is the same at any batch, and ResNet50 steps at 32 on one thread cost minutes in CI
 TINY = ["--set", "epochs=2", "--set", "threads=1", "--set", "max_steps=4", "--set", "log_every=1", "--set", "batch=8"]
@@ -66,8 +66,15 @@ def test_collect_brings_everything_then_nothing_new(clab) -> None:
             assert not (got / "program").exists()  # the built-in program: shipped, left on the node
             assert (got / "facts.json").exists() and (got / "provision-state.json").exists()
             assert not list(got.rglob("*.part"))
+            left = {x["path"]: x["size"] for x in res["nodes"][i]["large"]}  # named, with their real size
+            on_node = Path(state.nodes[i].dir) / "srv" / "runs" / run_id
+            assert left and all(path.startswith("out/checkpoint") for path in left), left
+            assert left == {k: sum(f.stat().st_size for f in [on_node / k, *(on_node / k).rglob("*")] if f.is_file())
+                            for k in left}
         again_rc, again = clusterctl_json("collect", run_id, env=env, timeout=600)
         assert again_rc == 0 and [x["bytes"] for x in again["nodes"]] == [0, 0], again  # nothing transferred
+        text = clusterctl("collect", run_id, env=env, timeout=600).stdout
+        assert f"collect {run_id} --with-checkpoints` brings" in text and "MiB)" in text, text
 
 
 def test_interrupted_collect_resumes_to_identical_verified_files(clab) -> None:

@@ -527,3 +527,21 @@ def test_a_large_tree_goes_by_relay_and_builds_the_same_program_folder(tmp_path:
             assert not Path(distribute.pidfile(h)).exists()  # no relay left running
         second = code.ship(g, hosts, tree, run_dirs(hosts, "r2"))
         assert second.ok and all(r.value.bytes_sent == 0 and r.value.via == "sftp" for r in second.values())
+
+
+def test_what_collect_leaves_as_large_is_named_with_its_size(tmp_path: Path) -> None:
+    """Nothing stays on a node silently: each large output left there (file or folder) is listed with its bytes
+    (a folder's: every regular file under it), so collect can name it and the flag that brings it."""
+    run = tmp_path / "run"
+    write(run, {"out/checkpoint/a": "x" * 300, "out/checkpoint/sub/b": "y" * 20, "out/checkpoint-epoch2.pt": "z" * 7,
+                "node.log": "ok\n", "job.json": json.dumps({"job": {"large_outputs": ["checkpoint*"]}})})
+    (run / "out" / "checkpoint" / "link").symlink_to(run / "node.log")  # a link counts for nothing
+
+    def large(*extra: str) -> list[dict]:
+        r = subprocess.run([sys.executable, str(AGENT), "manifest", str(run), *extra], capture_output=True,
+                           timeout=60)
+        return sorted(json.loads(r.stdout)["large"], key=lambda x: x["path"])
+
+    assert large() == [{"path": "out/checkpoint-epoch2.pt", "size": 7}, {"path": "out/checkpoint/", "size": 320}]
+    assert large("checkpoints") == []
+
