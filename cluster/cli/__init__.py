@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, command = argv[:i], argv[i + 1:]
     parser = build_parser(command_named(argv))
     try:
-        args = parser.parse_args(argv)  # exits 2 on bad arguments, 0 for --help and --version
+        args, unknown = parser.parse_known_args(argv)  # exits 2 on bad arguments, 0 for --help and --version
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}" + _missing_dashes(args, command, unknown))
         args.command = command
         if command and args.cmd not in ("exec", "launch"):
             parser.error("`--` and a command only go with `clusterctl exec` and `clusterctl launch`")
@@ -134,6 +136,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program:
         _exit_soon()
     return code
+
+
+def _missing_dashes(args: argparse.Namespace, command: list[str], unknown: list[str]) -> str:
+    """The hint for `clusterctl launch python train.py`: the program's command needs a `--` before it."""
+    from cluster.cli.runs import program_words
+
+    job = getattr(args, "job", None)
+    if args.cmd != "launch" or command or not program_words([job or ""] + unknown):
+        return ""
+    return f"; a program's command goes after `--`: clusterctl launch -- {' '.join([*([job] if job else []), *unknown])}"
 
 
 def _without_invoke() -> None:

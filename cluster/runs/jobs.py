@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,6 +18,7 @@ from typing import Any, Iterable
 import yaml
 
 from cluster import yamlfile
+from cluster.errors import UsageError
 from cluster.bounds import FileRefused, read_regular
 from cluster.inventory.loader import parse_override
 from cluster.runs import jobcheck
@@ -191,6 +193,9 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
     settings["code"], settings["launcher"] = str(code.resolve()), launcher
     settings["name"] = name or _name_for(code)
     words = list(argv)
+    if words and words[0].endswith(".py") and "/" not in words[0]:  # no node has `train.py` on its PATH
+        raise UsageError(f"{words[0]} is a Python file, not a command: the nodes would look for a program "
+                         f"named {words[0]}", f"clusterctl launch -- python {shlex.join(words)}")
     if words and Path(words[0]).name.startswith("python") and len(words) > 1:
         if words[1] == "-m" and len(words) > 2:
             settings["module"], settings["args"] = words[2], words[3:]

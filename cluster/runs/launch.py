@@ -14,7 +14,7 @@ import shlex
 import time
 from typing import Any, Callable, NoReturn
 
-from cluster import __version__, errors
+from cluster import __version__, errors, paths
 from cluster.runs import (carryover, code, datasets, elastic, firewall, layers, payload, preflight, records as runs,
                           render)
 from cluster.errors import ClusterError
@@ -52,7 +52,8 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
     data = payload.data_tree(spec) if spec.own and spec["data"] is not None else None  # and its data, the same way
     left_out: dict[str, str] = {}
     with Group(hosts, forks=forks) as group:
-        targets = preflight.check(group, hosts, spec, left_out)
+        targets = preflight.check(group, hosts, spec, left_out,
+                                   embedded=inv.path.resolve() == paths.LOCAL_INVENTORY.resolve())
         hosts = [h for h in hosts if h.name in targets]
         if left_out:
             log(f"starting on {len(hosts)} nodes without {', '.join(left_out)} (min_nodes {spec['min_nodes']})")

@@ -8,6 +8,7 @@ from typing import Any
 
 from cluster import errors
 from cluster.errors import ClusterError, UsageError
+from cluster.inventory import context
 from cluster.inventory.model import Host, Inventory
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.provision import verify
@@ -42,11 +43,12 @@ def select_hosts(inv: Inventory, spec: JobSpec, limit: str | None) -> list[Host]
 
 
 def check(group: Group, hosts: list[Host], spec: JobSpec | None = None,
-              left_out: dict[str, str] | None = None) -> dict[str, render.Target]:
+          left_out: dict[str, str] | None = None, embedded: bool = False) -> dict[str, render.Target]:
     """Each node's verified environment (its provision state.json); refuse unless all exist and match, and
     (with `spec`) unless that environment has the framework the job's launcher starts.
     `left_out`: where the job's `min_nodes` lets it start without the nodes that do not answer, they are put
-    there (node -> why) and left out of the targets; otherwise one unreachable node refuses the start."""
+    there (node -> why) and left out of the targets; otherwise one unreachable node refuses the start.
+    `embedded`: the hosts are the embedded local inventory's, used because no inventory was named."""
 
     def read(t: Transport) -> dict[str, Any] | None:
         q = shlex.quote(t.host.workdir)
@@ -67,6 +69,12 @@ def check(group: Group, hosts: list[Host], spec: JobSpec | None = None,
         hosts = [h for h in hosts if h.name not in unreachable]
         results = GroupResult((n, r) for n, r in results.items() if n not in unreachable)
     missing = [n for n, r in results.items() if not r.ok or not r.value]
+    if missing and embedded:  # a student's first launch, before anyone told clusterctl where the room is
+        raise LaunchRefused("no inventory given and no current context: the embedded inventory (this machine "
+                            "alone) is not provisioned", f"use the room's inventory (ask the lab's admin for it): "
+                            f"`clusterctl context ROOM.yaml` once, or `-i ROOM.yaml`, or `export {context.ENV}="
+                            "ROOM.yaml`; to train on this machine alone, run `clusterctl provision` first",
+                            exit_code=errors.EXIT_USAGE)
     if missing:
         raise LaunchRefused(f"not provisioned (no verified environment): {', '.join(missing)}",
                             "run `clusterctl provision` for these nodes first")

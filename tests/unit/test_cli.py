@@ -379,3 +379,38 @@ def test_dry_run_refuses_data_that_cannot_be_shipped_before_any_node(tmp_path: P
     want = {"device": "is a character device: only a regular file or a folder", "loop": "leads back to itself (a loop)",
             "fifo": "is a named pipe (FIFO): only a regular file or a folder", "broken": "no file or folder"}[kind]
     assert r.returncode == 2 and "data: " in r.stderr and str(data) in r.stderr and want in r.stderr, r.stderr
+
+
+def test_a_students_command_shape_mistakes_get_the_corrected_command_before_anything_starts(tmp_path: Path) -> None:
+    """`launch -- train.py`, `launch python train.py` (no `--`) and `launch train.py`: exit 2 with the command
+    that works, before any node is contacted (the inventory given names a node that cannot be reached)."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    inv = str(mixed_inventory(tmp_path))
+
+    def launch(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cluster", "launch", "-i", inv, "--code", str(tmp_path), *argv],
+                              capture_output=True, text=True, cwd=tmp_path, env=os.environ.copy(), timeout=120)
+
+    r = launch("--", "train.py", "--steps", "3")
+    assert r.returncode == 2 and "fix: clusterctl launch -- python train.py --steps 3" in r.stderr, r.stderr
+    r = launch("python", "train.py", "--steps", "3")
+    assert r.returncode == 2 and "goes after `--`: clusterctl launch -- python train.py --steps 3" in r.stderr
+    r = launch("train.py")
+    assert r.returncode == 2 and "train.py is a program, not a job spec" in r.stderr
+    assert "clusterctl launch -- python train.py" in r.stderr
+    assert all("cannot reach" not in x for x in (r.stderr, r.stdout))
+    r = launch("resnet50-ddp", "extra")  # a job with a stray word: no program hint
+    assert r.returncode == 2 and "unrecognized arguments: extra" in r.stderr and "--`" not in r.stderr
+
+
+def test_a_student_with_no_inventory_is_pointed_at_the_room_not_at_provisioning_this_machine(tmp_path: Path) -> None:
+    """No -i, no $CLUSTERCTL_INVENTORY, no context: the embedded inventory (this machine) is not provisioned,
+    and the message says how to name the room's inventory, exit 2."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {k: v for k, v in os.environ.items() if k != "CLUSTERCTL_INVENTORY"}
+    env |= {"HOME": str(tmp_path / "home"), "CLUSTERCTL_HOME": str(tmp_path / "ch")}
+    r = subprocess.run([sys.executable, "-m", "cluster", "launch", "--", "python", "train.py"], capture_output=True,
+                       text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    for fix in ("clusterctl context ROOM.yaml", "-i ROOM.yaml", "CLUSTERCTL_INVENTORY=ROOM.yaml", "admin"):
+        assert fix in r.stderr, r.stderr
