@@ -23,6 +23,8 @@ JOBS_DIR = data_dir("jobs")  # the built-in job specs
 TEMPLATES_DIR = data_dir("templates")  # what playbook steps and launches render
 INVENTORY_DIR = data_dir("inventory")
 LOCAL_INVENTORY = INVENTORY_DIR / "local.yaml"
+# in the first lines of every page `clusterctl report` writes: a program folder's launch never ships one
+WRITTEN_BY = "written by clusterctl report"
 
 
 def home() -> Path:

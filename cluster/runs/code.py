@@ -3,7 +3,8 @@
 `scan` walks the folder as git sees it: `.git/` never, each `.gitignore` applied to its own folder (deeper
 ones win, the last matching line of a file wins, nothing comes back from under an ignored folder), then
 `.clusterctlignore` at the top, read last so its lines win (a `!` line ships what git ignores);
-`__pycache__/` and `*.pyc` never. What it returns, the `CodeTree`, is a manifest (path -> sha256, size,
+`__pycache__/` and `*.pyc` never, nor the head's own products (clusterctl's home, a run folder, a page
+`clusterctl report` wrote). What it returns, the `CodeTree`, is a manifest (path -> sha256, size,
 mode) and its digest. A symbolic link is shipped as the regular file it points to inside the folder; any
 other link, and any FIFO, socket or device, is refused by name, as is a folder over the size limit.
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pathspec
 
+from cluster import paths
 from cluster.bounds import FileRefused, file_kind, read_regular
 from cluster.errors import UsageError
 from cluster.nodes.replies import agent_reply, error_tail
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 LIMIT_BYTES = 256 * 2**20
 IGNORE_FILE = ".clusterctlignore"
+MARK = paths.WRITTEN_BY.encode()  # in the pages `clusterctl report` writes
 NEVER_DIRS = frozenset({".git", "__pycache__"})
 CACHE = "clusterctl/code-cache"  # under the node's workdir
 HELPER = "codecache.py"  # the node's half, put beside the node agent
@@ -163,6 +166,7 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
     top_file = root / IGNORE_FILE
     top = _read_spec(top_file, IGNORE_FILE, source) if os.path.lexists(top_file) else None
     found: dict[str, Path] = {}
+    home = paths.home().expanduser().resolve()
     stack: list[tuple[str, Levels]] = [("", ())]
     while stack:
         folder, levels = stack.pop()
@@ -187,7 +191,7 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
             is_dir = stat.S_ISDIR(mode)
             if entry.name in NEVER_DIRS and (is_dir or entry.name == ".git") or not is_dir and rel.endswith(".pyc"):
                 continue  # .git (a folder, or a worktree's file), byte code
-            if _ignored(rel, is_dir, levels, top):
+            if _ignored(rel, is_dir, levels, top) or _written_by_clusterctl(root / rel, is_dir, home):
                 continue
             try:
                 rel.encode("utf-8")
@@ -204,6 +208,28 @@ def _walk(root: Path, source: str) -> dict[str, Path]:
                 raise CodeError(f"{source}: {root / rel} is {file_kind(mode)}: only regular files can be shipped",
                                 f"move it out of {root}, or list {rel} in {root / IGNORE_FILE}")
     return found
+
+
+def _written_by_clusterctl(path: Path, is_dir: bool, home: Path) -> bool:
+    """The head's own products in a program folder: clusterctl's home (records, collected runs), a run folder
+    copied there, a page `clusterctl report` wrote (and its plots): results, never what the program needs."""
+    if is_dir:
+        return (path == home or _starts_with(path / "run.json", b'"run_id"', b'"job"')
+                or path.name.endswith("-plots") and _starts_with(path.with_name(path.name[:-6] + ".md"), MARK))
+    return path.suffix in (".html", ".md") and _starts_with(path, MARK)
+
+
+
+def _starts_with(path: Path, *marks: bytes) -> bool:
+    """Whether a regular file's first 4 KiB hold every mark (never opening a FIFO or device)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return all(m in head for m in marks)
 
 
 def _shown(path: Path) -> str:
@@ -254,8 +280,9 @@ def scan(root: Path, *, limit_bytes: int = LIMIT_BYTES, source: str = "code") ->
         raise CodeError(f"{source}: {base} holds {size_text(total)} in {len(found)} files, over the limit of "
                         f"{size_text(limit_bytes)}; the largest: "
                         + ", ".join(f"{rel} ({size_text(n)})" for rel, n in largest),
-                        f"list what the program does not need in {base / IGNORE_FILE} (gitignore syntax, e.g. "
-                        "`data/`, `*.ckpt`), or point it at a smaller folder; data belongs in the job's dataset")
+                        f"launch from the program's own folder (`cd` into it, or `--code DIR`), or list what the "
+                        f"program does not need in {base / IGNORE_FILE} (gitignore syntax, e.g. `data/`, `*.ckpt`); "
+                        "data belongs in `--data` (a job spec's `data:`)")
     files = {rel: _hash(found[rel], rel, base, source) for rel in sorted(found)}
     digest = hashlib.sha256(canonical(_manifest(files))).hexdigest()
     return CodeTree(base, files, sum(f.size for f in files.values()), digest)

@@ -247,7 +247,8 @@ def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[s
 def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float | None) -> str:
     e = html.escape
     head, rows = summary_rows(figs)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>clusterctl report</title><style>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{paths.WRITTEN_BY}'>"
+             "<title>clusterctl report</title><style>",
              "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
              "th,td{border:1px solid #bbb;padding:3px 7px;font-size:13px;text-align:right}th{white-space:normal}"
              "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
@@ -290,7 +291,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
                          + ["| " + " | ".join(r) + " |" for r in rows])
 
     image_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"# {title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
+    parts = [f"<!-- {paths.WRITTEN_BY} -->", f"# {title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
     for f in figs:
         parts += [f"## {f.run_id}", "", run_line(f), ""]
         if len(f.periods) > 1:

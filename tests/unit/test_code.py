@@ -545,3 +545,25 @@ def test_what_collect_leaves_as_large_is_named_with_its_size(tmp_path: Path) -> 
     assert large() == [{"path": "out/checkpoint-epoch2.pt", "size": 7}, {"path": "out/checkpoint/", "size": 320}]
     assert large("checkpoints") == []
 
+
+def test_the_heads_own_products_in_a_program_folder_are_never_shipped(tmp_path: Path, monkeypatch) -> None:
+    """A report written into the folder (HTML, or Markdown with its plots), a collected run folder, and
+    clusterctl's home inside the folder stay on the head; files that merely share their names ship."""
+    from cluster.study import report
+
+    root = write(tmp_path / "proj", {"train.py": "print(1)\n", "notes.md": "# mine\n", "page.html": "<html>mine",
+                                     "mine-plots/a.png": "png", "runs/r1/run.json": '{"run_id": "r1", "job": "j"}',
+                                     "runs/r1/node1/out.txt": "x", "results/run.json": '{"step": 3}',
+                                     "home/context.json": "{}"})
+    (root / "run.html").write_text(report.html_page([], {}, None))
+    (root / "run.md").write_text(report.markdown_page([], root / "run-plots", {"throughput": b"png"}))
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(root / "home"))
+    assert (root / "run-plots" / "throughput.png").exists()
+    assert set(code.scan(root).files) == {"train.py", "notes.md", "page.html", "mine-plots/a.png", "results/run.json"}
+
+
+def test_a_folder_too_large_to_ship_names_cd_and_code(tmp_path: Path) -> None:
+    root = write(tmp_path / "proj", {"train.py": "x" * 2000})
+    with pytest.raises(code.CodeError) as e:
+        code.scan(root, limit_bytes=1000)
+    assert "`cd` into it, or `--code DIR`" in e.value.fix and code.IGNORE_FILE in e.value.fix
