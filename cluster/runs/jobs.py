@@ -22,8 +22,8 @@ from cluster.errors import UsageError
 from cluster.bounds import FileRefused, read_regular
 from cluster.inventory.loader import parse_override
 from cluster.runs import jobcheck
-from cluster.runs.schema import (COMM_KEYS, COMPONENTS, DEFAULTS, FREE_MAPS, JOBS_DIR, LAUNCHERS, RETIRED, JobError,
-                                  program_parser)
+from cluster.runs.schema import (BUILT_IN_KEYS, COMM_KEYS, COMPONENTS, DEFAULTS, FREE_MAPS, JOBS_DIR, LAUNCHERS,
+                                  RETIRED, JobError, program_parser)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class JobSpec:
     @property
     def entry(self) -> str:
         return str(self.settings["entry"])
+
+    @property
+    def node_settings(self) -> dict[str, Any]:
+        """The settings each node's job.json holds: a user's program's without the built-in programs' knobs."""
+        return {k: v for k, v in self.settings.items() if not (self.own and k in BUILT_IN_KEYS)}
 
     @property
     def own(self) -> bool:

@@ -230,7 +230,7 @@ def render(spec: JobSpec, targets: list[Target], run_id: str, data_file: str,
                 max_restarts=spec["max_restarts"], version=__version__, secrets=bool(spec["env_from"]), period=period),
             "job.json": json.dumps({"run_id": run_id, "node": h.name, "node_rank": rank, "nodes": len(targets),
                                     "nproc": nproc, "world_size": request.world_size, "endpoint": endpoint,
-                                    "job": spec.settings, **({"period": period} if period > 1 else {})},
+                                    "job": spec.node_settings, **({"period": period} if period > 1 else {})},
                                    indent=1, sort_keys=True) + "\n",
         }
         if spec.launcher == "tensorflow":

@@ -114,6 +114,11 @@ DEFAULTS: dict[str, Any] = {
 COMM_KEYS = ("grad_compression", "powersgd_rank", "powersgd_start_step", "powersgd_wire", "accumulate", "bucket_mb",
              "tf_implementation", "tf_bytes_per_pack", "collective_timeout_s")
 COMPRESSIONS = CHOICES["grad_compression"]
+# What only the built-in programs read (their parser's knobs, their family and entry, the batch shares): a
+# user's program's job.json, which its dry run shows, leaves them out
+BUILT_IN_KEYS = frozenset({"framework", "entry", "dataset", "model", "bn_recompute", "epochs", "target_acc",
+                           "max_epochs", "batch", "optimizer", "seed", "threads", "loader_workers", "amp", "max_steps",
+                           "log_every", "shares", *COMM_KEYS})
 # Retired settings and values (docs/jobs.md "Retired settings"): a spec or --set that names one is refused
 # (exit 2) with what replaces it. A run recorded with one reads as today's job without it (with_defaults).
 LOCAL_SGD_GONE = ("grad_compression: localsgd is retired (it never beat one node on a measured room): use "

@@ -74,7 +74,7 @@ def settings(spec: JobSpec, cluster: SlurmCluster, res: Resources, run_id: str, 
     """The run folder's job.json: what ran, where, with which resources (as an SSH node's job.json)."""
     return json.dumps({"run_id": run_id, "cluster": cluster.name, "nodes": res.nodes, "nproc": res.nproc_per_node,
                        "world_size": res.world_size, "data_file": data_file or None, "resources": res.to_dict(),
-                       "job": spec.settings}, indent=1, sort_keys=True, default=str) + "\n"
+                       "job": spec.node_settings}, indent=1, sort_keys=True, default=str) + "\n"
 
 
 def files(spec: JobSpec, cluster: SlurmCluster, res: Resources, run_id: str, data_file: str) -> dict[str, Any]:

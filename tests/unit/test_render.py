@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runs import jobs, launch, payload, render
+from cluster.runs import jobs, launch, payload, render, schema
 from cluster.inventory import loader, model
 from cluster.errors import UsageError
 from cluster.runs.schema import JobError
@@ -249,3 +249,13 @@ def test_a_relative_workdir_is_the_login_directorys_in_every_path_the_script_giv
     assert cwd == str(rdir.resolve())
     assert f"{home.resolve()}/clusterctl/datasets/d.npz" in words  # the built-in program's --data
     assert f"{home.resolve()}/clusterctl/runs/run1/logs" in words  # torchrun's --log-dir
+
+
+def test_a_users_program_job_json_holds_its_own_settings_not_the_built_in_programs_knobs(tmp_path: Path) -> None:
+    """The dry run of `launch -- python train.py` shows the program's job: no batch, dataset or optimizer."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    own = jobs.from_command(["python", "train.py", "--steps", "3"], tmp_path)
+    assert own.node_settings["program"] == "train.py" and own.node_settings["args"] == ["--steps", "3"]
+    assert not set(own.node_settings) & {"batch", "dataset", "optimizer", "epochs", "grad_compression", "threads"}
+    assert set(own.node_settings) | schema.BUILT_IN_KEYS == set(own.settings)
+    assert jobs.load("resnet50-ddp").node_settings == jobs.load("resnet50-ddp").settings  # a built-in: all of it
