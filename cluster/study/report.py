@@ -92,10 +92,27 @@ def _summary_row(f: RunFigures) -> list[str]:
             _f(f.energy_kwh, "{:.4f}"), _f(f.cost, "{:.4f}")]
 
 
+def own_program(f: RunFigures) -> bool:
+    """A run of a user's own program: no epochs of the built-in programs, so their words do not apply."""
+    return f.settings.get("code") is not None and not f.epochs
+
+
+def _own_row(f: RunFigures) -> list[str]:
+    cpu = [p.cpu_percent for p in f.per_node if p.cpu_percent is not None]
+    peak = [p.rss_mb_peak for p in f.per_node if p.rss_mb_peak is not None]
+    return [f.run_id, f.job, str(f.settings.get("launcher")), str(len(f.nodes)), str(f.world), f.state,
+            _f(f.wall_s, "{:.0f}"), " ".join(f"{p.node}:{_f(p.exit_code, '{:d}')}" for p in f.per_node) or "-",
+            _f(sum(cpu) / len(cpu) if cpu else None, "{:.0f}"), _f(max(peak) if peak else None, "{:.0f}"),
+            str(sum(len(v) for v in f.user_metrics.values())), _f(f.energy_kwh, "{:.4f}"), _f(f.cost, "{:.4f}")]
+
+
 def summary_rows(figs: list[RunFigures]) -> tuple[list[str], list[list[str]]]:
     """One row per run: throughput (steady and end to end) beside CPU use, accuracy and time to the target
     accuracy (also against one node), scaling and communication, energy. SUMMARY_NOTE says which way the
-    ratio goes."""
+    ratio goes. Runs of users' own programs only: what such a run has (wall time, exit codes, CPU, memory,
+    $CLUSTER_METRICS records, energy)."""
+    if figs and all(own_program(f) for f in figs):
+        return OWN_HEAD, [_own_row(f) for f in figs]
     target = figs[0].target_acc if figs else DEFAULT_TARGET_ACC
     head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "e2e images/s",
             "CPU cores/proc", "predicted", "epoch s", "final val acc", "best val acc", f"s to val acc {target:g}",
@@ -105,6 +122,8 @@ def summary_rows(figs: list[RunFigures]) -> tuple[list[str], list[list[str]]]:
     return head, [_summary_row(f) for f in figs]
 
 
+OWN_HEAD = ["run", "job", "launcher", "nodes", "world", "state", "wall s", "exit codes", "CPU %", "peak MB",
+            "metrics records", "energy kWh", "cost"]
 SUMMARY_NOTE = ("images/s: steady, the median over the epochs after the first; e2e images/s: every trained "
                 "sample / wall s (the first epoch, warm-up and restarts included). time to target vs 1 node: this "
                 "run's s to the target val acc / that of a one-node run of the same job and settings; below 1x "
@@ -145,6 +164,13 @@ def _end_to_end(f: RunFigures) -> str:
 
 def run_line(f: RunFigures) -> str:
     """The run's setting and its communication and convergence in words, with where each figure came from."""
+    if own_program(f):
+        n = sum(len(v) for v in f.user_metrics.values())
+        return (f"{f.job}: your program ({f.settings.get('launcher')}), {len(f.nodes)} node(s), world size {f.world}, "
+                f"state {f.state}, {_f(f.wall_s, '{:.0f}')} s wall. "
+                + (f"{n} $CLUSTER_METRICS record(s), plotted above." if n else "No $CLUSTER_METRICS records (a "
+                   "program may append JSON lines there, docs/metrics.md).")
+                + " Exit code, CPU and memory per node below.")
     comm = (f"communication {f.comm_share:.0%} of the step time ({f.comm_share_source})" if f.comm_share is not None
             else "communication share unknown (the programs do not time the all-reduce apart, and no one-process "
                  "run of the same job, settings and batch per worker was found to compare with)")
@@ -216,6 +242,10 @@ def node_rows(f: RunFigures) -> tuple[list[str], list[list[str]]]:
              _f(p.images_per_s), _f(p.cpu_percent, "{:.0f}"), _f(p.rss_mb_peak, "{:.0f}"),
              _f(p.cpu_energy_j, "{:.0f}"), _f(p.gpu_power_w), f"{p.watts:.0f} ({p.watts_source})"]
             for p in f.per_node]
+    if own_program(f):  # the built-in programs' step timings mean nothing here
+        keep = [i for i, h in enumerate(head) if h not in ("ranks", "median step s", "p90 step s", "data s",
+                                                            "images/s")]
+        return [head[i] for i in keep], [[r[i] for i in keep] for r in rows]
     return head, rows
 
 
@@ -240,6 +270,8 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[str], list[list[str]]]]:
     """One wide table as two, both led by the first column: a page 1280 px wide shows each whole."""
+    if at not in head:  # a narrow table (users' own programs)
+        return [(head, rows)]
     cut = head.index(at)
     return [(head[:cut], [r[:cut] for r in rows]), (head[:1] + head[cut:], [r[:1] + r[cut:] for r in rows])]
 
@@ -247,6 +279,20 @@ def _split(head: list[str], rows: list[list[str]], at: str) -> list[tuple[list[s
 def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float | None) -> str:
     e = html.escape
     head, rows = summary_rows(figs)
+    own = head == OWN_HEAD  # users' own programs only: their plots first (their metrics first), no built-in wording
+    images = dict(sorted(images.items(), key=lambda kv: kv[0] != "user_metrics")) if own else images
+    energy = ("measured GPU power plus an estimate for the rest of the PC" if any(
+        f.energy_source != "estimated" for f in figs) else "estimated from the hardware (docs/report.md)")
+    intro = (f"{len(figs)} run(s) of your own program: wall time, exit codes, CPU and memory per node, what the "
+             f"program appended to $CLUSTER_METRICS; energy is {energy}" if own else
+             f"{len(figs)} run(s). Throughput (images/s) and epoch time are medians over the epochs after the "
+             "first; end-to-end throughput (e2e images/s) is every trained sample over the wall time; "
+             "scaling efficiency and the communication share compare with a one-node run of the same job and "
+             f"settings; time to the target accuracy counts from the run's start; energy is {energy}")
+    plots = ["<h2>Plots</h2>"] + [f"<figure><img alt='{e(CAPTIONS.get(name, name))}' "
+                                  f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                                  f"<figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>"
+                                  for name, png in images.items()]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='generator' content='{paths.WRITTEN_BY}'>"
              "<title>clusterctl report</title><style>",
              "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
@@ -254,15 +300,9 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
              "th{background:#eee}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "figure{margin:1em 0}figcaption{font-size:13px;color:#444}</style></head><body>",
              f"<h1>{e(title(figs))}</h1>",
-             f"<p>{len(figs)} run(s). Throughput (images/s) and epoch time are medians over the epochs after the "
-             "first; end-to-end throughput (e2e images/s) is every trained sample over the wall time; "
-             "scaling efficiency and the communication share compare with a one-node run of the same job and "
-             "settings; time to the target accuracy counts from the run's start; energy is "
-             + ("measured GPU power plus an estimate for the rest of the PC" if any(
-                 f.energy_source != "estimated" for f in figs) else "estimated from the hardware (docs/report.md)")
-             + (f"; cost at {price_kwh:g} per kWh" if price_kwh is not None else "") + ".</p>",
+             f"<p>{e(intro)}" + (f"; cost at {price_kwh:g} per kWh" if price_kwh is not None else "") + ".</p>",
              "<h2>Runs</h2>", *(_html_table(h, r) for h, r in _split(head, rows, "final val acc")),
-             f"<p>{e(SUMMARY_NOTE)}</p>"]
+             *(plots if own else [f"<p>{e(SUMMARY_NOTE)}</p>"])]
     for f in figs:
         nh, nr = node_rows(f)
         parts.append(f"<h2>{e(f.run_id)}</h2><p>{e(run_line(f))}</p>")
@@ -271,16 +311,13 @@ def html_page(figs: list[RunFigures], images: dict[str, bytes], price_kwh: float
         if f.dropped:  # also a run that failed to go on without them (one period)
             parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in dropped_lines(f)) + "</ul>")
         parts.append(_html_table(nh, nr))
-        eh = ["epoch", "step", "train loss", "train acc", "val loss", "val acc", "epoch s", "images/s"]
-        er = [[str(x["epoch"]), str(x["step"]), f"{x['train_loss']:.4f}", f"{x['train_acc']:.4f}",
-               f"{x['val_loss']:.4f}", f"{x['val_acc']:.4f}", f"{x['epoch_s']:.1f}", f"{x['images_per_s']:.1f}"]
-              for x in f.epochs]
-        parts.append(_html_table(eh, er))
-    parts.append("<h2>Plots</h2>")
-    for name, png in images.items():
-        parts.append(f"<figure><img alt='{e(CAPTIONS.get(name, name))}' "
-                     f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-                     f"<figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>")
+        if f.epochs:
+            eh = ["epoch", "step", "train loss", "train acc", "val loss", "val acc", "epoch s", "images/s"]
+            er = [[str(x["epoch"]), str(x["step"]), f"{x['train_loss']:.4f}", f"{x['train_acc']:.4f}",
+                   f"{x['val_loss']:.4f}", f"{x['val_acc']:.4f}", f"{x['epoch_s']:.1f}", f"{x['images_per_s']:.1f}"]
+                  for x in f.epochs]
+            parts.append(_html_table(eh, er))
+    parts += [] if own else plots
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -291,7 +328,14 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
                          + ["| " + " | ".join(r) + " |" for r in rows])
 
     image_dir.mkdir(parents=True, exist_ok=True)
-    parts = [f"<!-- {paths.WRITTEN_BY} -->", f"# {title(figs)}", "", table(*summary_rows(figs)), "", SUMMARY_NOTE, ""]
+    head, rows = summary_rows(figs)
+    parts = [f"<!-- {paths.WRITTEN_BY} -->", f"# {title(figs)}", "", table(head, rows), ""]
+    own = head == OWN_HEAD  # users' own programs only: their plots first (their metrics first)
+    plots = []
+    for name, png in sorted(images.items(), key=lambda kv: own and kv[0] != "user_metrics"):
+        (image_dir / f"{name}.png").write_bytes(png)
+        plots += [f"![{CAPTIONS.get(name, name)}]({image_dir.name}/{name}.png)", ""]
+    parts += plots if own else [SUMMARY_NOTE, ""]
     for f in figs:
         parts += [f"## {f.run_id}", "", run_line(f), ""]
         if len(f.periods) > 1:
@@ -299,10 +343,7 @@ def markdown_page(figs: list[RunFigures], image_dir: Path, images: dict[str, byt
         if f.dropped:
             parts += [*(f"- {x}" for x in dropped_lines(f)), ""]
         parts += [table(*node_rows(f)), ""]
-    for name, png in images.items():
-        (image_dir / f"{name}.png").write_bytes(png)
-        parts += [f"![{CAPTIONS.get(name, name)}]({image_dir.name}/{name}.png)", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + ([] if own else plots))
 
 
 def write_pages(run_ids: list[str], *, html: Path | None, markdown: Path | None, price_kwh: float | None,

@@ -269,3 +269,26 @@ def test_the_title_names_the_models_and_frameworks_the_runs_trained() -> None:
     assert report.title([torch18, tf]) == "ResNet18 and ResNet50 study: PyTorch DDP vs TensorFlow MWMS"
     own = _fig("pytorch", {"model": "resnet50", "code": "train.py"}, epochs=False)
     assert report.title([torch50, own]) == "Runs on the cluster"
+
+
+OWN = "code-20261207-143806-94aa"  # a user's own program, recorded on the lab
+
+
+def test_the_report_of_a_users_program_speaks_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wall time, exit codes, CPU, memory, energy and the $CLUSTER_METRICS plot first; none of the built-in
+    programs' words (validation accuracy, batch per worker, dataset, images/s) where they do not apply."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _recorded(tmp_path)
+    md, page = tmp_path / "own.md", tmp_path / "own.html"
+    figs, _ = report.write_pages([OWN], html=page, markdown=md, price_kwh=None)
+    head, rows = report.summary_rows(figs)
+    row = dict(zip(head, rows[0]))
+    assert (row["launcher"], row["state"], row["exit codes"], row["metrics records"]) == (
+        "torchrun", "succeeded", "node1:0 node2:0", "8")
+    assert row["wall s"] != "-" and row["CPU %"] != "-" and row["peak MB"] != "-" and row["energy kWh"] != "-"
+    for text in (md.read_text(), page.read_text()):
+        for word in ("val acc", "Validation accuracy", "/worker", "dataset", "images/s", "CPU use not recorded"):
+            assert word not in text, word
+    text = md.read_text()
+    assert text.index("user_metrics.png") < text.index("usage.png") < text.index(f"## {OWN}")
+    assert "8 $CLUSTER_METRICS record(s)" in report.run_line(figs[0])
