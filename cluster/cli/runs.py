@@ -145,6 +145,8 @@ def _print_details(record: RunRecord) -> None:
                   + (f" (also: {', '.join(f.also)})" if f.also else ""))
         for line in f.log:
             out.print(f"  [dim]{escape(f.node)}|[/dim] {escape(line)}")
+        if f.fix():
+            out.print(f"  fix: {escape(f.fix() or '')}", soft_wrap=True)
     for line in api.of(record).details(record):
         out.print(escape(line))
 

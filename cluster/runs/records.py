@@ -75,6 +75,18 @@ class Failure:
     also: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # the global ranks that failed on `node`, where known
 
+    def fix(self) -> str | None:
+        """What to do, where the log says it plainly: a module the nodes' environment lacks."""
+        missing = next((m for line in reversed(self.log) if (m := _NO_MODULE.search(line))), None)
+        if missing is None:
+            return None
+        name = missing.group(1).split(".")[0]
+        return (f"{name} is not in the nodes' environment: put its package (pip's name, which may differ) in a "
+                "requirements.txt at the top of the program's folder (launch uses it without naming it) or give "
+                "`--requirements FILE`; it is installed offline beside the provisioned environment")
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 @dataclass
 class RunRecord:
