@@ -252,7 +252,7 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
         extra += [f"data={os.path.abspath(Path(args.data).expanduser())}"] if args.data else []  # a link stays one
         extra += [f"outputs={json.dumps(args.outputs)}"] if args.outputs else []
         return jobs.from_command(args.command, Path(args.code or "."), args.launcher or "torchrun", args.name,
-                                 [*extra, *(args.set or [])])
+                                 args.set or [], options=extra)
     if not args.job:
         raise UsageError("launch needs a JOB or `-- COMMAND`",
                          "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")

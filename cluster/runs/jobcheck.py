@@ -47,8 +47,8 @@ class Checks:
     def fail(self, field: str, message: str, fix: str, at: str | None = None) -> NoReturn:
         """`at`: the setting whose line to name, where `field` is inside it (args[0])."""
         line = self.lines.get(at or field)
-        raise JobError("command line (--set)" if line == -1 else self.file, None if line == -1 else line,
-                       field, message, fix)
+        where = {-1: "command line (--set)", -2: "command line"}.get(line or 0, self.file)
+        raise JobError(where, None if line is not None and line < 0 else line, field, message, fix)
 
     def number(self, field: str, value: Any) -> None:
         """The one check of a number setting (cluster.bounds, NUMBERS): its kind, finite, its bounds."""

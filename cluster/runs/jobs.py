@@ -134,15 +134,17 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     return resolve(path, settings, lines)
 
 
-def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lines: dict[str, int | None]) -> None:
-    """--set KEY=VALUE, each in turn; `lines` marks each key as given on the command line (-1)."""
+def _override(settings: dict[str, Any], overrides: Iterable[str], file: str, lines: dict[str, int | None],
+              mark: int = -1) -> None:
+    """--set KEY=VALUE, each in turn; `lines` marks each key as given on the command line: -1 by --set, -2 by
+    launch's option of the same name or its command."""
     for text in overrides:
         if not text.partition("=")[0].strip() or "=" not in text:
             raise JobError("command line (--set)", None, "--set", f"expected KEY=VALUE, got {text!r}",
                            "e.g. --set epochs=2 --set optimizer.lr=0.02")
         key, value = parse_override(text)
         _set(settings, key, value, file, lines)
-        lines[key] = -1
+        lines[key] = mark
 
 
 def with_defaults(settings: dict[str, Any] | None) -> dict[str, Any]:
@@ -191,7 +193,7 @@ def resolve(path: Path, settings: dict[str, Any], lines: dict[str, int | None]) 
 
 
 def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: str | None = None,
-                 overrides: Iterable[str] = ()) -> JobSpec:
+                 overrides: Iterable[str] = (), options: Iterable[str] = ()) -> JobSpec:
     """The ad-hoc job of `clusterctl launch [OPTIONS] -- python train.py ...`: `code` shipped, `python SCRIPT
     ARGS` runs SCRIPT, `python -m MOD ARGS` runs MOD, anything else is a command (torchrun's --no-python)."""
     settings = copy.deepcopy(DEFAULTS)
@@ -211,8 +213,9 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
     else:
         settings["command"] = words
     lines: dict[str, int | None] = {}
+    _override(settings, options, "command line", lines, mark=-2)  # launch's own options: --outputs, --data, ...
     _override(settings, overrides, "command line", lines)
-    return resolve(code / "(command line)", settings, {k: -1 for k in (*settings, *lines)})
+    return resolve(code / "(command line)", settings, {**{k: -2 for k in settings}, **lines})
 
 
 def _name_for(code: Path) -> str:

@@ -414,3 +414,12 @@ def test_a_student_with_no_inventory_is_pointed_at_the_room_not_at_provisioning_
     assert r.returncode == 2, r.stderr
     for fix in ("clusterctl context ROOM.yaml", "-i ROOM.yaml", "CLUSTERCTL_INVENTORY=ROOM.yaml", "admin"):
         assert fix in r.stderr, r.stderr
+
+
+def test_an_error_in_a_value_given_by_an_option_names_no_set(tmp_path: Path) -> None:
+    """`--outputs ../x` is named as the command line, not as a --set the user never typed; a --set still is."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = run("launch", "--code", str(tmp_path), "--outputs", "../x", "--", "python", "train.py")
+    assert r.returncode == 2 and "error: command line: outputs:" in r.stderr and "--set" not in r.stderr, r.stderr
+    r = run("launch", "--code", str(tmp_path), "--set", "outputs=[../x]", "--", "python", "train.py")
+    assert r.returncode == 2 and "error: command line (--set): outputs:" in r.stderr, r.stderr
