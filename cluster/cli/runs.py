@@ -145,8 +145,9 @@ def _print_details(record: RunRecord) -> None:
                   + (f" (also: {', '.join(f.also)})" if f.also else ""))
         for line in f.log:
             out.print(f"  [dim]{escape(f.node)}|[/dim] {escape(line)}")
-        if f.fix():
-            out.print(f"  fix: {escape(f.fix() or '')}", soft_wrap=True)
+        fix = f.fix(((record.extra.get("targets") or {}).get(f.node) or {}).get("gpus"))
+        if fix:
+            out.print(f"  fix: {escape(fix)}", soft_wrap=True)
     for line in api.of(record).details(record):
         out.print(escape(line))
 

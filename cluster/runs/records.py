@@ -75,8 +75,12 @@ class Failure:
     also: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # the global ranks that failed on `node`, where known
 
-    def fix(self) -> str | None:
-        """What to do, where the log says it plainly: a module the nodes' environment lacks."""
+    def fix(self, gpus: int | None = None) -> str | None:
+        """What to do, where the log says it plainly: a module the nodes' environment lacks, or CUDA asked of a
+        node with no GPU (`gpus`: the failed node's, as launch found them)."""
+        if gpus == 0 and any(_NO_GPU in line for line in self.log):
+            return (f"{self.node} has no NVIDIA GPU (`clusterctl check` lists each node's): run on the CPU there, e.g. "
+                    "`device = 'cuda' if torch.cuda.is_available() else 'cpu'` and the gloo backend")
         missing = next((m for line in reversed(self.log) if (m := _NO_MODULE.search(line))), None)
         if missing is None:
             return None
@@ -87,6 +91,7 @@ class Failure:
 
 
 _NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+_NO_GPU = "Found no NVIDIA driver on your system"  # torch's words when a program asks CUDA of a PC without one
 
 @dataclass
 class RunRecord:

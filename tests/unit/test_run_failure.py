@@ -16,3 +16,15 @@ def test_a_failure_whose_log_names_a_missing_module_says_how_to_add_it() -> None
     dotted = records.Failure("node1", "exit code 1", ["[rank1]: ModuleNotFoundError: No module named 'sklearn.svm'"])
     assert (dotted.fix() or "").startswith("sklearn is not")
     assert records.Failure("node1", "exit code 1", ["RuntimeError: boom"]).fix() is None
+
+
+def test_cuda_asked_of_a_node_without_a_gpu_is_said_so() -> None:
+    """torch's own words (torch/cuda/__init__.py _lazy_init) on a PC without a driver; said only where launch
+    found no GPU on that node."""
+    log = ["[rank0]:   File \"/srv/cluster/venv/lib/python3.11/site-packages/torch/cuda/__init__.py\", line 412, in "
+           "_lazy_init", "[rank0]:     torch._C._cuda_init()",
+           "[rank0]: RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
+           "and installed a driver from http://www.nvidia.com/Download/index.aspx"]
+    f = records.Failure("node2", "exit code 1", log)
+    assert (f.fix(gpus=0) or "").startswith("node2 has no NVIDIA GPU")
+    assert f.fix(gpus=1) is None and f.fix() is None
