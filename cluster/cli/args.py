@@ -92,10 +92,10 @@ def add_price(p: argparse.ArgumentParser) -> None:
                    help="electricity price per kWh, for the cost column")
 
 
-def add_inventory_args(p: argparse.ArgumentParser) -> None:
+def add_inventory_args(p: argparse.ArgumentParser,
+                       help: str = "inventory YAML (default: the current context, see `clusterctl context`)") -> None:
     """The node commands' way to name an inventory and the nodes in it."""
-    p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
-                   help="inventory YAML (default: the current context, see `clusterctl context`)")
+    p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY", help=help)
     add_inventory_option(p, "inventory YAML (same as the positional)")
     add_limit(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import TIMEOUT_S, WAKE_S, add_forks, add_inventory_args, add_inventory_option, add_limit
+from cluster.cli.args import TIMEOUT_S, WAKE_S, add_inventory_args, add_inventory_option
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
 
 if TYPE_CHECKING:
@@ -28,12 +29,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         p.set_defaults(fn=cmd_hosts)
         return
     if name in ("wake", "poweroff"):
-        p.add_argument("pattern", nargs="?", default="all", metavar="PATTERN",
-                       help="an Ansible host pattern, as --limit takes (default all)")
-        add_inventory_option(p)
-        add_limit(p, "and also within this pattern (the same as PATTERN; both given: the hosts both select)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a host field on every host")
-        add_forks(p)
+        add_inventory_args(p, "inventory YAML (default: the current context); a name that is no file is read as a "
+                              "host PATTERN instead, as in `clusterctl poweroff -i INVENTORY node2`")
         p.add_argument("--timeout", type=WAKE_S, default=None, metavar="S",
                        help="how long to wait for the nodes (default 180 s to wake, 120 s to power off)")
         p.set_defaults(fn=cmd_wake if name == "wake" else cmd_poweroff)
@@ -184,12 +181,21 @@ _POWER_STYLE = {"up": "green", "woke": "green", "off": "green"}
 
 
 def _power_hosts(args: argparse.Namespace) -> tuple[Inventory, list[Host]]:
-    inv = load_inventory(args.inventory, args.set, args.ssh_config)
-    hosts = inv.select(args.pattern, option="PATTERN")
+    """[INVENTORY] and --limit, as every node command takes them; a positional that is no file or folder is a
+    host pattern (`poweroff -i INVENTORY node2`), never beside --limit."""
+    given, shape = args.inventory_pos, f"clusterctl {args.cmd} INVENTORY --limit PATTERN"
+    if given is None or Path(given).expanduser().exists():
+        if given and args.inventory and Path(given).resolve() != Path(args.inventory).resolve():
+            raise errors.UsageError(f"two inventories given: {given} and -i {args.inventory}", f"give one: {shape}")
+        inv = load_inventory(given or args.inventory, args.set, args.ssh_config)
+        return inv, inv.select(args.limit)
+    if "/" in given or Path(given).suffix in (".yaml", ".yml", ".ini", ".json"):
+        raise errors.UsageError(f"{given}: no such inventory file", f"name an existing inventory: {shape}")
     if args.limit:
-        inside = {h.name for h in inv.select(args.limit)}
-        hosts = [h for h in hosts if h.name in inside]
-    return inv, hosts
+        raise errors.UsageError(f"{given!r} is no inventory file, and --limit {args.limit!r} names the hosts too",
+                                f"name the inventory and the hosts once: {shape}")
+    inv = load_inventory(args.inventory, args.set, args.ssh_config)
+    return inv, inv.select(given, option="PATTERN")
 
 
 def _power_report(args: argparse.Namespace, what: str, inv: Inventory, rs: list[PowerResult]) -> int:

@@ -128,6 +128,42 @@ def test_exec_exit_3_when_a_node_is_unreachable_even_if_others_failed(tmp_path: 
     assert r.returncode == 3 and "0 ok, 1 failed, 1 unreachable" in r.stdout
 
 
+def two_gone(tmp_path: Path) -> Path:
+    """Two SSH nodes on a closed loopback port: `poweroff` selects them and reaches none (nothing goes off)."""
+    port = closed_port()
+    return write(tmp_path, f"defaults: {{known_hosts: {tmp_path / 'known_hosts'}}}\nhosts:\n" + "".join(
+        f"  {n}: {{address: 127.0.0.1, port: {port}, connect_timeout: 3}}\n" for n in ("g1", "g2")), "gone.yaml")
+
+
+def test_wake_and_poweroff_take_inventory_and_limit_as_every_node_command(tmp_path: Path) -> None:
+    """`wake INVENTORY --limit PATTERN`, as check and exec; `-i INVENTORY PATTERN` (a positional that is no file)
+    works too. poweroff meets only the unreachable SSH nodes here: never the local ones."""
+    inv, gone = str(local_inventory(tmp_path)), str(two_gone(tmp_path))
+    for shape in ([inv, "--limit", "b"], ["-i", inv, "b"], ["--limit", "b", "-i", inv]):
+        r = run("wake", *shape, "--json")
+        assert r.returncode == 0, r.stderr
+        assert [(w["host"], w["status"]) for w in json.loads(r.stdout)["wake"]] == [("b", "up")]
+    r = run("wake", inv, "--json")
+    assert r.returncode == 0 and [w["host"] for w in json.loads(r.stdout)["wake"]] == ["a", "b"]
+    for shape in ([gone, "--limit", "g2"], ["-i", gone, "g2"]):
+        r = run("poweroff", *shape, "--json")
+        assert r.returncode == 3, r.stderr
+        assert [(p["host"], p["status"]) for p in json.loads(r.stdout)["poweroff"]] == [("g2", "unreachable")]
+
+
+def test_wake_and_poweroff_say_how_to_name_the_inventory_and_the_hosts_once(tmp_path: Path) -> None:
+    inv, gone = str(local_inventory(tmp_path)), str(two_gone(tmp_path))
+    r = run("poweroff", "g1", "-i", gone, "--limit", "g2")
+    assert r.returncode == 2 and "'g1' is no inventory file, and --limit 'g2' names the hosts too" in r.stderr
+    assert "clusterctl poweroff INVENTORY --limit PATTERN" in r.stderr
+    r = run("wake", str(tmp_path / "typo.yaml"), "--limit", "b")
+    assert r.returncode == 2 and "typo.yaml: no such inventory file" in r.stderr, r.stderr
+    r = run("wake", inv, "-i", gone)
+    assert r.returncode == 2 and "two inventories given" in r.stderr, r.stderr
+    r = run("poweroff", "--help")
+    assert r.returncode == 0 and "[INVENTORY]" in r.stdout and "--limit PATTERN" in r.stdout
+
+
 def test_trust_exit_3_unreachable_0_local(tmp_path: Path) -> None:
     r = run("trust", str(only_gone(tmp_path)), "--yes")
     assert r.returncode == 3 and "unreachable" in r.stdout and "refused the connection" in r.stderr
