@@ -1,11 +1,11 @@
 """Wake the room's PCs and switch them off: old PCs are off when nobody is in the room.
 
-A node's MAC comes from the inventory's `mac:` (a node never checked), else from the last `check` that
-reached it (each node's address NIC, recorded on the head per inventory). Magic packets go from the head
-where the head has an address on the node's network, else from the node's last jump host (the gateway PC,
-over SSH, with cluster/nodes/wolsend.py as its program) — always to that network's directed broadcast
-address (wolsend's rules), never 255.255.255.255 through a default route. A node is awake when it answers
-SSH as launch reaches it (host key verified), and every wait has its bound.
+A node's MAC comes from the inventory's `mac:`, else from the last facts gathered from it (`check`,
+`provision`, a run's collect: each node's address NIC, recorded on the head per inventory). Magic packets go
+from the head where the head has an address on the node's network, else from the node's last jump host (the
+gateway PC, over SSH, with cluster/nodes/wolsend.py as its program) — always to that network's directed
+broadcast address (wolsend's rules), never 255.255.255.255 through a default route. A node is awake when it
+answers SSH as launch reaches it (host key verified), and every wait has its bound.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def record_path(inv: Inventory) -> Path:
 
 
 def recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
-    """What `check` recorded: node -> {mac, nic, address, checked}."""
+    """What the facts recorded (`check`, `provision`, a run's collect): node -> {mac, nic, address, checked}."""
     p = record_path(inv)
     try:
         doc = json.loads(p.read_text())
@@ -48,7 +48,7 @@ def recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
 
 def record(inv: Inventory, node_facts: dict[str, Any]) -> dict[str, str]:
     """Keep each answering node's MAC on its inventory address's NIC (for `wake` once it is off); the nodes
-    this check did not reach keep what an earlier one recorded. Returns node -> MAC recorded now."""
+    these facts do not cover keep what earlier ones recorded. Returns node -> MAC recorded now."""
     nodes = recorded(inv)
     now: dict[str, str] = {}
     for name, nf in node_facts.items():
@@ -67,11 +67,11 @@ def record(inv: Inventory, node_facts: dict[str, Any]) -> dict[str, str]:
 
 
 def mac_of(inv: Inventory, host: Host) -> tuple[str, str] | None:
-    """(MAC, where it came from): the inventory's `mac:` wins over what `check` recorded."""
+    """(MAC, where it came from): the inventory's `mac:` wins over what the facts recorded."""
     if host.mac:
         return host.mac, "inventory"
     got = recorded(inv).get(host.name, {}).get("mac")
-    return (got, "check") if isinstance(got, str) and MAC_RE.match(got) else None
+    return (got, "recorded") if isinstance(got, str) and MAC_RE.match(got) else None
 
 
 @dataclass
@@ -161,8 +161,8 @@ def wake(inv: Inventory, hosts: list[Host], timeout: float = WAKE_TIMEOUT_S, for
         got = mac_of(inv, h)
         if got is None:
             results[h.name] = PowerResult(h.name, "no-mac", error="no MAC known for this node",
-                                          fix="run `clusterctl check` once while it is on (it records the MAC), "
-                                              "or set `mac:` for it in the inventory")
+                                          fix="run `clusterctl check` (or provision) once while it is on (it "
+                                              "records the MAC), or set `mac:` for it in the inventory")
             continue
         macs[h.name], results[h.name].mac_from = got
         results[h.name].mac = got[0]

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from cluster.nodes import health
+from cluster.nodes import health, power
 from cluster.provision import compat, diskspace, playbook, wheelhouse
 from cluster.nodes import facts
 from cluster.errors import ClusterError
@@ -142,6 +142,7 @@ def prepare(inv: Inventory, hosts: list[Host], forks: int = 32, pb_path: str = "
             nf[h.name] = r.value
         else:
             out[h.name].fail("unreachable" if r.status == "unreachable" else "failed", r.error or r.status, r.fix)
+    power.record(inv, nf)  # for `wake`, once these PCs are off (as `check` records them)
     for p in health.shared_workdirs(hosts, nf):  # before anything is written: each would overwrite the other
         out[p.host].fail("failed", p.message, p.fix)
         nf.pop(p.host, None)

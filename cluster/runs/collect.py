@@ -24,11 +24,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from cluster.runs import records as runs, render
-from cluster.nodes import facts
+from cluster.nodes import facts, power
 from cluster.provision.wheelhouse import sha256_file
 from cluster.errors import ClusterError, TransportError, UsageError
 from cluster.nodes.fanout import Group
-from cluster.inventory.model import Host
+from cluster.inventory.model import Host, Inventory
 from cluster.nodes.replies import agent_reply, error_tail
 from cluster.transport import Transport
 
@@ -243,6 +243,10 @@ def collect(record: runs.RunRecord, checkpoints: bool = False, forks: int = 32,
                 (base / h.name / "facts.json").write_text(json.dumps(f.value.to_dict(), indent=1, default=str))
         else:
             out[h.name] = NodeCollect(h.name, status=r.status, error=r.error, fix=r.fix, duration=r.duration)
+    where = record.inventory
+    if where.get("path") and where.get("name"):  # each node's MAC, for `wake` once these PCs are off
+        inv = Inventory(Path(where["path"]), where["name"], {h.name: h for h in hosts}, {}, "")
+        power.record(inv, {n: f.value for n, f in gathered.items() if f.ok})
     collected = {"time": time.time(), "nodes": {n: c.to_dict() for n, c in out.items()}}
     record.collected = collected
     # only this field, on the newest record: a run that ended while we copied keeps its final state

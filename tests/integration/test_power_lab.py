@@ -74,7 +74,7 @@ def test_check_records_macs_and_only_the_right_magic_packet_wakes_a_node(plab) -
     rc, woke = clusterctl_json("wake", "node2", "-i", state.inventory, "--timeout", "60", env=env, timeout=120)
     assert rc == 0, woke
     (r2,) = woke["wake"]
-    assert r2["status"] == "woke" and r2["mac"] == macs["node2"] and r2["mac_from"] == "check"
+    assert r2["status"] == "woke" and r2["mac"] == macs["node2"] and r2["mac_from"] == "recorded"
     assert r2["sent_from"] == "head" and r2["broadcast"] == str(node2.address).rsplit(".", 1)[0] + ".255"
     assert power(state, "node2") == "on" and answers(state, env, "node2")
     rc, again = clusterctl_json("wake", "-i", state.inventory, env=env, timeout=120)  # both up: nothing sent

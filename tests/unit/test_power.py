@@ -99,9 +99,9 @@ def test_check_records_macs_and_the_inventory_wins(tmp_path: Path, monkeypatch: 
     assert power.record(inv, {"pc1": nf}) == {"pc1": MAC}
     later = facts.NodeFacts("pc3", {"macs": {"eth0": "02:00:00:00:00:03"}}, address_nic="eth0")
     power.record(inv, {"pc3": later})  # a later check that reached only pc3 keeps pc1's
-    assert power.mac_of(inv, inv.hosts["pc1"]) == (MAC, "check")
+    assert power.mac_of(inv, inv.hosts["pc1"]) == (MAC, "recorded")
     assert power.mac_of(inv, inv.hosts["pc2"]) == ("02:00:00:00:00:02", "inventory")
-    assert power.mac_of(inv, inv.hosts["pc3"]) == ("02:00:00:00:00:03", "check")
+    assert power.mac_of(inv, inv.hosts["pc3"]) == ("02:00:00:00:00:03", "recorded")
     unknown = facts.NodeFacts("pc2", {"macs": {}}, address_nic=None)
     assert power.record(inv, {"pc2": unknown}) == {}
 
