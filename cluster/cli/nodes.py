@@ -184,7 +184,7 @@ def _power_hosts(args: argparse.Namespace) -> tuple[Inventory, list[Host]]:
     """[INVENTORY] and --limit, as every node command takes them; a positional that is no file or folder is a
     host pattern (`poweroff -i INVENTORY node2`), never beside --limit."""
     given, shape = args.inventory_pos, f"clusterctl {args.cmd} INVENTORY --limit PATTERN"
-    if given is None or Path(given).expanduser().exists():
+    if given is None or Path(given).exists():
         if given and args.inventory and Path(given).resolve() != Path(args.inventory).resolve():
             raise errors.UsageError(f"two inventories given: {given} and -i {args.inventory}", f"give one: {shape}")
         inv = load_inventory(given or args.inventory, args.set, args.ssh_config)
