@@ -1,12 +1,14 @@
 """A room whose PCs are off (issue 25, wake and sleep; min_nodes): `check` records each node's MAC, `lab power
 off` switches a node off for real (everything in its namespace ends), only a correct magic packet switches
-it on again, `wake`, `launch --wake`, `min_nodes`, the node's own `poweroff` and `study --poweroff-after`."""
+it on again, `wake`, the MACs provision records, `launch --wake`, `min_nodes`, the node's own `poweroff` and
+`study --poweroff-after`."""
 from __future__ import annotations
 
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +83,29 @@ def test_check_records_macs_and_only_the_right_magic_packet_wakes_a_node(plab) -
     assert rc == 0 and {w["status"] for w in again["wake"]} == {"up"} and not any(w["packets"] for w in again["wake"])
 
 
+def test_provision_alone_records_the_macs_and_power_takes_the_node_commands_shape(plab) -> None:
+    """No `check`: provision's facts record each MAC. `poweroff -i INVENTORY node2` (the positional is no file:
+    a host pattern) and `wake INVENTORY --limit node2` (the positional is the inventory), as check and exec."""
+    state, env = plab
+    for f in (Path(env["CLUSTERCTL_HOME"]) / "state").glob("*.macs.json"):
+        f.unlink()  # what the fixture's provision (or a check before) recorded: only the provision below records
+    rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                              "--set", "vars.python_env=existing", env=env, timeout=600)
+    assert rc == 0, json.dumps(res)[-2000:]
+    node2 = next(n for n in state.nodes if n.name == "node2")
+    real = subprocess.run(["ip", "-n", node2.netns, "-o", "link", "show", "eth0"], capture_output=True,
+                          text=True).stdout
+
+    rc, off = clusterctl_json("poweroff", "-i", state.inventory, "node2", env=env, timeout=180)
+    assert rc == 0 and [(p["host"], p["status"]) for p in off["poweroff"]] == [("node2", "off")], off
+    wait_power(state, "node2", "off")
+    rc, woke = clusterctl_json("wake", state.inventory, "--limit", "node2", "--timeout", "60", env=env, timeout=120)
+    assert rc == 0, woke
+    (r2,) = woke["wake"]
+    assert r2["host"] == "node2" and r2["status"] == "woke" and r2["mac_from"] == "recorded" and r2["mac"] in real
+    assert power(state, "node2") == "on" and answers(state, env, "node2")
+
+
 def test_launch_wake_starts_on_every_node_once_the_packet_woke_it(plab) -> None:
     state, env = plab
     assert lab(state, "power", "off", "2").returncode == 0
@@ -129,6 +154,8 @@ def test_a_nodes_own_poweroff_switches_off_that_node_only(plab) -> None:
 
 def test_study_poweroff_after_leaves_every_node_off_with_the_results_on_the_head(plab) -> None:
     state, env = plab
+    for f in (Path(env["CLUSTERCTL_HOME"]) / "state").glob("*.macs.json"):
+        f.unlink()  # the MACs the wake below sends: recorded by the run's collect (facts gathered with the results)
     rc, res = clusterctl_json("study", "resnet50-ddp", "-i", state.inventory, "--nodes", "2", "--poweroff-after",
                               *TINY, env=env, timeout=900)
     assert rc == 0, json.dumps(res)[-2000:]
@@ -138,5 +165,5 @@ def test_study_poweroff_after_leaves_every_node_off_with_the_results_on_the_head
     assert all(list((run / n.name).rglob("metrics-rank*.jsonl")) for n in state.nodes), list(run.rglob("*"))[:40]
     wait_power(state, "node1", "off")
     wait_power(state, "node2", "off")
-    rc, woke = clusterctl_json("wake", "-i", state.inventory, env=env, timeout=120)
-    assert rc == 0 and {w["status"] for w in woke["wake"]} == {"woke"}
+    rc, woke = clusterctl_json("wake", state.inventory, env=env, timeout=120)
+    assert rc == 0 and {(w["status"], w["mac_from"]) for w in woke["wake"]} == {("woke", "recorded")}, woke
