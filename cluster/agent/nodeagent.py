@@ -1,7 +1,8 @@
 """Runs on a node with its system Python (stdlib only): start, watch and stop one run's processes.
 
     nodeagent.py start  RUN_DIR        detach `sh launch.sh` in its own session; print pid/pgid as JSON
-    nodeagent.py status RUN_DIR        state, exit code, live processes, last metrics and log lines as JSON
+    nodeagent.py status RUN_DIR        state, exit code, live processes, last metrics (the built-in programs'
+                                       and $CLUSTER_METRICS') and log lines (as a terminal shows them) as JSON
     nodeagent.py stop   RUN_DIR [GRACE [reform]]  SIGTERM the run's processes, SIGKILL what is left after
                                        GRACE; `reform`: the head is restarting the survivors (see restart)
     nodeagent.py restart RUN_DIR PERIOD NOTE   start launch.sh again for membership period PERIOD (the head
@@ -37,10 +38,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING or __package__:  # in the package (tests, type checks)
-    from cluster.agent.runfiles import TMP, failure, last_records, manifest, prefix_sha, read_json, tail_lines
+    from cluster.agent.runfiles import (TMP, failure, last_records, manifest, prefix_sha, read_json, screen,
+                                        tail_lines, user_metrics)
     from cluster.agent.runprocs import boot_id, run_processes, start_ticks
 else:  # on the node: the head ships them beside this file
-    from runfiles import TMP, failure, last_records, manifest, prefix_sha, read_json, tail_lines
+    from runfiles import (TMP, failure, last_records, manifest, prefix_sha, read_json, screen, tail_lines,
+                          user_metrics)
     from runprocs import boot_id, run_processes, start_ticks
 
 if TYPE_CHECKING:  # the node's system Python may be older than the head's: aliases for mypy only
@@ -275,7 +278,8 @@ def status(run_dir: Path, lines: int = 20) -> Doc:
     for f in sorted((run_dir / "out").glob("metrics-rank*.jsonl")):
         metrics[f.stem.removeprefix("metrics-rank")] = last_records(f)
     return {"state": state, "pid": pid_doc, "exit": exit_doc, "processes": alive, "metrics": metrics,
-            "log": tail_lines(run_dir / LOG, lines), "time": time.time(), "usage": _last_usage(run_dir),
+            "user_metrics": user_metrics(run_dir / "out" / "user-metrics.jsonl"),  # launch.sh's $CLUSTER_METRICS
+            "log": screen(tail_lines(run_dir / LOG, lines)), "time": time.time(), "usage": _last_usage(run_dir),
             **(failure(run_dir / LOG) if exit_doc is not None and exit_doc.get("code") else {})}
 
 

@@ -28,9 +28,70 @@ def tail_lines(path: Path, n: int, max_bytes: int = 65536) -> list[str]:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            return [x.decode("utf-8", "replace") for x in f.read().splitlines()[-n:]]
+            lines = f.read().split(b"\n")  # on line feeds only: a carriage return redraws a line, it ends none
     except OSError:
         return []
+    if lines[-1] == b"":
+        lines.pop()
+    return [shown(x.decode("utf-8", "replace")) for x in lines[-n:]]
+
+
+def shown(line: str) -> str:
+    """What a terminal shows of a line: after its last carriage return (a redrawn progress bar: the last
+    drawing; a CR LF line end redraws nothing)."""
+    line = line.rstrip("\r")
+    return line[line.rfind("\r") + 1:]
+
+
+RANK = re.compile(r"\[rank\d+\]:")  # torchrun's prefix on each worker's line (launch.sh: --log-line-prefix-template)
+BAR = re.compile(r"\d+%\|.*\|")  # a progress bar's drawing, as tqdm draws it: "train:  45%|####5     | 9/20 [...]"
+
+
+def screen(lines: "list[str]") -> "list[str]":
+    """Log lines as a terminal shows them, each progress bar once. A bar redraws its line after a carriage
+    return: only the last drawing stays. Under torchrun (--tee) a worker's output reaches node.log read from a
+    file in text mode, a line at a time: each carriage return has become a line end, and a drawing not yet
+    ended when read comes with its line end apart, as its prefix alone ("[rank0]:train:  5%|...[rank0]:").
+    So, per prefix, a drawing replaces the one before it until another of that prefix's lines comes, and the
+    lone line ends around drawings go."""
+    pieces = []  # type: list[tuple[str, str]]
+    for raw in lines:
+        line = shown(raw)
+        m = RANK.match(line)
+        p = m.group(0) if m else ""
+        parts = line[len(p):].split(p) if p else [line]
+        if len(parts) > 1 and parts[-1] == "":
+            parts.pop()  # the line end of an unended drawing, read apart
+        pieces += [(p, x) for x in parts]
+    out, bar_at = [], {}  # type: list[str], dict[str, int]
+    for i, (p, body) in enumerate(pieces):
+        if BAR.search(body):
+            if p in bar_at:
+                out[bar_at[p]] = p + body
+            else:
+                bar_at[p] = len(out)
+                out.append(p + body)
+            continue
+        if p and not body and (p in bar_at or BAR.search(next((b for q, b in pieces[i + 1:] if q == p), ""))):
+            continue  # a drawing's line end, read apart
+        bar_at.pop(p, None)
+        out.append(p + body)
+    return out
+
+
+def user_metrics(path: Path, most: int = 40) -> Doc:
+    """The newest value of each numeric field in the last lines of a user's program's $CLUSTER_METRICS (JSON
+    lines it writes as it likes: `status` shows its step, loss, images_per_s and epoch); {} without one."""
+    found = {}  # type: Doc
+    for line in tail_lines(path, 200):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line being written right now, or not JSON
+        for k, v in rec.items() if isinstance(rec, dict) else ():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (k in found or len(found) < most):
+                found[k] = v
+    return found
 
 
 def last_records(path: Path) -> Doc:

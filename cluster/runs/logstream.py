@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
+from cluster.agent.runfiles import screen
 from cluster.runs import records, state
 
 
@@ -16,16 +17,24 @@ def follow(record: records.RunRecord, node: str | None = None, interval: float =
     The record is refreshed (asked of the nodes and judged, as `clusterctl status` does) between reads.
     `unreachable` is kept equal to the nodes the last read could not reach."""
     offsets: dict[str, int] = {}
+    held: dict[str, str] = {}  # node -> its unended line (a progress bar's drawings): its end comes later
     while True:
         got = state.logs(record, node, offsets=offsets)
         if unreachable is not None:
             unreachable.clear()
             unreachable.update(getattr(got, "unreachable", ()))
+        ended = state.stop_answered(record)  # ended, or the user's stop answered (a node may stay pending)
         for name, (text, size) in got.items():
             offsets[name] = size
-            for line in text.splitlines():
+            lines = (held.pop(name, "") + text).split("\n")  # a carriage return redraws a line, it ends none
+            rest = lines.pop()
+            if "\r" in rest and not ended:  # a bar being drawn: its last whole drawing now, the rest later
+                drawn, rest = rest.rsplit("\r", 1)
+                lines += [drawn] if drawn.strip("\r") else []
+            held[name] = rest
+            for line in screen(lines + ([rest] if ended and rest else [])):  # as a terminal shows them
                 yield name, line
-        if state.stop_answered(record):  # ended, or the user's stop answered (a node may stay pending)
+        if ended:
             return
         record = state.refresh(record)
         sleep(interval)

@@ -49,6 +49,7 @@ class NodeStatus:
     period: int | None = None
     start_epoch: int | None = None
     start_step: int | None = None
+    user_metrics: dict[str, float] = field(default_factory=dict)  # $CLUSTER_METRICS: each field's newest number
 
     @classmethod
     def from_agent(cls, node: str, doc: dict[str, Any]) -> NodeStatus:
@@ -80,6 +81,11 @@ class NodeStatus:
             s.start_step = _num(start.get("start_step"), int)
             s.epoch, s.step = _num(last.get("epoch"), int), _num(end.get("step", last.get("step")), int)
             s.loss, s.images_per_s = _num(last.get("loss")), _num(last.get("images_per_s"))
+        s.user_metrics = {k: v for k, v in _obj(doc.get("user_metrics")).items() if _num(v) is not None}
+        if not ranks:  # a user's own program: what it wrote to $CLUSTER_METRICS (docs/metrics.md)
+            mine = s.user_metrics
+            s.epoch, s.step = _num(mine.get("epoch"), int), _num(mine.get("step"), int)
+            s.loss, s.images_per_s = _num(mine.get("loss")), _num(mine.get("images_per_s"))
         return s
 
     def to_dict(self) -> dict[str, Any]:
