@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -85,3 +86,62 @@ def load_inventory(given: str | None, overrides: list[str] | None = None,
     for note in inv.notes:
         err.print(f"[yellow]note[/yellow]: {escape(note)}")
     return inv
+
+
+# --------------------------------------------------------------------------- a run's log: torchrun's known noise
+
+NOISE_NOTES = {  # docs/code.md, "Known noise in logs"
+    "hostname": "clusterctl: harmless, the run succeeded: the c10d warnings {where} (\"The hostname of the client "
+                "socket cannot be retrieved. err=-3\") say that no host name was found for a peer's address (no "
+                "reverse DNS in the lab or room); the connection uses the address",
+    "shutdown": "clusterctl: harmless, the run succeeded: the C++ stack trace {where} (recvVector failed ... failed "
+                "to shutdown the rendezvous) is torchrun's normal shutdown on a node that does not host the "
+                "rendezvous: the host closed it first"}
+_HOSTNAME = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved\. err=-3")
+_SHUTDOWN_END = re.compile(r"dynamic_rendezvous\.py:\d+\] The node '[^']*' has failed to shutdown the rendezvous "
+                           r"'[^']*' due to an error of type RendezvousConnectionError")
+_SHUTDOWN_PART = re.compile(r"(\[W[^\]]* TCPStore\.cpp:\d+\] \[c10d\] recvVector failed|Exception raised from "
+                            r"recvBytes |frame #\d+: |<omitting python frames>$|$)")
+
+
+def noise_kind(line: str) -> str | None:
+    """`hostname` for c10d's err=-3 warning, `shutdown` for the last line of torchrun's shutdown trace."""
+    return "hostname" if _HOSTNAME.search(line) else "shutdown" if _SHUTDOWN_END.search(line) else None
+
+
+def noise(lines: list[str]) -> dict[int, tuple[str, int]]:
+    """Torchrun's known harmless blocks in a log: {first line: (kind, the line after the block)}: the first run
+    of hostname warnings (one note covers the later ones), each shutdown trace, found from its last line back
+    (a tail may have cut its start)."""
+    found: dict[int, tuple[str, int]] = {}
+    for i, line in enumerate(lines):
+        kind = noise_kind(line)
+        if kind == "hostname" and not any(k == "hostname" for k, _ in found.values()):  # one note says it
+            end = i + 1
+            while end < len(lines) and noise_kind(lines[end]) == "hostname":
+                end += 1
+            found[i] = (kind, end)
+        elif kind == "shutdown":
+            j = i
+            while j and _SHUTDOWN_PART.match(lines[j - 1]):
+                j -= 1
+            while j < i and not lines[j].strip():
+                j += 1
+            found[j] = (kind, i + 1)
+    return found
+
+
+def with_noise_notes(lines: list[str]) -> list[str]:
+    """A succeeded run's log lines, each block of known noise kept and preceded by a note that says so."""
+    marks = noise(lines)
+    return [x for i, line in enumerate(lines)
+            for x in ((NOISE_NOTES[marks[i][0]].format(where="below"), line) if i in marks else (line,))]
+
+
+def last_line(lines: list[str], succeeded: bool) -> str:
+    """The last line worth a table cell: blank lines, c10d's hostname warnings and (once the node succeeded)
+    torchrun's shutdown trace passed over."""
+    skip = {i for start, (kind, end) in noise(lines).items() if kind == "shutdown" and succeeded
+            for i in range(start, end)}
+    return next((x for i, x in reversed(list(enumerate(lines)))
+                 if x.strip() and i not in skip and noise_kind(x) != "hostname"), "")

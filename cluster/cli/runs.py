@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cluster import errors
 from cluster.cli.args import (GRACE_S, NON_NEGATIVE_INT, add_forks, add_inventory_option, add_limit, add_power,
                               add_run)
-from cluster.cli.output import emit_json, err, load_inventory, notes, out, styled, table
+from cluster.cli.output import (NOISE_NOTES, emit_json, err, last_line, load_inventory, noise_kind, notes, out,
+                                styled, table, with_noise_notes)
 
 if TYPE_CHECKING:
     from cluster.runs.records import RunRecord
@@ -112,12 +114,24 @@ METRICS = (("procs", "processes", ""), ("CPU %", "cpu_percent", ".0f"), ("mem MB
            ("images/s", "images_per_s", ".1f"), ("exit", "exit_code", ""))
 
 
+def _last_line(d: dict[str, Any]) -> str:
+    """A node's last line: a Slurm task's; a node agent's where the program writes no metrics (nor
+    $CLUSTER_METRICS' step, epoch or loss), its program's own output as it goes."""
+    if d.get("log_tail"):
+        return last_line([x for x in d["log_tail"] if isinstance(x, str)], d.get("state") == "succeeded")
+    if any(d.get(k) is not None for k in ("step", "epoch", "loss")) or not isinstance(d.get("log"), list):
+        return ""
+    return last_line([x for x in d["log"] if isinstance(x, str)], d.get("state") == "succeeded")
+
+
 def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any]], where: str = "") -> Table:
     """One row per node: the columns its scheduler's statuses carry (an SSH run's agents give processes, CPU
-    and training metrics; a Slurm run's tasks an exit code and their last line)."""
+    and training metrics, or a program's last line where it writes none; a Slurm run's tasks an exit code and
+    their last line)."""
     rows = {n: (s if isinstance(s, dict) else s.to_dict()) for n, s in statuses.items()}
     cols = [c for c in METRICS if any(c[1] in d for d in rows.values())]
-    tails = any(d.get("log_tail") for d in rows.values())
+    lasts = {n: _last_line(d) for n, d in rows.items()}
+    tails = any(lasts.values())
     t = table(f"{record.run_id}: {styled(record.state)} ({record.job}, world size {record.world_size}"
               + (f"; {escape(where)}" if where else "") + ")",
               ("node", "state", *(c[0] for c in cols), *(("last line",) if tails else ())),
@@ -129,9 +143,8 @@ def run_table(record: RunRecord, statuses: Mapping[str, NodeView | dict[str, Any
             t.add_row(escape(name), "?", *["-"] * (len(cols) + tails))
             continue
         cells = [_cell(d.get(key), fmt) for _, key, fmt in cols]
-        tail = [x for x in d.get("log_tail") or [] if x.strip()]
-        t.add_row(escape(name), styled(str(d.get("state"))), *cells,
-                  *((escape(tail[-1][:160] if tail else ""),) if tails else ()))
+        t.add_row(escape(name), styled(str(d.get("state"))), *cells,  # Text: a program's "[rank0]:train:" as written
+                  *((Text(lasts[name][:160]),) if tails else ()))
     return t
 
 
@@ -293,8 +306,9 @@ def _follow(record: RunRecord, quiet: bool) -> RunRecord:
                 key = f"{d.get('state')} epoch {d.get('epoch')}"
                 if seen.get(name) != key:
                     seen[name] = key
-                    err.print(f"{name}: {d.get('state')}" + (f", epoch {d['epoch']} step {d.get('step')} loss "
-                                                             f"{d['loss']:.4f}" if d.get("loss") is not None else ""))
+                    err.print(f"{name}: {d.get('state')}" + "".join(
+                        f", {k} {format(d[k], f)}" for k, f in (("epoch", ""), ("step", ""), ("loss", ".4f"))
+                        if d.get(k) is not None))
             where = sched.where(rec)
             if where and seen.get("") != where:
                 seen[""] = where
@@ -380,16 +394,27 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(dict(got))
         else:
-            for name, text in got.items():
+            from cluster.agent.runfiles import screen
+
+            for name, text in got.items():  # as a terminal shows it: each progress bar once, its last drawing
+                lines = screen(text.rstrip("\n").split("\n"))
                 out.rule(name)
-                out.out(text.rstrip("\n"), highlight=False)
+                out.out("\n".join(with_noise_notes(lines) if record.state == "succeeded" else lines), highlight=False)
         return _logs_exit(got.unreachable)
     unreachable: set[str] = set()
+    noisy: dict[str, set[str]] = {}  # node -> the kinds of torchrun's known noise its lines held
     try:
         for name, line in sched.log_iter(record, args.node, unreachable=unreachable):
             out.out(f"{name}| {line}", highlight=False)
+            kind = noise_kind(line)
+            if kind:
+                noisy.setdefault(name, set()).add(kind)
     except KeyboardInterrupt:
         return errors.EXIT_INTERRUPTED
+    if noisy and runs.load(record.run_id).state == "succeeded":  # known once the lines are through: said after
+        for name, kinds in sorted(noisy.items()):
+            for kind in sorted(kinds):
+                out.out(f"{name}| {NOISE_NOTES[kind].format(where='above')}", highlight=False)
     return _logs_exit(unreachable)
 
 
