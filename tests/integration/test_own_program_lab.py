@@ -258,3 +258,35 @@ def test_data_is_staged_once_and_named_to_the_program(olab, tmp_path: Path) -> N
     assert {v["bytes_sent"] for v in rec["data"]["nodes"].values()} == {size}
     rc, again = launch_in(OWN, env, *argv)
     assert rc == 0 and {v["bytes_sent"] for v in again["data"]["nodes"].values()} == {0}
+
+
+def test_status_shows_the_step_and_loss_a_program_writes_to_cluster_metrics(olab) -> None:
+    """A program of one's own that appends {"step", "loss"} lines to $CLUSTER_METRICS (train.py: rank 0, every
+    10 steps): `status` has the newest step and loss while it runs and after, every number it wrote in
+    `user_metrics`; the node that writes none shows its program's last line instead."""
+    from tests.integration.conftest import wait_until
+
+    state, env = olab
+    rc, rec = launch_in(OWN, env, "--detach", "--", "python", "train.py", "--seconds", "20")
+    assert rc == 0, why(rec)
+    seen: list[dict] = []
+
+    def stepped() -> bool:
+        seen.append(clusterctl_json("status", rec["run_id"], env=env)[1])
+        return seen[-1]["state"] == "running" and (seen[-1]["last_status"]["node1"].get("step") or 0) >= 11
+
+    wait_until(stepped, 90, "node1's step in `status` while the run runs", step=1.0)
+    wait_until(lambda: clusterctl_json("status", rec["run_id"], env=env)[1]["state"] != "running", 120,
+               "the run's end", step=2.0)
+    rc, st = clusterctl_json("status", rec["run_id"], env=env)
+    assert rc == 0 and st["state"] == "succeeded", why(st)
+    node1, node2 = st["last_status"]["node1"], st["last_status"]["node2"]
+    step = node1["step"]
+    assert step % 10 == 1 and node1["loss"] == pytest.approx(1 / step), node1
+    assert node1["user_metrics"]["step"] == step and node1["user_metrics"]["sum"] > 0, node1
+    assert node2["step"] is None and node2["user_metrics"] == {}, node2
+    r = clusterctl("status", rec["run_id"], env={**env, "COLUMNS": "250"})
+    row1 = next(x for x in r.stdout.splitlines() if "node1" in x)
+    row2 = next(x for x in r.stdout.splitlines() if "node2" in x)
+    assert f" {step} " in row1 and f"{1 / step:.4f}" in row1, r.stdout
+    assert "rank 1 of 2 on node2" in row2, r.stdout  # its last line: not torchrun's shutdown trace
