@@ -306,9 +306,9 @@ def _follow(record: RunRecord, quiet: bool) -> RunRecord:
                 key = f"{d.get('state')} epoch {d.get('epoch')}"
                 if seen.get(name) != key:
                     seen[name] = key
-                    err.print(f"{name}: {d.get('state')}" + "".join(
-                        f", {k} {format(d[k], f)}" for k, f in (("epoch", ""), ("step", ""), ("loss", ".4f"))
-                        if d.get(k) is not None))
+                    shown = " ".join(f"{k} {format(d[k], f)}" for k, f in (("epoch", ""), ("step", ""), ("loss", ".4f"))
+                                     if d.get(k) is not None)  # a program of one's own may write a step only
+                    err.print(f"{name}: {d.get('state')}" + (f", {shown}" if shown else ""))
             where = sched.where(rec)
             if where and seen.get("") != where:
                 seen[""] = where
