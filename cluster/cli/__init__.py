@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _missing_dashes(args: argparse.Namespace, command: list[str], unknown: list[str]) -> str:
     """The hint for `clusterctl launch python train.py`: the program's command needs a `--` before it."""
-    from cluster.cli.runs import program_words
+    from cluster.runs.jobs import program_words
 
     job = getattr(args, "job", None)
     if args.cmd != "launch" or command or not program_words([job or ""] + unknown):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
@@ -270,20 +269,13 @@ def _spec(args: argparse.Namespace, inv: Any) -> Any:
     if not args.job:
         raise UsageError("launch needs a JOB or `-- COMMAND`",
                          "clusterctl launch resnet50-ddp, or clusterctl launch -- python train.py ARGS")
-    if program_words([args.job]):
+    if jobs.program_words([args.job]):
         raise UsageError(f"{args.job} is a program, not a job spec: a program's command goes after `--`",
                          f"clusterctl launch -- {'python ' if args.job.endswith('.py') else ''}{args.job} ARGS")
     for given in OWN_PROGRAM_OPTIONS:
         if getattr(args, given):
             raise UsageError(f"--{given} goes with `-- COMMAND`", f"set it in the job spec ({given}:) instead")
     return jobs.load(args.job, (plans.overrides_for(inv, args.job) if args.plan else []) + (args.set or []))
-
-
-def program_words(words: list[str]) -> bool:
-    """Whether the words a user gave as launch's JOB start a program's command (`python train.py`,
-    `train.py`, `torchrun ...`): they forgot the `--` that separates a command from launch's options."""
-    first = words[0] if words else ""
-    return first.endswith(".py") or bool(re.fullmatch(r"python[0-9.]*|torchrun|-m", os.path.basename(first)))
 
 
 def _follow(record: RunRecord, quiet: bool) -> RunRecord:

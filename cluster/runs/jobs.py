@@ -218,6 +218,13 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
     return resolve(code / "(command line)", settings, {**{k: -2 for k in settings}, **lines})
 
 
+def program_words(words: list[str]) -> bool:
+    """Whether the words a user gave as launch's JOB start a program's command (`python train.py`,
+    `train.py`, `torchrun ...`): they forgot the `--` that separates a command from launch's options."""
+    first = words[0] if words else ""
+    return first.endswith(".py") or bool(re.fullmatch(r"python[0-9.]*|torchrun|-m", Path(first).name))
+
+
 def _name_for(code: Path) -> str:
     """A job name from the folder's name, made of the characters a run id allows."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", code.resolve().name).strip("-.") or "job"
