@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
@@ -66,6 +67,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
     hosts = inv.select(args.limit)
     live = _Live(args.json)
+    start = time.monotonic()
     with live.progress:
         request = apply.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
         report = apply.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
@@ -73,10 +75,13 @@ def cmd_provision(args: argparse.Namespace) -> int:
                                    on_relay=live.on_relay)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
         switch(inv.path)  # says so on stderr when the current context changes
+    wall = time.monotonic() - start  # what the user waited: wheels downloaded and sent included
     if args.json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "wall_s": round(wall, 1)})
     else:
         _print_report(report)
+        out.print(f"{'dry run' if args.dry_run else 'provision'} took {wall:.0f} s in all (the table's steps s: "
+                  "each node's own steps, after its wheels arrived)")
     statuses = {n.status for n in report.nodes.values()}
     if "unreachable" in statuses:
         return errors.EXIT_UNREACHABLE
@@ -95,7 +100,7 @@ def _print_builds(choice: BuildChoice) -> None:
 
 def _print_nodes(report: ProvisionReport) -> None:
     t = table("dry run: what provision would do" if report.dry_run else "provision",
-              ("node", "status", "changed", "unchanged", "time", "torch", "TensorFlow", "all-reduce"), overflow="fold")
+              ("node", "status", "changed", "unchanged", "steps s", "torch", "TensorFlow", "all-reduce"), overflow="fold")
     style = {"ok": "green", "failed": "red", "unreachable": "red", "refused": "red"}
     for n in report.nodes.values():
         fp = n.fingerprint or {}

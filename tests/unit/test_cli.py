@@ -175,6 +175,7 @@ def test_provision_exit_3_unreachable_1_failed(tmp_path: Path) -> None:
     r = run("provision", str(only_gone(tmp_path)), "--dry-run", "--json")
     assert r.returncode == 3
     assert [(n["host"], n["status"]) for n in json.loads(r.stdout)["nodes"]] == [("gone", "unreachable")]
+    assert json.loads(r.stdout)["wall_s"] >= 0  # what the user waited, beside each node's own step times
     # reachable but its Python does not run: the node failed (1); nothing is installed in a dry run
     r = run("provision", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3", gone=False)),
             "--dry-run", "--json")
@@ -182,7 +183,7 @@ def test_provision_exit_3_unreachable_1_failed(tmp_path: Path) -> None:
     node = json.loads(r.stdout)["nodes"][0]
     assert node["status"] == "failed" and "does not run on the node" in node["error"]
     r = run("provision", str(mixed_inventory(tmp_path, ", python: /nonexistent/python3")), "--dry-run")
-    assert r.returncode == 3
+    assert r.returncode == 3 and "dry run took " in r.stdout and " s in all" in r.stdout
 
 
 def test_bench_exit_1_when_reachable_nodes_are_not_provisioned(tmp_path: Path) -> None:
