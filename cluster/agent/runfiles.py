@@ -258,7 +258,7 @@ def manifest(run_dir: Path, checkpoints: bool = False) -> Doc:
                 skipped.append({"path": rel, "reason": "secret (env_from): stays on the node"})
                 continue
             if not _wanted(rel, outputs, False):
-                left += 1
+                unchanged, left = (unchanged + 1, left) if rel in shipped else (unchanged, left + 1)  # its code
                 continue
             if is_large(n):
                 large_left.append({"path": rel, "size": _tree_bytes(full)})

@@ -474,7 +474,7 @@ def test_collect_leaves_shipped_code_on_the_node_and_honours_outputs(tmp_path: P
     got, doc = listing()
     assert got == {"program/results/rank0.json", "program/ckpt/last.pt", "out/metrics-rank0.jsonl", "node.log",
                    "logs/0/stdout.log", ".shipped-program.json", "job.json"}, got
-    assert doc["not_outputs"] == 3  # pkg/, cache/ and train.py (folders are not entered)
+    assert doc["not_outputs"] == 2 and doc["shipped"] == 1  # pkg/ and cache/ (not entered); train.py: shipped
 
 
 def test_collect_leaves_what_the_job_names_large_and_nothing_by_file_name_alone(tmp_path: Path) -> None:
