@@ -460,3 +460,24 @@ def test_an_error_in_a_value_given_by_an_option_names_no_set(tmp_path: Path) -> 
     assert r.returncode == 2 and "error: command line: outputs:" in r.stderr and "--set" not in r.stderr, r.stderr
     r = run("launch", "--code", str(tmp_path), "--set", "outputs=[../x]", "--", "python", "train.py")
     assert r.returncode == 2 and "error: command line (--set): outputs:" in r.stderr, r.stderr
+
+
+def test_every_command_readme_names_has_help_and_json_but_completion() -> None:
+    """README: "Every command has `--help`, and every one but `completion` has `--json`": held for each command
+    README names (and each subcommand of those that have them)."""
+    import re
+
+    from cluster.cli import build_parser
+
+    named = set(re.findall(r"`clusterctl ([a-z]+)", (ROOT / "README.md").read_text()))
+    assert {"launch", "provision", "collect", "report"} <= named, named
+    words: list[list[str]] = []
+    for name in sorted(named):
+        sub = next(a for a in build_parser(name)._actions if a.dest == "cmd")
+        child = sub.choices[name]._subparsers  # type: ignore[attr-defined]
+        subs = next((a for a in child._group_actions if a.choices), None) if child else None
+        words += [[name, s] for s in subs.choices] if subs else [[name]]
+    for w in words:
+        r = run(*w, "--help")
+        assert r.returncode == 0, (w, r.stderr)
+        assert (" --json" in r.stdout) == (w != ["completion"]), (w, r.stdout[:300])
