@@ -15,9 +15,11 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import unquote, urlsplit
 
 from cluster import paths
 from cluster.relay import distribute as relay
@@ -71,24 +73,28 @@ class Delivered(Wheelhouse):
 LAYOUT = 2  # 2: tf-keras without the `tensorflow` it names where tensorflow-cpu provides it (_alone)
 
 
-def key(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = ()) -> str:
+def key(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = (),
+        layer: bool = False) -> str:
     doc: dict[str, Any] = {"r": sorted(requirements), "py": python, "index": index_url, "layout": LAYOUT}
     if constraints:
         doc["c"] = sorted(constraints)
+    if layer:  # a job's layer lists only what the environment lacks: never the same set as a full download
+        doc["layer"] = 1
     blob = json.dumps(doc, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _name(requirement: str) -> str:
-    return normalize(re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0])
+def requirement_name(requirement: str) -> str:
+    """'torch<4.0,>=2.1.0; extra == "x"' -> 'torch'."""
+    return normalize(re.split(r"[<>=!~;\[ (@]", requirement.strip(), maxsplit=1)[0])
 
 
 def _alone(requirements: list[str]) -> list[str]:
     """Requirements to download without their dependencies: tf-keras names `tensorflow`, which
     tensorflow-cpu provides under another name (the same modules, without the CUDA build's ~570 MB
     wheel and ~2 GB unpacked). With both, a CPU node would install two TensorFlows over each other."""
-    names = {_name(r) for r in requirements}
-    return [r for r in requirements if _name(r) == "tf-keras"] if "tensorflow-cpu" in names else []
+    names = {requirement_name(r) for r in requirements}
+    return [r for r in requirements if requirement_name(r) == "tf-keras"] if "tensorflow-cpu" in names else []
 
 
 def sha256_file(path: Path) -> str:
@@ -105,14 +111,15 @@ def cache_dir() -> Path:
     return Path(env) if env else paths.home() / "wheelhouse"
 
 
-def _dir(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = ()) -> Path:
-    return cache_dir() / key(requirements, python, index_url, constraints)
+def _dir(requirements: list[str], python: str, index_url: str | None, constraints: tuple[str, ...] = (),
+         layer: bool = False) -> Path:
+    return cache_dir() / key(requirements, python, index_url, constraints, layer)
 
 
 def cached(requirements: list[str], python: str, index_url: str | None = None,
-           constraints: tuple[str, ...] = ()) -> Wheelhouse | None:
+           constraints: tuple[str, ...] = (), layer: bool = False) -> Wheelhouse | None:
     """The wheelhouse built earlier for this set, if all its files are still there at their size."""
-    d = _dir(requirements, python, index_url, constraints)
+    d = _dir(requirements, python, index_url, constraints, layer)
     try:
         data = json.loads((d / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -124,20 +131,28 @@ def cached(requirements: list[str], python: str, index_url: str | None = None,
     return Wheelhouse(d / "files", tuple(data["requirements"]), data["files"])
 
 
-def _download(d: Path, requirements: list[str], python: str, index_url: str | None, *extra: str) -> None:
-    """pip download into d/files, bounded in time."""
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(d / "files"),
-           "--only-binary=:all:", "--python-version", python, *extra, *requirements]
+def _download(files: Path, requirements: list[str], python: str, index_url: str | None, *extra: str) -> None:
+    """pip download into `files`, bounded in time."""
+    _pip(["download", "--dest", str(files)], files, requirements, python, index_url, *extra)
+
+
+def _pip(verb: list[str], files: Path, requirements: list[str], python: str, index_url: str | None,
+         *extra: str) -> None:
+    """pip `verb` (download, or a dry-run install) of wheels only for Python `python`, bounded in time; a failure
+    says whether the index was out of reach and how to fill `files` without it."""
+    what = f"pip {verb[0]}" + (" --dry-run" if "--dry-run" in verb else "")
+    cmd = [sys.executable, "-m", "pip", *verb, "--disable-pip-version-check", "--only-binary=:all:",
+           "--python-version", python, *extra, *requirements]
     if index_url:
-        cmd[4:4] = ["--extra-index-url", index_url]
+        cmd[3 + len(verb):3 + len(verb)] = ["--extra-index-url", index_url]
     try:  # pip's own socket timeout (15 s, 5 retries) bounds each stall; this bounds the whole download
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_DOWNLOAD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ClusterError(f"pip download of {' '.join(requirements)} still running after "
+        raise ClusterError(f"{what} of {' '.join(requirements)} still running after "
                            f"{PIP_DOWNLOAD_TIMEOUT_S / 3600:g} h (stopped)",
                            "check the head's link to the package index, bring the wheels on a disk (`clusterctl "
                            "wheelhouse export DIR` on a connected machine, `clusterctl wheelhouse import DIR` here), "
-                           f"or fill the wheelhouse by hand: pip download -d {d / 'files'} ...") from None
+                           f"or fill the wheelhouse by hand: pip download -d {files} ...") from None
     if proc.returncode != 0:
         offline = unreachable_index(proc.stderr)
         none_seen = not offline and "(from versions: none)" in proc.stderr  # pip without retries says no more
@@ -148,8 +163,8 @@ def _download(d: Path, requirements: list[str], python: str, index_url: str | No
                offline_fix(python) + "; with internet here, check the requirements' names" if none_seen else
                "check the requirements and the head's access to the package index; a head without internet: "
                + offline_fix(python, lead="on"))
-        raise ClusterError(f"pip download failed for {' '.join(requirements)}{why}:\n{proc.stderr.strip()[-1500:]}",
-                           f"{fix}; or fill the wheelhouse by hand: pip download -d {d / 'files'} ...")
+        raise ClusterError(f"{what} failed for {' '.join(requirements)}{why}:\n{proc.stderr.strip()[-1500:]}",
+                           f"{fix}; or fill the wheelhouse by hand: pip download -d {files} ...")
 
 
 # pip's words when it could not reach an index at all (urllib3's connection errors, DNS, no route, TLS)
@@ -188,9 +203,9 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
     if constraints:
         (d / "constraints.txt").write_text("".join(f"{c}\n" for c in sorted(constraints)))
         extra = ["-c", str(d / "constraints.txt")]
-    _download(d, [r for r in requirements if r not in alone], python, index_url, *extra)
+    _download(d / "files", [r for r in requirements if r not in alone], python, index_url, *extra)
     if alone:
-        _download(d, alone, python, index_url, "--no-deps")
+        _download(d / "files", alone, python, index_url, "--no-deps")
     wanted = {wheel_pin(f.name)[0] for f in (d / "files").glob("*.whl")}
     files: dict[str, dict[str, int | str]] = {}
     for f in sorted((d / "files").glob("*.whl")):
@@ -199,6 +214,56 @@ def build(requirements: list[str], python: str, index_url: str | None = None,
         raise ClusterError(f"pip download left no wheels in {d}", "check the requirements")
     manifest.write_text(json.dumps({"requirements": requirements, "python": python, "index": index_url,
                                     "files": files}, indent=1))
+    return Wheelhouse(d / "files", tuple(requirements), files)
+
+
+LAYER_STORE = "layer-wheels"  # each wheel of every job's layer once; each set's files/ holds hard links to it
+
+
+def resolution(requirements: list[str], python: str, constraints: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """What pip would install for `requirements` on Python `python` within `constraints`: the `install` entries
+    of its JSON report (name, version, requires_dist, the wheel's URL and sha256). pip reads each wheel's
+    metadata alone (PEP 658, or the file on a local index), so a constrained torch costs no download."""
+    with tempfile.TemporaryDirectory(prefix="clusterctl-resolve-") as tmp:
+        report, extra = Path(tmp) / "report.json", []
+        if constraints:
+            (Path(tmp) / "constraints.txt").write_text("".join(f"{c}\n" for c in sorted(constraints)))
+            extra = ["-c", str(Path(tmp) / "constraints.txt")]
+        _pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)],
+             cache_dir() / LAYER_STORE, requirements, python, None, *extra)
+        return list(json.loads(report.read_text())["install"])
+
+
+def build_layer(requirements: list[str], python: str, constraints: tuple[str, ...], picked: list[dict[str, Any]],
+                log: Callable[[str], None] = lambda s: None) -> Wheelhouse:
+    """The wheels of `picked` (entries of `resolution`) by exact pin, without dependencies: each downloaded once
+    into the store every set shares, checked against the index's sha256, and linked into this set's files/, whose
+    manifest (as `build` writes it, so that export and import carry it) lets the next launch skip the index."""
+    d, store = _dir(requirements, python, None, constraints, layer=True), cache_dir() / LAYER_STORE
+    names = {unquote(urlsplit(e["download_info"]["url"]).path.rsplit("/", 1)[-1]): e for e in picked}
+    todo = [f"{e['metadata']['name']}=={e['metadata']['version']}" for f, e in names.items()
+            if not (store / f).is_file()]
+    store.mkdir(parents=True, exist_ok=True)
+    (d / "files").mkdir(parents=True, exist_ok=True)
+    if todo:
+        log(f"downloading {len(todo)} wheels the provisioned environment lacks (Python {python}) into {store}")
+        _download(store, todo, python, None, "--no-deps")
+    files: dict[str, dict[str, int | str]] = {}
+    for f, e in sorted(names.items()):
+        if not (store / f).is_file():
+            raise ClusterError(f"pip download left no {f} in {store}", f"fill it by hand: pip download -d {store} "
+                               f"--no-deps --only-binary=:all: --python-version {python} {e['metadata']['name']}")
+        digest, want = sha256_file(store / f), e["download_info"].get("archive_info", {}).get("hashes", {})
+        if want.get("sha256", digest) != digest:
+            (store / f).unlink()
+            raise ClusterError(f"{store / f} does not match the index's sha256 (removed)", "launch again")
+        (d / "files" / f).unlink(missing_ok=True)
+        os.link(store / f, d / "files" / f)
+        files[f] = {"sha256": digest, "size": (store / f).stat().st_size}
+    if constraints:
+        (d / "constraints.txt").write_text("".join(f"{c}\n" for c in sorted(constraints)))
+    (d / "manifest.json").write_text(json.dumps({"requirements": requirements, "python": python, "index": None,
+                                                 "files": files}, indent=1))
     return Wheelhouse(d / "files", tuple(requirements), files)
 
 

@@ -70,7 +70,7 @@ def fake_wheelhouse(root: Path, requirements: list[str], python: str, index: str
     (d / "files").mkdir(parents=True)
     files: dict[str, dict[str, int | str]] = {}
     for i, r in enumerate(requirements):
-        name = wheelhouse._name(r).replace("-", "_")
+        name = wheelhouse.requirement_name(r).replace("-", "_")
         f = d / "files" / f"{name}-1.{i}-py3-none-any.whl"
         f.write_bytes(f"{r} {seed}".encode() * (i + 1))
         files[f.name] = {"sha256": wheelhouse.sha256_file(f), "size": f.stat().st_size}
