@@ -2,17 +2,20 @@
 provisioned environment, which they never change.
 
 The lab has no internet, so the head downloads the wheels (its wheelhouse, provision/wheelhouse.py: cached,
-so a head without internet uses what it downloaded before) for the nodes' Python version. The layer holds
-only what the provisioned environment lacks: a requirement (or a dependency of one) that the environment
-has at another version is refused, naming both versions (the base is what provision verified: torch, numpy
-and the rest stay as they are). On a node, the layer is `<workdir>/clusterctl/layers/<lock digest>/site`,
-installed by pip from the node's copy of the wheels with no index, and put first on the program's
-PYTHONPATH; a second launch with the same lock finds it there and installs nothing.
+so a head without internet uses what it downloaded before) for the nodes' Python version. pip resolves the
+requirements from the index's metadata with the environment's versions as constraints, and only the wheels
+the environment lacks are downloaded (each once, whatever set names it). The layer holds only those: a
+requirement (or a dependency of one) that the environment has at another version is refused, naming both
+versions (the base is what provision verified: torch, numpy and the rest stay as they are). On a node, the
+layer is `<workdir>/clusterctl/layers/<lock digest>/site`, installed by pip from the node's copy of the wheels
+with no index, and put first on the program's PYTHONPATH; a second launch with the same lock finds it there
+and installs nothing.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,30 +87,90 @@ def base_environment(group: Group, host: Host) -> tuple[str, dict[str, str]]:
 
 def resolve(spec: JobSpec, python: str, base: dict[str, str],
             log: Callable[[str], None] = lambda s: None) -> Layer | None:
-    """The layer for these requirements on Python `python` over `base`; None when the base has them all."""
+    """The layer for these requirements on Python `python` over `base`; None when the base has them all.
+    Resolved from the index's metadata with the environment's versions as constraints, then only what the layer
+    needs downloaded (pip download of the whole resolution would fetch the constrained torch and CUDA too: GBs
+    in the head's wheelhouse for a MB layer)."""
     reqs = requirements(spec)
     if not reqs:
         return None
+    if spec.path.name == COMMAND_LINE and spec["requirements"] == "requirements.txt":
+        log("using requirements.txt from the program folder; `--requirements none` skips it")
+    constraints = tuple(f"{n}=={public(v)}" for n, v in sorted(base.items()))  # 2.14.1 admits 2.14.1+cu130
+    wh = wheelhouse.cached(reqs, python, None, constraints, layer=True)
+    if wh is None:
+        wh = wheelhouse.build_layer(reqs, python, constraints, pick(spec, reqs, python, base, constraints), log)
+    if not wh.files:
+        return None
+    lock = "".join(f"{n}=={v}\n" for n, v in sorted(wheelhouse.wheel_pin(f) for f in wh.files))
+    return Layer(wh, lock, hashlib.sha256(lock.encode()).hexdigest()[:16])
+
+
+COMMAND_LINE = "(command line)"  # jobs.from_command's spec path: `clusterctl launch -- COMMAND`
+
+
+def public(version: str) -> str:
+    """'2.14.1+cu130' -> '2.14.1': the release a local build label (`+cpu`, `+cu130`) belongs to."""
+    return version.split("+", 1)[0]
+
+
+def pick(spec: JobSpec, reqs: list[str], python: str, base: dict[str, str],
+         constraints: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The entries of pip's resolution that the layer installs (`needed`); a package the environment has at
+    another version is refused, naming both."""
     try:  # first with the environment's versions as constraints: dependencies it has are taken from it
-        wh = wheelhouse.build(reqs, python, log=log, constraints=tuple(f"{n}=={v}" for n, v in sorted(base.items())))
+        report = wheelhouse.resolution(reqs, python, constraints)
     except ClusterError:
         try:  # they cannot all hold: resolved alone, the clash below names the versions
-            wh = wheelhouse.build(reqs, python, log=log)
+            report = wheelhouse.resolution(reqs, python)
         except ClusterError as e:
+            other = ", or launch without them: `--requirements none`" if spec.path.name == COMMAND_LINE else ""
             raise JobError(str(spec.path), None, "requirements", f"cannot resolve {', '.join(reqs)} for Python "
-                           f"{python} on the head: {e.message}", "check the names and versions, or put their "
-                           "wheels in the head's wheelhouse (clusterctl reads no index from the nodes)") from None
-    pins = {f: wheelhouse.wheel_pin(f) for f in wh.files}
-    clash = sorted(f"{n}=={v} would replace {n}=={base[n]}" for n, v in pins.values() if n in base and base[n] != v)
+                           f"{python} on the head: {e.message}", "check the names and versions, or put their wheels "
+                           "in the head's wheelhouse (clusterctl reads no index from the nodes)" + other) from None
+    clash = clashes(report, base)
     if clash:
         raise JobError(str(spec.path), None, "requirements", "; ".join(clash) + " of the provisioned environment",
                        "pin the versions the environment has (clusterctl never changes the environment provision "
                        "verified), or change the environment with `clusterctl provision`")
-    files = {f: m for f, m in wh.files.items() if pins[f][0] not in base}
-    if not files:
-        return None
-    lock = "".join(f"{n}=={v}\n" for n, v in sorted(pins[f] for f in files))
-    return Layer(Wheelhouse(wh.dir, wh.requirements, files), lock, hashlib.sha256(lock.encode()).hexdigest()[:16])
+    return needed(report, base)
+
+
+def clashes(report: list[dict[str, Any]], base: dict[str, str]) -> list[str]:
+    """Each package of pip's resolution that the environment has at another release: 'a==2 would replace a==1'."""
+    return sorted(f"{n}=={v} would replace {n}=={base[n]}" for n, v in
+                  ((wheelhouse.normalize(e["metadata"]["name"]), e["metadata"]["version"]) for e in report)
+                  if n in base and public(base[n]) != public(v))
+
+
+_EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")  # a Requires-Dist marker's `extra == "http"`
+_EXTRAS = re.compile(r"^[^\[;]*\[([^\]]*)\]")  # 'fsspec[http,s3]>=2022' -> 'http,s3'
+
+
+def needed(report: list[dict[str, Any]], base: dict[str, str]) -> list[dict[str, Any]]:
+    """The entries of pip's resolution (its report's `install`) that the layer installs: those the requirements
+    reach without passing through a package of the environment, whose own dependencies are the environment's
+    business (torch's CUDA wheels: pip lists them, the environment works without them) but for the extras asked
+    of it (`fsspec[http]` needs aiohttp although fsspec is there)."""
+    got = {wheelhouse.normalize(e["metadata"]["name"]): e for e in report}
+    keep: set[str] = set()
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(n, frozenset(wheelhouse.normalize(x) for x in e.get("requested_extras") or ()))
+            for n, e in got.items() if e.get("requested")]
+    while todo:
+        n, extras = todo.pop()
+        if n not in got or (n, extras) in seen:
+            continue
+        seen.add((n, extras))
+        if n not in base:
+            keep.add(n)
+        for r in got[n]["metadata"].get("requires_dist") or ():
+            gated = {wheelhouse.normalize(x) for x in _EXTRA.findall(r.partition(";")[2])}
+            if gated & extras or (not gated and n not in base):
+                m = _EXTRAS.match(r)
+                todo.append((wheelhouse.requirement_name(r), frozenset(
+                    wheelhouse.normalize(x.strip()) for x in m.group(1).split(",") if x.strip()) if m else frozenset()))
+    return [got[n] for n in sorted(keep)]
 
 
 def install(group: Group, hosts: list[Host], layer: Layer, log: Callable[[str], None] = lambda s: None) -> GroupResult:
