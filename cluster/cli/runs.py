@@ -49,7 +49,8 @@ def _declare_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code", metavar="DIR", help="with `-- COMMAND`: the folder shipped (default: the current one)")
     p.add_argument("--name", metavar="NAME", help="with `-- COMMAND`: the job's name (default: the folder's)")
     p.add_argument("--requirements", metavar="FILE", help="with `-- COMMAND`: a requirements file in the folder, "
-                   "installed offline on every node beside the provisioned environment")
+                   "installed offline on every node beside the provisioned environment (default: the folder's "
+                   "requirements.txt, if it has one; `none`: no requirements)")
     p.add_argument("--data", metavar="PATH", help="with `-- COMMAND`: a file or folder on this PC, staged on every "
                    "node once and named to the program as $CLUSTER_DATA")
     p.add_argument("--outputs", metavar="DIR", action="append",

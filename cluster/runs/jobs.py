@@ -215,6 +215,10 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
     lines: dict[str, int | None] = {}
     _override(settings, options, "command line", lines, mark=-2)  # launch's own options: --outputs, --data, ...
     _override(settings, overrides, "command line", lines)
+    if settings["requirements"] == "none":  # `--requirements none`: none, the folder's requirements.txt neither
+        settings["requirements"] = None
+    elif "requirements" not in lines and (code / "requirements.txt").is_file():  # where pip users keep them
+        settings["requirements"] = "requirements.txt"
     return resolve(code / "(command line)", settings, {**{k: -2 for k in settings}, **lines})
 
 
