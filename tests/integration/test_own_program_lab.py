@@ -134,6 +134,42 @@ def test_a_public_program_with_a_requirement_it_lacks_runs_and_comes_back(olab, 
           f"{[n['cpu_percent'] for n in fig['per_node']]}")
 
 
+USES_METRICS = """import json, os, torch, torchmetrics
+acc = torchmetrics.classification.BinaryAccuracy()(torch.tensor([0.9, 0.2, 0.7]), torch.tensor([1, 0, 1]))
+os.makedirs("results", exist_ok=True)
+with open(f"results/{os.environ['CLUSTER_NODE_NAME']}.json", "w") as f:
+    json.dump({"acc": float(acc), "torchmetrics": torchmetrics.__file__, "torch": torch.__file__}, f)
+"""
+
+
+def test_a_folders_requirements_txt_that_needs_torch_adds_only_its_own_wheels(olab, tmp_path: Path) -> None:
+    """A student's folder whose requirements.txt names torchmetrics (it needs torch and numpy, which the
+    provisioned environment has), launched without --requirements: the file is used, the head's wheelhouse
+    grows by torchmetrics and lightning-utilities alone (about 1 MB: pip download of the resolution took torch
+    and CUDA, 2.9 GB), each node installs that layer and the program imports it over the environment's torch."""
+    from tests.unit.test_layer_resolution import stored_bytes
+
+    state, env = olab
+    code = tmp_path / "metrics"
+    code.mkdir()
+    (code / "requirements.txt").write_text("torchmetrics==1.9.0\n")
+    (code / "uses_metrics.py").write_text(USES_METRICS)
+    wh = Path(env["CLUSTERCTL_HOME"]) / "wheelhouse"
+    before = stored_bytes(wh)
+    rc, rec = launch_in(code, env, "--launcher", "plain", "--", "python", "uses_metrics.py", timeout=900)
+    assert rc == 0 and rec["state"] == "succeeded", (why(rec), rec.get("requirements"))
+    assert rec["settings"]["requirements"] == "requirements.txt"
+    assert [p.split("==")[0] for p in rec["requirements"]["lock"]] == ["lightning-utilities", "torchmetrics"]
+    grown = stored_bytes(wh) - before
+    assert 0 < grown < 100 * 2**20, f"the wheelhouse grew by {grown / 2**20:.0f} MiB"
+    for i in range(2):
+        got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"node{i + 1}.json").read_text())
+        assert got["acc"] == 1.0 and "/clusterctl/layers/" in got["torchmetrics"], got
+        assert "/clusterctl/layers/" not in got["torch"], got  # the environment's torch, not a copy
+    print(f"\nwheelhouse grew by {grown / 2**20:.1f} MiB for {rec['requirements']['lock']}; wheels sent per node "
+          f"{[v['bytes'] for v in rec['requirements']['nodes'].values()]}")
+
+
 def test_a_rank_that_raises_on_the_second_node_fails_the_run_naming_it(olab) -> None:
     state, env = olab
     rc, rec = launch_in(OWN, env, "--", "python", "train.py", "--fail-on-group-rank", "1", timeout=300)
@@ -188,7 +224,7 @@ def test_requirements_install_offline_once_and_never_replace_the_base(olab) -> N
     """tabulate (absent from the provisioned environment) resolved on the head, sent and installed as a
     layer; the second launch installs nothing; a pin that would replace a base package is refused."""
     state, env = olab
-    argv = ("--launcher", "plain", "--requirements", "requirements.txt", "--", "python", "needs_tabulate.py")
+    argv = ("--launcher", "plain", "--requirements", "tabulate.txt", "--", "python", "needs_tabulate.py")
     rc, rec = launch_in(OWN, env, *argv, timeout=600)
     assert rc == 0 and rec["state"] == "succeeded", (rec.get("failure"), rec.get("requirements"))
     assert rec["requirements"]["lock"] == ["tabulate==0.9.0"]
