@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -258,7 +259,10 @@ def build_layer(requirements: list[str], python: str, constraints: tuple[str, ..
             (store / f).unlink()
             raise ClusterError(f"{store / f} does not match the index's sha256 (removed)", "launch again")
         (d / "files" / f).unlink(missing_ok=True)
-        os.link(store / f, d / "files" / f)
+        try:
+            os.link(store / f, d / "files" / f)
+        except OSError:  # a filesystem without hard links: a copy
+            shutil.copyfile(store / f, d / "files" / f)
         files[f] = {"sha256": digest, "size": (store / f).stat().st_size}
     if constraints:
         (d / "constraints.txt").write_text("".join(f"{c}\n" for c in sorted(constraints)))
