@@ -114,9 +114,10 @@ def refuse_unsupported(spec: JobSpec) -> None:
         raise JobError(file, None, "shares", "batch shares name the inventory's PCs, not a cluster's nodes",
                        "leave shares out for a Slurm run (every worker takes `batch`)")
     if spec.own and spec["requirements"]:
-        raise JobError(file, None, "requirements", "a Slurm cluster's environment is its own (installing a "
-                       "layer there is not supported yet)", "install them in the environment that the "
-                       "inventory's slurm entry names (python: / env_setup:), and leave requirements out")
+        raise JobError(file, None, "requirements", "a Slurm cluster's environment is its own: clusterctl "
+                       f"installs no requirements layer there ({spec['requirements']})", "install them in the "
+                       "environment that the inventory's slurm entry names (python: / env_setup:), and leave "
+                       "requirements out (`--requirements none` for a folder's requirements.txt)")
 
 
 def prepare(inv: Inventory, spec: JobSpec, cluster_name: str, overrides: SlurmOverrides = SlurmOverrides(),
