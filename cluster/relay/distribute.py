@@ -133,5 +133,6 @@ def distribute(group: Group, hosts: list[Host], files: list[Item], dest: dict[st
     for n in p.chain:
         out.setdefault(n, HostResult(n, OK, 0.0, value=deliveries[n]))
     log(f"distributed {len(files)} files to {len(needing)} nodes in {time.monotonic() - start:.1f}s ({mode})"
-        if needing else f"every node already had the {len(files)} files: nothing sent")
+        if needing else f"every node already had {'the file' if len(files) == 1 else f'the {len(files)} files'}: "
+        "nothing sent")
     return p, GroupResult((h.name, out[h.name]) for h in hosts)
