@@ -101,8 +101,8 @@ class EpochCosts:
     """What an epoch costs beyond its steps, from a single-process run's records: the evaluation (the
     training loss's sum, the validation split and the training-accuracy sample: the epoch record's time less
     the last step's) over the images it scored, and the checkpoint (the end record's time less the epoch
-    record's: both programs save after the epoch record). On the emulated room these were 1.5-2 s an epoch,
-    12-20% of a 1-node run's time, which plans before them left out (docs/performance.md)."""
+    record's: both programs save after the epoch record). `plan` adds both to every epoch it prices
+    (docs/planning.md)."""
 
     eval_s: float
     eval_images: int
@@ -275,8 +275,7 @@ def step_rate(metrics_text: str, batch: int) -> StepRate:
     """images/s from a single-process run's step records, after the warm-up steps: batch / the mean step
     time, what an epoch of such steps delivers. Not the median: on a node whose CPU time is rationed (a
     cgroup quota, as in the lab; a busy PC) step times are lopsided, most short and some held back a whole
-    quota period, and the median of a few steps overstated a 1-node run's images/s by 10-34%
-    (docs/performance.md)."""
+    quota period, so the median of a few steps overstates what a run delivers (docs/performance.md)."""
     recs = [json.loads(x) for x in metrics_text.splitlines() if x.startswith("{")]
     steps = [r for r in recs if r.get("type") == "step"]
     times = [r["data_s"] + r["compute_s"] for r in steps[WARMUP_STEPS:]] or [r["data_s"] + r["compute_s"]

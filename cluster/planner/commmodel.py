@@ -159,16 +159,12 @@ def exposed(c: Comm, backward_s: float, overlap: bool = True) -> float:
 
 
 def overlaps(framework: str, scheme: Scheme, powersgd_priced: bool = True) -> bool:
-    """Whether the all-reduce hides under backward: DDP's buckets do, PowerSGD's too where its own compute
-    is priced (`powersgd_priced`: bench measured `powersgd_s` on every node); TensorFlow's loop all-reduces
-    after backward.
+    """Whether the all-reduce hides under backward: DDP's buckets do, and PowerSGD's too where its own
+    compute is priced (`powersgd_priced`: bench measured `powersgd_s` on every node), since its bytes travel
+    while backward computes the earlier layers; TensorFlow's loop all-reduces after backward.
 
-    PowerSGD without its compute priced does not overlap: that sum was the stand-in for its compute on the
-    slow lab (0.69 s a step against 0.41 s of compute and 0.16 s of all-reduce, before bench measured
-    `powersgd_s`). With both, its all-reduces counted in full besides its compute priced the 4-node runs of
-    the three newest benchmarks/to_accuracy.py DIRs 9-22% slow an epoch; overlapped, those of the two DIRs
-    whose runs nothing slowed come within 5%, as their 1-node rows (docs/performance.md): the bytes travel
-    while backward computes."""
+    Where PowerSGD's compute is not priced its all-reduces do not overlap: their full time stands in for that
+    compute (docs/planning.md, "Overlap"; the measured error: docs/performance.md)."""
     if framework != "pytorch":
         return False
     return powersgd_priced or scheme.grad_compression != "powersgd"

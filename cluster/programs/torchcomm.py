@@ -64,7 +64,7 @@ def setup_compression(ddp: torch.nn.Module, kind: str, world: int, backend: str,
     # From the first step: the steps before the start (DDP rebuilds its buckets after the first, and the
     # error feedback and warm start memories are per bucket) go through PowerSGD with a state that keeps
     # nothing (torch allows start 0 without either): rank-r updates, the same on every rank, at PowerSGD's
-    # bytes, where fp16 would cost a full all-reduce each (10 s a step on the emulated 1 GbE room).
+    # bytes, where fp16 would cost a full all-reduce each.
     def first() -> PowerSGDState:
         return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=0,
                                   use_error_feedback=False, warm_start=False, random_seed=seed)

@@ -113,10 +113,9 @@ def recompute_bn(model: torch.nn.Module, x: torch.Tensor, batch: int, world: int
     """Precise BatchNorm (Wu and Johnson, "Rethinking 'Batch' in BatchNorm", 2021): every BatchNorm layer's
     running mean and variance replaced by their plain average over `x` in batches of the training's own
     size (the model in training mode, nothing learned), then averaged over the ranks. Why: the running
-    averages training keeps (momentum 0.1) lag the weights where an epoch has few steps; ResNet18 on digits
-    at a global batch of 128 (11 steps an epoch) scored 0.17 and 0.13 after its first two epochs with them and
-    0.88 and 0.96 with these (benchmarks/schemes_steps.py), so the early epochs of large-batch runs measured the
-    statistics, not the model. The checkpoint saved after the evaluation keeps them."""
+    averages training keeps (momentum 0.1) lag the weights where an epoch has few steps, so an evaluation
+    with them measures the statistics, not the model (docs/performance.md). The checkpoint saved after the
+    evaluation keeps them."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not layers or len(x) == 0:
         return

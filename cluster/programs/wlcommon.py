@@ -203,8 +203,8 @@ def peak_lr(base_lr: float, global_batch: int, scaling: str = "linear", worker_b
     batch. sqrt: linearly up to `worker_batch` (a worker's micro-batch, the samples BatchNorm normalizes
     together), then by the square root of the global batch's multiple of it. BatchNorm's statistics stay per
     worker, so on k workers the linear rule raises the rate k times over batches normalized as one worker's
-    are; measured on ResNet50 (docs/performance.md), that trains worse than either one worker or one
-    process at the global batch. One worker (no accumulation) gets the same rate by either rule."""
+    are, which can train worse than one process at the global batch (docs/performance.md). One worker (no
+    accumulation) gets the same rate by either rule."""
     if scaling == "sqrt" and 0 < worker_batch < global_batch:
         return base_lr * worker_batch / REF_BATCH * math.sqrt(global_batch / worker_batch)
     return base_lr * global_batch / REF_BATCH
@@ -300,9 +300,8 @@ def bn_samples(bn_recompute: int, world: int) -> int:
 
 def share(total: int, world: int) -> int:
     """One rank's part of an epoch-end sample of `total` (rounded up: every rank the same count, which the
-    collectives at the epoch's end need), so its cost shrinks with the ranks as the training does: 512 a
-    rank each for the training accuracy and BatchNorm was ~1.3 s of a ~60 s 4-node epoch of digits-aug at
-    half a core (bench: 1.7 ms an image), one node's unchanged."""
+    collectives at the epoch's end need), so its cost shrinks with the ranks as the training does, one
+    node's unchanged."""
     return -(-total // max(1, world))
 
 
@@ -346,9 +345,8 @@ TORCH_POWERSGD_START = 1000  # torch's own default start_powerSGD_iter
 def powersgd_start(requested: int, steps_per_epoch: int, warmup_epochs: float, epochs: int) -> int:
     """The optimizer step PowerSGD starts at: as asked; else after the learning-rate warm-up and after
     torch's own default of 1000 plain steps, capped at half the run. Its error feedback needs steps to
-    catch up, and a short run does not have them: on digits after 44 steps (docs/performance.md) PowerSGD
-    from step 2 or 11 ended 2.8-5 points below plain DDP, from step 22 within 1. Before it starts the
-    gradients go as fp16 (PowerSGDHook), which costs no accuracy. Never before step 2: DDP rebuilds its
+    catch up, which an early start on a short run does not leave it (docs/performance.md). Before it starts
+    the gradients go as fp16 (PowerSGDHook). Never before step 2: DDP rebuilds its
     buckets after the first step and PowerSGD's per-bucket state must not see the old buckets."""
     if requested:
         return max(2, requested)

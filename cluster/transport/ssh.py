@@ -4,7 +4,7 @@ the connection in cluster.transport.ssh_connection, file copies in cluster.trans
 NOTE: paramiko directly rather than fabric's Connection: fabric accepts unknown
 host keys by default and runs each command through invoke's polling Runner;
 here host-key policy, timeouts and per-host results must be ours, and the
-fan-out benchmark (docs/performance.md) counts every millisecond per command.
+fan-out benchmark (docs/performance.md, "Fan-out") counts every millisecond per command.
 
 A command's timeout is kept on the node too (`bounded_command`): sshd without a pty does not signal a
 command whose channel closed, so a command the head gave up on would otherwise run on, and with a cut link
