@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 VERDICT_EXIT = {"ok": errors.EXIT_OK, "failed": errors.EXIT_FAILED, "unreachable": errors.EXIT_UNREACHABLE}
 # the terminal gets the columns a comparison needs; the pages have them all
 REPORT_COLUMNS = ("run", "framework", "nodes", "images/s", "e2e images/s", "epoch s", "final val acc", "best val acc",
-                  "s to val acc", "time to target vs 1 node", "scaling eff.", "energy kWh",
+                  "s to val acc", "time to target vs 1 node", "scaling eff.", "e2e speed-up vs 1 node", "energy kWh",
                   "launcher", "state", "wall s", "exit codes", "CPU %", "peak MB", "metrics records")  # own programs
 
 

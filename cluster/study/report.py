@@ -87,7 +87,8 @@ def _summary_row(f: RunFigures) -> list[str]:
             _f(f.images_per_s), _e2e(f), _f(f.cpu_cores_process, "{:.2f}"), predicted, _f(f.epoch_s),
             _f(f.final_val_acc, "{:.4f}"), _f(f.best_val_acc, "{:.4f}"), _reached(f), _vs_one(f),
             _f(f.wall_s, "{:.0f}"),
-            _f(f.scaling["efficiency"] if f.scaling else None, "{:.2f}"), _f(f.comm_share, "{:.0%}"),
+            _f(f.scaling["efficiency"] if f.scaling else None, "{:.2f}"),
+            _f(f.scaling.get("e2e_speedup") if f.scaling else None, "{:.2f}x"), _f(f.comm_share, "{:.0%}"),
             _mb(f.bytes_sent_per_step), _scheme(f), _f(f.accumulate, "{:d}"), _f(f.step_spread, "{:.2f}"),
             _f(f.energy_kwh, "{:.4f}"), _f(f.cost, "{:.4f}")]
 
@@ -117,7 +118,8 @@ def summary_rows(figs: list[RunFigures]) -> tuple[list[str], list[list[str]]]:
     head = ["run", "job", "framework", "nodes", "world", "global batch", "images/s", "e2e images/s",
             "CPU cores/proc", "predicted", "epoch s", "final val acc", "best val acc", f"s to val acc {target:g}",
             "time to target vs 1 node", "wall s",
-            "scaling eff.", "comm. share", "MB sent/step", "compression", "accumulate", "step spread",
+            "scaling eff.", "e2e speed-up vs 1 node", "comm. share", "MB sent/step", "compression", "accumulate",
+            "step spread",
             "energy kWh", "cost"]
     return head, [_summary_row(f) for f in figs]
 
@@ -185,7 +187,7 @@ def run_line(f: RunFigures) -> str:
     reached += "" if f.epochs else " (no epoch finished)"
     return (f"{f.job} ({f.framework}), {len(f.nodes)} node(s), world size {f.world}, batch {f.batch}/worker, "
             f"dataset {f.dataset}" + (" (synthetic: accuracy is meaningless)" if f.synthetic else "")
-            + f", state {f.state}"
+            + f", {len(f.epochs)} epoch(s) trained, state {f.state}"
             + (f"; slowest node {f.straggler} (spread {f.step_spread:.2f}x)" if f.straggler else "")
             + f". {sent}; {comm}. Validation accuracy {f.target_acc:g} {reached}. " + _end_to_end(f)
             + ("CPU use not recorded." if f.cpu_cores_process is None
