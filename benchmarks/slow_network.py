@@ -13,7 +13,7 @@ those) on 4 nodes, plain on 1 node (scaling efficiency); and resnet50-tf plain v
 sends 2x ResNet18's bytes). Prints one table: images/s (median of the epochs after the first), bytes per
 step per node, time from the training start to validation accuracy 0.9, final accuracy, scaling efficiency
 and the plan's predicted images/s with its error. Final accuracy moves 1-3 points between seeds of the same
-scheme after 4 epochs (docs/performance.md), more than the 1 point the comparison asks for: each 4-node
+scheme after 4 epochs (measured with this script), more than the 1 point the comparison asks for: each 4-node
 PyTorch run is repeated with seeds 1..`--seeds`-1 on the same lab with its links unshaped (the arithmetic
 does not depend on the link: plain DDP, seed 0, ended at the same accuracy to the last digit both ways), and
 the table gives the mean with each seed's figure. `--quick`: 2 epochs of 2 steps per run (a smoke run: the

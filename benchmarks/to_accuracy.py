@@ -86,7 +86,7 @@ ASK_EVERY = 15  # polls: `clusterctl status` every 30 s, the run's record on the
 def status(env: dict[str, str], rid: str, poll: int) -> str:
     """The run's state at the `poll`-th look: every ASK_EVERY-th, as `status --json` judges it (it asks every
     node: an SSH session and a Python process on each, inside the node's half core, which slowed a 1-node
-    run's epochs by 5-25% when asked every 2 s, docs/performance.md; its exit code tells the state too: not an
+    run's epochs by 5-25% when asked every 2 s, measured with this script; its exit code tells the state too: not an
     error here), else as the run's record on the head says, which the run's watcher keeps (no node is asked,
     so nothing is taken from the nodes but what a user's own run has: its watcher)."""
     if poll % ASK_EVERY == ASK_EVERY - 1:

@@ -47,7 +47,7 @@ def test_candidates_prefer_the_split_that_keeps_the_slow_node_busy_not_late() ->
     assert two.epoch_s == pytest.approx(50 * 0.9)
 
 
-# bench on the 4-node half-core lab of docs/performance.md "digits again" (2026-12-06): four nodes of one speed,
+# bench recorded on a 4-node half-core lab (digits): four nodes of one speed,
 # read 118-123 images/s apart by bench's spread; fixed_s, per_sample_s, powersgd_s, eval_image_s, save_s
 DIGITS_LAB = {"node1": NodeSpeed(0.093532, 0.005563375, 0.137761, 0.0020313, 0.24686),
               "node2": NodeSpeed(0.087106, 0.0054255, 0.145193, 0.0018336, 0.29675),
