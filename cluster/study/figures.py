@@ -63,6 +63,7 @@ class RunFigures:
     energy_to_target_kwh: float | None = None  # every node's watts (as energy_kwh) x time_to_target_s
     # what a program wrote to $CLUSTER_METRICS (JSON lines), per node: plotted field by field
     user_metrics: dict[str, list[Record]] = field(default_factory=dict)
+    one_machine: bool = False  # several nodes on one kernel (a simulated lab): they share its cores
     # membership: one period for a run that kept its nodes; the nodes it lost (node -> the record's
     # {"why", "at", "period", "came_back", ...})
     periods: list[PeriodFigures] = field(default_factory=list)
@@ -207,5 +208,7 @@ def run_figures(record: runs.RunRecord, price_kwh: float | None = None,
                          f"collect them first: clusterctl collect {record.run_id}")
     fig.per_node = [p for p, _ in node_figs]
     fig.user_metrics = {n: m for n in nodes if (m := node_figures.read_user_metrics(base / n))}
+    boots = {node_figures.boot_id(base / n) for n in nodes}
+    fig.one_machine = len(nodes) > 1 and len(boots) == 1 and None not in boots
     _spread_and_energy(fig, [w for _, w in node_figs], price_kwh)
     return fig

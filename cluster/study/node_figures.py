@@ -106,6 +106,15 @@ def _hardware(node_dir: Path) -> tuple[str, list[str]]:
     return f"{model + ', ' if model else ''}{cores} cores, {ram:.0f} GiB, {', '.join(gpus) or 'no GPU'}", gpus
 
 
+def boot_id(node_dir: Path) -> str | None:
+    """The node's kernel boot id from its facts (`place`): nodes with the same one are one machine."""
+    try:
+        place = json.loads((node_dir / "facts.json").read_text()).get("place")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(place["boot_id"]) if isinstance(place, dict) and place.get("boot_id") else None
+
+
 def _board_watts(gpu: str) -> float:
     for model, w in sorted(GPU_BOARD_W.items(), key=lambda kv: -len(kv[0])):
         if model in gpu:

@@ -192,6 +192,8 @@ def run_line(f: RunFigures) -> str:
             + f". {sent}; {comm}. Validation accuracy {f.target_acc:g} {reached}. " + _end_to_end(f)
             + ("CPU use not recorded." if f.cpu_cores_process is None
                else f"{f.cpu_cores_process:.2f} cores busy per training process.")
+            + (f" Its {len(f.nodes)} nodes are one machine (one kernel: a simulated lab) and share its cores, so "
+               "its scaling shows the method, not what as many separate PCs give." if f.one_machine else "")
             + (f" The membership changed: {len(f.periods)} periods (below); world size and batch are period 1's, "
                "images/s and epoch s the medians over every period's epochs, wall s from period 1's start, e2e "
                "images/s every epoch's samples once over that wall time."

@@ -292,3 +292,21 @@ def test_the_report_of_a_users_program_speaks_of_it(tmp_path: Path, monkeypatch:
     text = md.read_text()
     assert text.index("user_metrics.png") < text.index("usage.png") < text.index(f"## {OWN}")
     assert "8 $CLUSTER_METRICS record(s)" in report.run_line(figs[0])
+
+
+def test_a_runs_nodes_on_one_kernel_are_said_to_share_one_machine(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lab nodes share the head's kernel (one boot id in their facts): the report says their scaling shows the
+    method, not separate PCs; nodes with their own boot ids (a room) get no such sentence."""
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    _recorded(tmp_path)
+
+    def boot(ids: list[str]) -> str:
+        for n, b in zip(("node1", "node2", "node3"), ids):
+            facts = tmp_path / "runs" / DDP3 / n / "facts.json"
+            facts.write_text(json.dumps({**json.loads(facts.read_text()), "place": {"boot_id": b}}))
+        return report.run_line(comparison.build([DDP3], target_acc=0.9)[0])
+
+    assert "nodes are one machine" not in report.run_line(comparison.build([DDP3], target_acc=0.9)[0])
+    assert "Its 3 nodes are one machine (one kernel: a simulated lab)" in boot(["b1", "b1", "b1"])
+    assert "one machine" not in boot(["b1", "b2", "b3"])
