@@ -15,9 +15,9 @@ import yaml
 
 from cluster.bounds import FILE_MAX_BYTES, FileRefused, read_regular
 from cluster.errors import InventoryError
-from cluster.inventory.check import SAFE_NAME, Checker, Layers, build_host, check_name, default_name
+from cluster.inventory.check import Checker, Layers, build_host, check_name, default_name
 from cluster.inventory.check import check_files as _check_files
-from cluster.inventory.model import CONNECTIONS, GPU_KEYS, HOST_FIELDS, TOP_KEYS, GpuSpec, Host, Inventory
+from cluster.inventory.model import HOST_FIELDS, TOP_KEYS, Inventory
 from cluster.inventory.sshconfig import Resolver
 from cluster.inventory.clusters import read_section as _slurm_section
 from cluster.yamlfile import Loader as _Loader

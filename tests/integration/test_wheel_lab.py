@@ -7,8 +7,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
 from tests.integration.conftest import lab_name, lab_subnet, pytestmark  # noqa: F401
 from tests.unit.test_wheel import _clean_env, built, venv  # noqa: F401 (the fixtures: the wheel, the venv)
@@ -16,7 +14,7 @@ from tests.unit.test_wheel import _clean_env, built, venv  # noqa: F401 (the fix
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
 
 
-def installed(venv: Path, cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def installed(venv: Path, cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:  # noqa: F811
     env = _clean_env(HOME=str(cwd / "home"), CLUSTERCTL_HOME=str(cwd / "home" / ".clusterctl"),
                      PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", COLUMNS="200")
     return subprocess.run([str(venv / "bin" / "clusterctl"), *args], cwd=cwd, capture_output=True, text=True,

@@ -16,7 +16,7 @@ def rec(min_nodes: int = 2, nodes: int = 3, **kw: Any) -> records.RunRecord:
     names = [f"node{i + 1}" for i in range(nodes)]
     r = records.RunRecord(run_id="r-1", job="resnet50-ddp", framework="pytorch", state="running",
                           created=time.time() - 100, started=time.time() - 90,
-                          nodes=[records.RunNode(n, i, 1, f"/srv/runs/r-1") for i, n in enumerate(names)],
+                          nodes=[records.RunNode(n, i, 1, "/srv/runs/r-1") for i, n in enumerate(names)],
                           inventory={"hosts": [{"name": n} for n in names]},
                           settings={"min_nodes": min_nodes, "batch": 8, "shares": {}, "code": None}, **kw)
     r.periods = [{"period": 1, "nodes": names, "world_size": nodes, "node_batch": {n: 8 for n in names}}]
