@@ -20,6 +20,17 @@ REASON = can_run_lab()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated lab unavailable: {REASON}")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder is a lab test (marker `lab`, left out by `-m "not lab"`: the quick tier),
+    whether or not its module imports `pytestmark` above (a conftest's own pytestmark applies to no module).
+    tryfirst: before pytest's own hook deselects by marker."""
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.lab)
+
+
 def lab_name(tag: str) -> str:
     return f"t{tag}{os.getpid() % 100000}"[:8]
 

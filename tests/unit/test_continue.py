@@ -35,6 +35,7 @@ def _program(entry: str, out: Path, epochs: int, *extra: str) -> subprocess.Comp
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # runs both training programs: left out of the quick tier
 @pytest.mark.parametrize("entry,ckpt", [("train_torch.py", "checkpoint.pt"), ("train_tf.py", "checkpoint")])
 def test_a_copied_checkpoint_goes_on_with_the_longer_schedule_and_nothing_to_train_is_refused(
         tmp_path: Path, entry: str, ckpt: str) -> None:

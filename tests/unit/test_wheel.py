@@ -22,6 +22,8 @@ import pytest
 from cluster import paths
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # builds the wheel and a venv: left out of the quick tier
+
 # what the clone holds that the wheel must carry: its data folders (under cluster/_data/) and the node-side programs
 DATA = paths.DATA_FOLDERS
 _EVERYWHERE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")

@@ -27,6 +27,8 @@ sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
 import wlmetrics  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the training programs: left out of the quick tier
+
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

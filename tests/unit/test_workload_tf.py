@@ -13,6 +13,8 @@ import pytest
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 
+pytestmark = pytest.mark.slow  # runs the TensorFlow program and its workers: left out of the quick tier
+
 HELPER = f"""
 import argparse, sys
 import numpy as np

@@ -18,6 +18,8 @@ from tests.unit.test_workload_tf import _free_ports, _run
 
 WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 
+pytestmark = pytest.mark.slow  # runs the TensorFlow program's workers: left out of the quick tier
+
 HELPER = f"""
 import argparse, sys
 import numpy as np

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the training programs: left out of the quick tier
+
 WL = Path(__file__).resolve().parents[2] / "cluster" / "programs"
 TIMEOUT_S = 10
 SLACK_S = 30  # process teardown, a step in flight, a loaded 2-core machine

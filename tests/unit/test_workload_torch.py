@@ -22,6 +22,8 @@ sys.path.insert(0, str(WL))
 import train_torch  # noqa: E402
 import wlcommon  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the PyTorch program and its ranks: left out of the quick tier
+
 
 def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
     # Batch statistics are per rank in DDP (no SyncBatchNorm on CPU), so the comparison holds BN in

@@ -23,6 +23,8 @@ import torchcomm  # noqa: E402
 import train_torch  # noqa: E402
 import wlcommon  # noqa: E402
 
+pytestmark = pytest.mark.slow  # trains in gloo process groups: left out of the quick tier
+
 
 def tiny(classes: int = 10) -> nn.Module:
     """8x8x3 images -> logits; ~18k weights, 4 DDP buckets at a 1 KiB bucket size."""
