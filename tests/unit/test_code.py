@@ -239,6 +239,7 @@ def test_ship_sends_only_what_each_node_lacks(tmp_path: Path) -> None:
     assert not list(Path(code.default_cache_dir(hosts[0])).glob("*.part"))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes into a read-only cache blob, as only root can")
 def test_a_corrupted_blob_is_detected_and_sent_again(tmp_path: Path) -> None:
     root = write(tmp_path / "prog", {"train.py": "print('right')\n", "other.py": "x = 1\n"})
     hosts = local_hosts(tmp_path, "a")
@@ -259,6 +260,7 @@ def test_a_corrupted_blob_is_detected_and_sent_again(tmp_path: Path) -> None:
     assert not (run_dir / "program" / "train.py").exists() and not blob.exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="appends to the data file, a copy as root (a read-only link otherwise)")
 def test_a_runs_shipped_program_and_data_are_its_own(tmp_path: Path) -> None:
     """Run B of the same folder appends to its helper.py and its data file in place: run A's copies keep what
     A ran (program files are copies; a data file is a read-only link where the user is not root, a copy as
