@@ -155,3 +155,12 @@ def test_the_checks_find_an_upward_import_and_a_circle(tmp_path: Path, upward: b
     g = graph(tmp_path)
     assert bool(violations(g)) is upward
     assert bool(cycles(g)) is circle
+
+
+def test_no_module_of_the_package_is_over_450_lines() -> None:
+    """One module per concept: a module that outgrows 450 lines holds two and is split (CONTRIBUTING.md)."""
+    from cluster import paths
+
+    long = {str(p.relative_to(paths.PACKAGE_DIR)): n for p in sorted(paths.PACKAGE_DIR.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, long
