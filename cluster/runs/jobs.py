@@ -130,6 +130,9 @@ def load(name_or_path: str, overrides: Iterable[str] = ()) -> JobSpec:
     settings = copy.deepcopy(DEFAULTS)
     lines: dict[str, int | None] = {}  # field -> line in the file, -1: from --set
     _merge(settings, data, "", file, lines)
+    for key in ("code", "data"):  # a spec's relative paths are its folder's, wherever it is launched from
+        if isinstance(settings[key], str) and settings[key] and not Path(settings[key]).expanduser().is_absolute():
+            settings[key] = str((path.parent / settings[key]).resolve())
     _override(settings, overrides, file, lines)
     return resolve(path, settings, lines)
 

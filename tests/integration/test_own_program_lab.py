@@ -57,6 +57,24 @@ def test_own_torchrun_program_ships_only_what_changed(olab, tmp_path: Path) -> N
     print(f"\ncode shipped per node: first {first}, unchanged {sent(again)}, one file edited {sent(edited)}")
 
 
+def test_the_spec_docs_jobs_md_shows_runs_as_written(olab, tmp_path: Path) -> None:
+    """docs/jobs.md's example spec, with its program beside it (a copy of tests/fixtures/own), launched by its
+    path: its folder shipped, its args given, every rank's output on its node."""
+    state, env = olab
+    code = tmp_path / "mnist"
+    shutil.copytree(OWN, code)
+    doc = (ROOT / "docs" / "jobs.md").read_text()
+    example = doc[doc.index("```yaml\n", doc.index("A spec for it")) + 8:]
+    spec = code / "mine.yaml"
+    spec.write_text(example[:example.index("```")].replace("[--epochs, 3, --lr, 0.1]", "[--steps, 3]"))
+    rc, rec = clusterctl_json("launch", str(spec), env=env, timeout=300)
+    assert rc == 0 and rec["state"] == "succeeded", why(rec)
+    assert rec["job"] == "mnist-ddp" and rec["settings"]["args"] == ["--steps", 3]  # YAML: a number
+    for i in range(2):
+        got = json.loads((node_program(state, i, rec["run_id"]) / "results" / f"rank{i}.json").read_text())
+        assert got["world"] == 2 and got["argv"] == ["--steps", "3"]
+
+
 def test_plain_and_module_forms(olab) -> None:
     state, env = olab
     rc, rec = launch_in(OWN, env, "--launcher", "plain", "--outputs", "results", "--", "python", "plain_job.py")

@@ -179,3 +179,19 @@ def test_docs_jobs_md_has_a_row_for_every_setting_and_no_row_for_another() -> No
     assert [k for k in keys if k not in rows] == []
     launchers = set(schema.LAUNCHERS)  # "Your own program" also has a table of the launchers
     assert sorted(rows - set(keys) - launchers) == []
+
+
+def test_a_specs_relative_code_and_data_are_its_folders_wherever_launch_runs(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/jobs.md's example says `code: .`: the spec's folder, not the folder launch happens to run in."""
+    proj = tmp_path / "proj"
+    (proj / "in").mkdir(parents=True)
+    (proj / "train.py").write_text("print(1)\n")
+    (proj / "in" / "x.csv").write_text("1\n")
+    (proj / "mine.yaml").write_text("name: m\ncode: .\nprogram: train.py\ndata: in\n")
+    monkeypatch.chdir(tmp_path)  # elsewhere
+    spec = jobs.load(str(proj / "mine.yaml"))
+    assert (spec["code"], spec["data"]) == (str(proj.resolve()), str((proj / "in").resolve()))
+    (tmp_path / "in").mkdir()
+    spec = jobs.load(str(proj / "mine.yaml"), ["data=in"])  # --set: the command line's folder
+    assert spec["data"] is not None and Path(spec["data"]).resolve() == (tmp_path / "in").resolve()
