@@ -195,6 +195,9 @@ def resolve(path: Path, settings: dict[str, Any], lines: dict[str, int | None]) 
     return spec
 
 
+COMMAND_LINE = "(command line)"  # the spec path of `clusterctl launch -- COMMAND`
+
+
 def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: str | None = None,
                  overrides: Iterable[str] = (), options: Iterable[str] = ()) -> JobSpec:
     """The ad-hoc job of `clusterctl launch [OPTIONS] -- python train.py ...`: `code` shipped, `python SCRIPT
@@ -222,7 +225,7 @@ def from_command(argv: list[str], code: Path, launcher: str = "torchrun", name: 
         settings["requirements"] = None
     elif "requirements" not in lines and (code / "requirements.txt").is_file():  # where pip users keep them
         settings["requirements"] = "requirements.txt"
-    return resolve(code / "(command line)", settings, {**{k: -2 for k in settings}, **lines})
+    return resolve(code / COMMAND_LINE, settings, {**{k: -2 for k in settings}, **lines})
 
 
 def program_words(words: list[str]) -> bool:

@@ -28,7 +28,7 @@ from cluster.nodes.fanout import Group, GroupResult
 from cluster.relay import distribute
 from cluster.provision import wheelhouse
 from cluster.provision.wheelhouse import Wheelhouse
-from cluster.runs.jobs import JobSpec
+from cluster.runs.jobs import COMMAND_LINE, JobSpec
 from cluster.runs.schema import JobError
 from cluster.transport import Transport
 
@@ -105,8 +105,6 @@ def resolve(spec: JobSpec, python: str, base: dict[str, str],
     lock = "".join(f"{n}=={v}\n" for n, v in sorted(wheelhouse.wheel_pin(f) for f in wh.files))
     return Layer(wh, lock, hashlib.sha256(lock.encode()).hexdigest()[:16])
 
-
-COMMAND_LINE = "(command line)"  # jobs.from_command's spec path: `clusterctl launch -- COMMAND`
 
 
 def public(version: str) -> str:
