@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 # docs/architecture.md. Three stand apart: `lab` (the simulated lab: the base only, and only the CLI imports
 # it), `agent` and `programs` (code that runs on the nodes: nothing of the head's library, not even the base;
 # the head may import them, as files it ships and for their defaults).
-ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "runs", "slurm", "schedulers", "planner",
+ORDER = ("base", "inventory", "transport", "nodes", "relay", "provision", "room", "runs", "slurm", "schedulers", "planner",
          "study", "cli")
 NODE_SIDE = ("agent", "programs")  # code that runs on the nodes: nothing of the head's library, not even the base
 BASE = frozenset({"errors", "paths", "yamlfile", "bounds"})
