@@ -46,7 +46,7 @@ class InventoryError(ClusterError):
         where = f"{file}:{line}" if line else file
         head = f"{where}: {field}: {message}" if field else f"{where}: {message}"
         super().__init__(head, fix)
-        self.file, self.line, self.field = file, line, field
+        self.file, self.line, self.field, self.detail = file, line, field, message
 
 
 class TransportError(ClusterError):

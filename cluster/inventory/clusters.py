@@ -11,6 +11,16 @@
         python: /opt/venv/bin/python          # an environment that exists on the cluster ...
         env_setup: "module load pytorch/2.3"  # ... and/or shell lines run before it
 
+The room itself as a Slurm cluster (`clusterctl provision --slurm` sets it up; no login node, no shared
+folder) is an entry with a controller instead of a login node:
+
+    slurm:
+      room:
+        controller: gw                        # an inventory host, or a host entry ({address: ..., ...});
+                                              #   it runs slurmctld only, never a job
+        nodes: lab                            # the compute PCs: a group or host pattern of the inventory
+        partition: room                       # the partition they form (default: room)
+
 Read here with the inventory's Checker, so every error names the file, the line, the dotted field
 (`slurm.NAME.workdir`) and the fix, as the hosts' errors do. The login entry goes through the same layering
 (defaults < login < `--host-set`) and OpenSSH-config resolution (cluster.inventory.sshconfig) as a host.
@@ -26,13 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from cluster.inventory.check import Checker, Layers, build_host, check_files, check_name, kind
-from cluster.inventory.model import HOST_FIELDS, Inventory, SlurmCluster
+from cluster.errors import InventoryError
+from cluster.inventory import patterns
+from cluster.inventory.model import HOST_FIELDS, Host, Inventory, RoomCluster, SlurmCluster
 from cluster.inventory.sshconfig import Resolver
 from cluster.yamlfile import Map
 from cluster.yamlfile import line_of as _line
 
 SECTION = "slurm"
 CLUSTER_KEYS = ("login", "partition", "account", "qos", "workdir", "python", "env_setup")
+ROOM_KEYS = ("controller", "nodes", "partition")
 LOGIN_FIELDS = tuple(f for f in HOST_FIELDS if f != "workdir")  # the cluster's workdir is the one that counts
 # A partition, account or QoS name as it goes on an #SBATCH line (Slurm's names are words like these).
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
@@ -41,20 +54,70 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 WORKDIR_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*\Z")
 
 
-def read_section(chk: Checker, data: Map, cli: list[tuple[str, Any]], ssh: Resolver,
-                 files: bool = True) -> dict[str, SlurmCluster]:
-    """The inventory's `slurm:` section (absent: no cluster), every cluster checked; `cli`: --host-set,
-    applied to each login node as to every host; `files`: check the login node's key file as a host's."""
+def read_section(chk: Checker, data: Map, cli: list[tuple[str, Any]], ssh: Resolver, hosts: dict[str, Host],
+                 groups: dict[str, tuple[str, ...]], files: bool = True
+                 ) -> tuple[dict[str, SlurmCluster], dict[str, RoomCluster]]:
+    """The inventory's `slurm:` section (absent: none), every entry checked: the clusters (a login node) and
+    the rooms (a controller); `cli`: --host-set, applied to each login node and controller as to every host;
+    `files`: check their key files as a host's."""
     if data.get(SECTION) is None:
-        return {}
+        return {}, {}
     section = chk.mapping(data.get(SECTION), _line(data, SECTION), SECTION)
     defaults = chk.mapping(data.get("defaults"), _line(data, "defaults"), "defaults")
     base = chk.host_fields(defaults, "defaults", allow_address=False)  # checked as the hosts' loader does
-    out = {}
+    clusters, rooms = {}, {}
     for name, value in section.items():
-        out[str(name)] = _cluster(chk, section, str(name), value, (base, _line(data, "defaults"), "defaults"),
-                                  cli, ssh, files)
-    return out
+        layer = (base, _line(data, "defaults"), "defaults")
+        if isinstance(value, dict) and "controller" in value:
+            rooms[str(name)] = _room(chk, section, str(name), value, layer, cli, ssh, hosts, groups, files)
+        else:
+            clusters[str(name)] = _cluster(chk, section, str(name), value, layer, cli, ssh, files)
+    return clusters, rooms
+
+
+def _room(chk: Checker, section: Map, name: str, value: Any, defaults: tuple[Any, int | None, str],
+          cli: list[tuple[str, Any]], ssh: Resolver, hosts: dict[str, Host], groups: dict[str, tuple[str, ...]],
+          files: bool) -> RoomCluster:
+    where, line = f"{SECTION}.{name}", _line(section, name)
+    check_name(chk, name, line, where, "rename the room (letters, digits, '.', '_', '-')")
+    m = chk.mapping(value, line, where)
+    chk.keys(m, ROOM_KEYS, where)
+    given = m.get("nodes")
+    if not isinstance(given, str) or not given.strip():
+        raise chk.fail(_line(m, "nodes") or line, f"{where}.nodes", "a room needs its compute PCs",
+                       "nodes: lab (a group of the inventory, or a host pattern such as node[1:8])")
+    try:
+        nodes = tuple(patterns.match(given, list(hosts), groups, chk.file, f"{where}.nodes"))
+    except InventoryError as e:
+        raise chk.fail(_line(m, "nodes"), f"{where}.nodes", e.detail, e.fix) from None
+    controller = _controller(chk, m, where, defaults, cli, ssh, hosts, files)
+    if controller.name in nodes:
+        raise chk.fail(_line(m, "controller"), f"{where}.controller", f"{controller.name} is also one of "
+                       f"{where}.nodes: the controller runs slurmctld, never a job",
+                       "pick a PC outside the group (an old one is enough), or leave it out of `nodes`")
+    partition = _slurm_name(chk, m, "partition", where) or "room"
+    return RoomCluster(name=name, controller=controller, nodes=nodes, partition=partition)
+
+
+def _controller(chk: Checker, m: Map, where: str, defaults: tuple[Any, int | None, str],
+                cli: list[tuple[str, Any]], ssh: Resolver, hosts: dict[str, Host], files: bool) -> Host:
+    """The controller: an inventory host by name, or a host entry of its own (the head reaches it as a host)."""
+    value, line, field = m.get("controller"), _line(m, "controller"), f"{where}.controller"
+    if isinstance(value, str):
+        if value not in hosts:
+            raise chk.fail(line, field, f"'{value}' is not a host of this inventory",
+                           f"use one of: {', '.join(hosts)}, or a host entry: controller: {{address: ...}}")
+        return hosts[value]
+    cm = chk.mapping(value, line, field)
+    chk.keys(cm, LOGIN_FIELDS, field)
+    if "address" not in cm:
+        raise chk.fail(line, f"{field}.address", "the controller needs its address", "controller: {address: 10.0.0.2}")
+    layers: Layers = [defaults, (chk.host_fields(cm, field, allow_address=True), line, field)]
+    host = build_host(chk, "controller", layers, cli, {}, ssh)
+    if files:
+        inv = Inventory(path=Path(chk.file), name=where, hosts={host.name: host}, groups={}, rank0=host.name)
+        check_files(chk, inv, {host.name: layers})
+    return host
 
 
 def _cluster(chk: Checker, section: Map, name: str, value: Any, defaults: tuple[Any, int | None, str],

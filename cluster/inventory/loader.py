@@ -119,7 +119,7 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
         check_name(chk, str(name), _line(data, "name"), "name", "write a name of letters, digits, '.', '_' or '-'")
     ssh = Resolver(str(path))
     hosts = ssh.resolve_all(lambda n: build_host(chk, n, raw_hosts[n], cli, groups, ssh), raw_hosts)
-    clusters = _slurm_section(chk, data, cli, ssh, check_files)  # `slurm:` (docs/slurm.md); {} without one
+    clusters, rooms = _slurm_section(chk, data, cli, ssh, hosts, groups, check_files)  # `slurm:` (docs/slurm.md)
     if not hosts and not clusters:  # a university cluster's user may have no PCs of their own: a cluster is enough
         raise chk.fail(_line(data), "hosts", "the inventory has no hosts", "add at least one host with an address")
     rank0 = next(iter(hosts), "")
@@ -130,7 +130,7 @@ def _load_own(chk: Checker, path: Path, raw: Any, cli: list[tuple[str, Any]], ch
                            f"use one of: {', '.join(hosts)}")
     inv_name = str(name) if name is not None else default_name(chk, path)
     inv = Inventory(path=path, name=inv_name, hosts=hosts, groups=groups, rank0=rank0, format="clusterctl",
-                    notes=tuple(ssh.notes), clusters=clusters)
+                    notes=tuple(ssh.notes), clusters=clusters, rooms=rooms)
     if check_files:
         _check_files(chk, inv, raw_hosts)
     return inv

@@ -160,6 +160,21 @@ class SlurmCluster:
 
 
 @dataclass(frozen=True)
+class RoomCluster:
+    """The room itself as a Slurm cluster (`slurm.NAME` with `controller` and `nodes`; `provision --slurm`
+    sets it up): slurmctld on the controller PC, which never runs jobs; slurmd on each PC of `nodes`."""
+
+    name: str
+    controller: Host
+    nodes: tuple[str, ...]  # inventory host names, in inventory order
+    partition: str = "room"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "controller": self.controller.to_dict(), "nodes": list(self.nodes),
+                "partition": self.partition}
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     name: str
@@ -170,6 +185,7 @@ class Inventory:
     notes: tuple[str, ...] = ()  # said once by the CLI (e.g. an OpenSSH setting clusterctl does not follow)
     ansible_core: str | None = None  # the ansible-core version that read it; None: clusterctl read it
     clusters: dict[str, SlurmCluster] = field(default_factory=dict)  # `slurm:`: `launch --on NAME` (own schema)
+    rooms: dict[str, RoomCluster] = field(default_factory=dict)  # `slurm:` entries with a controller (the room's)
 
     def select(self, limit: str | None, option: str = "--limit") -> list[Host]:
         """The hosts an Ansible host pattern selects (docs/cli.md "Host patterns"), in inventory order.

@@ -1,0 +1,72 @@
+"""The inventory's room (`slurm.NAME` with a controller and nodes): the shape `lab up --gateway` writes, the
+controller reached like a host, and every error naming the file, the line, the dotted field and the fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster.errors import InventoryError
+from cluster.inventory import loader
+from tests.conftest import write
+
+ROOM = """\
+defaults: {user: student, become: true, known_hosts: /dev/null, proxy_jump: root@10.77.0.254}
+groups:
+  lab: {hosts: [node1, node2, node3]}
+hosts:
+  node1: {address: 10.77.0.11}
+  node2: {address: 10.77.0.12}
+  node3: {address: 10.77.0.13}
+  old: {address: 10.77.0.30}
+slurm:
+  room:
+    controller: {address: 10.77.0.254, user: root, proxy_jump: none}
+    nodes: lab
+    partition: room
+"""
+
+
+def error(tmp_path: Path, text: str) -> InventoryError:
+    with pytest.raises(InventoryError) as e:
+        loader.load(write(tmp_path, text), check_files=False)
+    return e.value
+
+
+def test_the_room_lab_up_writes_parses_with_its_controller_reached_directly(tmp_path: Path) -> None:
+    inv = loader.load(write(tmp_path, ROOM), check_files=False)
+    room = inv.rooms["room"]
+    assert (room.nodes, room.partition) == (("node1", "node2", "node3"), "room")
+    c = room.controller
+    # a host entry: defaults apply (known_hosts), its own fields win, and `proxy_jump: none` drops the jump
+    assert (c.address, c.user, c.known_hosts, c.proxy_jump, c.jumps) == ("10.77.0.254", "root", "/dev/null", None, ())
+    assert inv.clusters == {} and "controller" not in inv.hosts  # not a university cluster, not a compute host
+    assert room.to_dict()["nodes"] == ["node1", "node2", "node3"]
+
+
+def test_a_controller_may_be_an_inventory_host_and_nodes_a_pattern(tmp_path: Path) -> None:
+    text = ROOM.replace("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: old")
+    inv = loader.load(write(tmp_path, text.replace("nodes: lab", "nodes: 'node1:node2'").replace(
+        "    partition: room\n", "")), check_files=False)
+    room = inv.rooms["room"]
+    assert (room.controller.name, room.controller.address, room.nodes, room.partition) == (
+        "old", "10.77.0.30", ("node1", "node2"), "room")
+
+
+@pytest.mark.parametrize(("old", "new", "field", "words"), [
+    ("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: node2",
+     "slurm.room.controller", "the controller runs slurmctld, never a job"),
+    ("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: nowhere",
+     "slurm.room.controller", "'nowhere' is not a host of this inventory"),
+    ("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: {user: root}",
+     "slurm.room.controller.address", "needs its address"),
+    ("nodes: lab", "nodes: labs", "slurm.room.nodes", "matches no host or group"),
+    ("nodes: lab", "nodes: 3", "slurm.room.nodes", "needs its compute PCs"),
+    ("partition: room", "partition: 'my room'", "slurm.room.partition", "expected a Slurm partition name"),
+    ("partition: room", "workdir: /srv", "slurm.room.workdir", "unknown key"),
+])
+def test_room_errors_name_the_field_and_the_fix(tmp_path: Path, old: str, new: str, field: str, words: str) -> None:
+    assert old in ROOM
+    e = error(tmp_path, ROOM.replace(old, new, 1))
+    assert e.field == field and words in str(e) and e.fix, str(e)
+    assert str(e).startswith(str(tmp_path / "inv.yaml")) and e.line is not None
