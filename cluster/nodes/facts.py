@@ -55,7 +55,25 @@ def parse_cpu(out: str, rc: int) -> dict[str, Any]:
     logical = len(re.findall(r"^processor\s*:", out, re.M))
     return {"model": model.group(1).strip() if model else None,
             "logical": logical or None,
-            "usable": int(usable.group(1)) if usable else None}
+            "usable": int(usable.group(1)) if usable else None,
+            **_topology(out, logical)}
+
+
+def _topology(out: str, logical: int) -> dict[str, int | None]:
+    """Sockets, cores per socket and threads per core (what slurm.conf's node line needs) from each processor's
+    `physical id` and `core id`: distinct pairs are the cores. Without them (some VMs, ARM): one socket, each
+    logical CPU a core."""
+    ids: list[tuple[str, str]] = []
+    for block in re.split(r"\n\s*\n", out):
+        socket, core = (re.search(rf"^{k}\s*:\s*(\d+)$", block, re.M) for k in ("physical id", "core id"))
+        if socket and core:
+            ids.append((socket.group(1), core.group(1)))
+    if not logical:
+        return {"sockets": None, "cores_per_socket": None, "threads_per_core": None}
+    if len(ids) != logical:
+        return {"sockets": 1, "cores_per_socket": logical, "threads_per_core": 1}
+    sockets, cores = len({p for p, _ in ids}), len(set(ids))
+    return {"sockets": sockets, "cores_per_socket": cores // sockets, "threads_per_core": logical // cores}
 
 
 def parse_memory(out: str, rc: int) -> dict[str, int | None]:
@@ -78,7 +96,9 @@ def parse_disk(out: str, rc: int) -> dict[str, Any] | None:
 
 
 def parse_gpus(out: str, rc: int) -> dict[str, Any]:
-    """nvidia-smi CSV, with the fallback for drivers that reject `compute_cap` (R470 and older)."""
+    """nvidia-smi CSV, with the fallback for drivers that reject `compute_cap` (R470 and older). The first
+    column is `index` (the N of /dev/nvidiaN); outputs recorded before the query asked for it lack the column,
+    and their GPUs have index None."""
     if "@@absent" in out:
         return {"source": "none", "gpus": [], "error": None}
     fallback = "@@fallback" in out
@@ -86,6 +106,9 @@ def parse_gpus(out: str, rc: int) -> dict[str, Any]:
     gpus, errors = [], []
     for line in body.strip().splitlines():
         cells = [c.strip() for c in line.split(",")]
+        index = None
+        if len(cells) == (4 if fallback else 5) and cells[0].isdigit():
+            index, cells = int(cells[0]), cells[1:]
         if fallback and len(cells) == 3:
             name, driver, mem = cells
             cc = compute_capability_for(name)
@@ -94,7 +117,7 @@ def parse_gpus(out: str, rc: int) -> dict[str, Any]:
         else:
             errors.append(line.strip())
             continue
-        gpus.append({"name": name, "compute_capability": cc, "driver": driver,
+        gpus.append({"index": index, "name": name, "compute_capability": cc, "driver": driver,
                      "memory_mib": int(float(mem)) if re.match(r"^[\d.]+$", mem) else None})
     source = "nvidia-smi (no compute_cap: from the GPU name)" if fallback else "nvidia-smi"
     error = None
@@ -102,6 +125,13 @@ def parse_gpus(out: str, rc: int) -> dict[str, Any]:
         error = errors[0]
         source = "nvidia-smi failed"
     return {"source": source, "gpus": gpus, "error": error}
+
+
+def parse_cgroup(out: str, rc: int) -> dict[str, Any]:
+    """The file system type at /sys/fs/cgroup: `cgroup2fs` is the unified (v2) hierarchy that Slurm's
+    cgroup/v2 plugin confines jobs with; `tmpfs` is v1 or hybrid; nothing: no cgroups mounted there."""
+    fs = out.strip() or None
+    return {"v2": fs == "cgroup2fs", "fs": fs}
 
 
 def parse_nics(out: str, rc: int) -> list[dict[str, Any]]:
@@ -161,8 +191,8 @@ def _disk_cmd(h: Host) -> str:
 _NVSMI = "nvidia-smi --format=csv,noheader,nounits --query-gpu="
 GPU_CMD = (
     "if command -v nvidia-smi >/dev/null 2>&1; then "
-    f"{_NVSMI}name,compute_cap,driver_version,memory.total 2>&1 || "
-    f"{{ echo @@fallback; {_NVSMI}name,driver_version,memory.total 2>&1; }}; "
+    f"{_NVSMI}index,name,compute_cap,driver_version,memory.total 2>&1 || "
+    f"{{ echo @@fallback; {_NVSMI}index,name,driver_version,memory.total 2>&1; }}; "
     "else echo @@absent; fi"
 )
 
@@ -187,6 +217,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("gpus", lambda h: GPU_CMD, parse_gpus),
     Fact("nics", lambda h: "ip -o addr show", parse_nics),
     Fact("macs", lambda h: "ip -o link show", parse_macs),
+    Fact("cgroup", lambda h: "stat -fc %T /sys/fs/cgroup 2>/dev/null", parse_cgroup),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
     Fact("place", _place_cmd, parse_place),
     Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),

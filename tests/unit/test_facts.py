@@ -36,7 +36,7 @@ def test_hostname_on_loopback_recorded_on_the_head() -> None:
 def test_nvidia_smi_gtx1050ti() -> None:
     g = facts.parse_gpus((F / "nvidia-smi-gtx1050ti.txt").read_text(), 0)
     assert g["source"] == "nvidia-smi" and g["error"] is None
-    assert g["gpus"] == [{"name": "NVIDIA GeForce GTX 1050 Ti", "compute_capability": "6.1",
+    assert g["gpus"] == [{"index": None, "name": "NVIDIA GeForce GTX 1050 Ti", "compute_capability": "6.1",
                           "driver": "580.95.05", "memory_mib": 4096}]
 
 
