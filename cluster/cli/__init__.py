@@ -80,6 +80,10 @@ COMMANDS: dict[str, Command] = {
     "wheelhouse": Command("wheelhouse", "a head without internet: build the wheels elsewhere, export, import",
                           "The head's wheelhouse carried on a disk: `build` and `export` on a machine with "
                           "internet, `import` on the head (docs/playbooks.md).", json=False),
+    "debs": Command("debs", "PCs without a package index: munge's and Slurm's Debian packages, built, exported, "
+                            "imported", "The head's bundle of Debian packages for `provision --slurm`: `build` and "
+                            "`export` on a connected machine of the PCs' release, `import` on the head "
+                            "(docs/playbooks.md).", json=False),
 }
 
 DEBUG_ENV = "CLUSTERCTL_DEBUG"  # set to 1: an internal error shows its Python traceback

@@ -29,10 +29,15 @@ class Fact:
 # --------------------------------------------------------------------------- parsers
 
 
+# the release and dpkg's architecture name a bundle of Debian packages (cluster.room.debs)
+OS_CMD = 'cat /etc/os-release; echo "DPKG_ARCHITECTURE=$(dpkg --print-architecture 2>/dev/null)"'
+
+
 def parse_os(out: str, rc: int) -> dict[str, str | None]:
     values = dict(re.findall(r'^(\w+)="?(.*?)"?$', out, re.M))
     return {"name": values.get("PRETTY_NAME") or values.get("NAME"), "id": values.get("ID"),
-            "version": values.get("VERSION_ID")}
+            "version": values.get("VERSION_ID"), "codename": values.get("VERSION_CODENAME") or None,
+            "arch": values.get("DPKG_ARCHITECTURE") or None}
 
 
 def parse_kernel(out: str, rc: int) -> str | None:
@@ -208,7 +213,7 @@ def _place_cmd(h: Host) -> str:
 
 
 FACTS: tuple[Fact, ...] = (
-    Fact("os", lambda h: "cat /etc/os-release", parse_os),
+    Fact("os", lambda h: OS_CMD, parse_os),
     Fact("kernel", lambda h: "uname -srm", parse_kernel),
     Fact("python", _python_cmd, parse_python),
     Fact("cpu", lambda h: "echo nproc=$(nproc); cat /proc/cpuinfo", parse_cpu),
