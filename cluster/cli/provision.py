@@ -27,6 +27,13 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="show the builds chosen and what would change; change nothing")
     p.add_argument("--verify", action="store_true",
                    help="repeat the imports and the all-reduce even when nothing changed since the last run")
+    p.add_argument("--slurm", action="store_true",
+                   help="make the room a Slurm cluster: munge and Slurm on the PCs the inventory's `slurm.ROOM` "
+                        "declares (a controller and a group of nodes), verified with sinfo and srun")
+    p.add_argument("--room", metavar="NAME", help="with --slurm: which room of the inventory (default: its only one)")
+    p.add_argument("--undo", action="store_true",
+                   help="with --slurm: stop and disable munge and Slurm, remove the files provision --slurm wrote")
+    p.add_argument("--purge-packages", action="store_true", help="with --slurm --undo: remove the packages too")
     p.set_defaults(fn=cmd_provision)
 
 
@@ -64,7 +71,13 @@ class _Live:
 def cmd_provision(args: argparse.Namespace) -> int:
     from cluster.provision import apply
 
+    if not args.slurm and (args.room or args.undo or args.purge_packages):
+        raise errors.UsageError("--room, --undo and --purge-packages go with --slurm", "clusterctl provision --slurm --undo")
     inv = load_inventory(args.inventory_pos or args.inventory, args.set, args.ssh_config)
+    if args.slurm:
+        from cluster.cli.room import cmd_room
+
+        return cmd_room(args, inv)
     hosts = inv.select(args.limit)
     live = _Live(args.json)
     start = time.monotonic()

@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from cluster.inventory.model import Host
+from cluster.room.debs import Install
 from cluster.room.state import ETC, KEY, PcState, as_root
 
 PHASES = ("install", "files", "munge", "drain", "slurmctld", "slurmd")
@@ -32,10 +34,12 @@ class Action:
     command: str
     stdin: bytes | None = None
     shown: str | None = None  # what the dry run prints for the input (a file's text; never the key)
+    copies: tuple[tuple[Path, str], ...] = ()  # head file -> PC path, sent before the command (a bundle's .debs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pc": self.pc, "phase": self.phase, "what": self.what, "command": self.command,
-                **({"input": self.shown} if self.shown is not None else {})}
+                **({"input": self.shown} if self.shown is not None else {}),
+                **({"copies": [[str(a), b] for a, b in self.copies]} if self.copies else {})}
 
 
 @dataclass
@@ -49,6 +53,21 @@ class Plan:
 
     def phase(self, name: str) -> list[Action]:
         return [a for a in self.actions if a.phase == name]
+
+
+def dry_run_text(room: str, actions: list[Action], undoing: bool = False) -> str:
+    """What `provision --slurm --dry-run` prints: every command in the order it would run, with every file's
+    text (the munge key never), and the files a bundle sends."""
+    lines = [f"dry run: provision --slurm{' --undo' if undoing else ''} of room {room}; nothing was changed"]
+    for a in actions:
+        lines.append(f"{a.pc} {a.phase}: {a.what}")
+        lines += [f"  send {local.name} -> {remote}" for local, remote in a.copies]
+        lines += ["  $ " + ln for ln in a.command.splitlines()]
+        if a.shown is not None:
+            lines += ["  | " + ln if ln else "  |" for ln in a.shown.rstrip("\n").splitlines()]
+    if not actions:
+        lines.append("nothing would change: the room is as provision --slurm leaves it")
+    return "\n".join(lines) + "\n"
 
 
 def sha256(data: bytes) -> str:
@@ -67,15 +86,18 @@ def units(h: Host, verb: str, names: list[str]) -> str:
 
 
 def make(controller: Host, nodes: list[Host], states: dict[str, PcState], files: dict[str, str], key: bytes,
-         install: Callable[[Host, str, PcState], list[str]]) -> Plan:
+         install: Callable[[Host, str, PcState], Install]) -> Plan:
     """The plan for the room: `files` (name -> text, as cluster.room.conf renders them), the munge key,
-    `install(host, role, state)` the commands that install what a PC lacks ([] where nothing)."""
+    `install(host, role, state)` what installs the packages a PC lacks (cluster.room.debs)."""
     plan = Plan()
     roles = {controller.name: CONTROLLER, **{h.name: NODE for h in nodes}}
     pcs = [controller, *nodes]
     for h in pcs:
-        for i, cmd in enumerate(install(h, roles[h.name], states[h.name])):
-            plan.actions.append(Action(h.name, "install", f"packages ({i + 1})", cmd))
+        inst = install(h, roles[h.name], states[h.name])
+        if inst.script:
+            how = "from the head's bundle" if inst.copies else "with apt"
+            plan.actions.append(Action(h.name, "install", f"install {' '.join(inst.missing)} {how}",
+                                       as_root(h, inst.script), copies=inst.copies))
     conf_changed: set[str] = set()
     key_changed: set[str] = set()
     stale = [f"{ETC}/{n}" for n in ("gres.conf",) if n not in files]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cluster.inventory.model import Host
 from cluster.room import plan, state
+from cluster.room.debs import Install
 
 CTL = Host(name="controller", address="10.77.0.254", user="root")
 NODES = [Host(name=f"node{i}", address=f"10.77.0.1{i}", user="student", become=True) for i in (1, 2)]
@@ -42,7 +43,7 @@ def set_up(nodes: str = "node1,node2", files: dict[str, str] = FILES) -> str:
 
 def make(states: dict[str, str], nodes: list[Host] = NODES, files: dict[str, str] = FILES) -> plan.Plan:
     parsed = {n: state.parse(text) for n, text in states.items()}
-    return plan.make(CTL, nodes, parsed, files, KEY, lambda h, role, st: [])
+    return plan.make(CTL, nodes, parsed, files, KEY, lambda h, role, st: Install(role, (), ""))
 
 
 def test_the_probe_reads_what_a_fresh_pc_prints() -> None:
