@@ -2,6 +2,7 @@
 and the verification a user would do by hand (sinfo on the controller, srun on every node)."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import time
@@ -14,7 +15,7 @@ from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Host, Inventory, RoomCluster
 from cluster.nodes.facts import NodeFacts, gather
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.room import checks, conf, debs
+from cluster.room import checks, conf, debs, held
 from cluster.room import plan as planning
 from cluster.room import state as pcstate
 from cluster.transport import Transport
@@ -68,7 +69,14 @@ def room_of(inv: Inventory, name: str | None) -> RoomCluster:
 def key_path(inv: Inventory, room: RoomCluster) -> Path:
     """The room's munge key on the head (0400 in a 0700 folder of clusterctl's home; never in a run folder
     or an export): every PC added later gets the same one."""
-    return paths.home() / "rooms" / inv.name / room.name / "munge.key"
+    return held.folder(inv, room.name) / "munge.key"
+
+
+def _record(inv: Inventory, room: RoomCluster) -> None:
+    """The head's note that this room is set up (cluster.room.held reads it): its PCs are Slurm's now."""
+    paths.write_atomic(key_path(inv, room).parent / held.SET_UP, json.dumps(
+        {"room": room.name, "inventory": str(inv.path), "controller": room.controller.address,
+         "nodes": list(room.nodes), "partition": room.partition}, indent=1) + "\n")
 
 
 def _key(path: Path, dry_run: bool) -> bytes:
@@ -235,6 +243,7 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
             return out
         _execute(group, plan.actions, planning.PHASES, out, on_action)
         verify(group, controller, nodes, out)
+    _record(inv, room)
     return out
 
 
@@ -252,7 +261,6 @@ def undo(inv: Inventory, room_name: str | None, *, dry_run: bool = False, purge:
         if dry_run:
             return out
         _execute(group, plan.actions, UNDO_ORDER, out, on_action)
-    key = key_path(inv, room)
-    if key.exists():
-        key.unlink()
+    for p in (key_path(inv, room), key_path(inv, room).parent / held.SET_UP):
+        p.unlink(missing_ok=True)
     return out
