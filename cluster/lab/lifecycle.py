@@ -164,7 +164,7 @@ def _start_gateway(state: LabState, net: ipaddress.IPv4Network) -> None:
                      hostname="gateway", dir=str(Path(state.dir) / "gateway"))
     state.jump = jump
     start_gateway_links(jump, state.bridge, state.gateway, net.prefixlen, str(head_end))
-    start_sshd(jump, Path(state.dir))
+    start_sshd(jump, Path(state.dir), pc=True)
     wait_listening(jump)
 
 
@@ -225,17 +225,28 @@ def _write_inventory(state: LabState) -> None:
         },
         "groups": {"lab": {"hosts": [n.name for n in state.nodes]}},
         "hosts": {n.name: {"address": n.address} for n in state.nodes},
-        # --slurm only: the inventory loader refuses top-level keys it does not know
-        **({"slurm": _slurm_inventory(state)} if state.slurm else {}),
+        # --slurm or --gateway only: the inventory loader refuses top-level keys it does not know
+        **({"slurm": clusters} if (clusters := {**_room_inventory(state), **_slurm_inventory(state)}) else {}),
     }
     header = f"# Simulated lab '{state.name}' ({len(state.nodes)} nodes on {state.subnet}), written by clusterctl lab up.\n"
     Path(state.inventory).write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
 
+def _room_inventory(state: LabState) -> dict[str, object]:
+    """--gateway: the room as a Slurm cluster to make (`provision --slurm`): the gateway PC its controller
+    (reached directly, as root like the proxy_jump entry: `none` overrides the defaults' jump), the nodes its
+    compute nodes (cluster.lab.pc gives each PC its own munge and Slurm folders and systemctl)."""
+    if state.jump is None:
+        return {}
+    return {"room": {"controller": {"address": state.jump.address, "user": "root", "proxy_jump": "none"},
+                     "nodes": "lab", "partition": "room"}}
+
+
 def _slurm_inventory(state: LabState) -> dict[str, object]:
-    """The inventory's `slurm:` section: the lab's cluster by name, its login node a host entry (user, key,
-    known_hosts and proxy_jump from `defaults`)."""
-    assert state.slurm is not None
+    """--slurm: the lab's cluster by name, its login node a host entry (user, key, known_hosts and proxy_jump
+    from `defaults`)."""
+    if state.slurm is None:
+        return {}
     ctl = state.slurm
     return {lab_slurm.CLUSTER: {"login": {"address": ctl.login.address}, "partition": ctl.partition,
                                 "workdir": f"{ctl.shared_mount}/clusterctl", "python": ctl.python}}

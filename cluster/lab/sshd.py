@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from cluster.errors import LabError, UsageError
+from cluster.lab import pc as lab_pc
 from cluster.lab import slurm as lab_slurm
 from cluster.lab.net import answers, sh
 from cluster.lab.processes import alive, kill
@@ -46,9 +47,11 @@ def keygen(path: Path, comment: str) -> None:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path))
 
 
-def start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None, again: bool = False) -> int:
+def start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = None, again: bool = False,
+               pc: bool = False) -> int:
     """Start the node's sshd in its namespace (own hostname, /srv/cluster, /etc/hosts, home and accounts);
-    returns its pid. `again`: its accounts as `lab up` wrote them (see _accounts)."""
+    returns its pid. `again`: its accounts as `lab up` wrote them (see _accounts). A node (`lab` given) or
+    `pc` (the gateway) also gets its own system folders and systemctl (cluster.lab.pc, cluster.lab.units)."""
     nd = Path(node.dir)
     (nd / "srv").mkdir(parents=True, exist_ok=True)
     keygen(nd / "hostkey", f"clusterctl-lab-{node.hostname}")
@@ -61,7 +64,7 @@ def start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = N
     home.mkdir(exist_ok=True)
     (home / ".bashrc").write_text("# clusterctl lab node: its own home, not the head's\n")
     mounts = _accounts(nd, user, home, again)
-    if lab is not None:  # a node (not the gateway nor a login node): its power switch is the lab's
+    if lab is not None or pc:  # a node or the gateway (not a login node): its systemctl, a node's power switch
         mounts += power_bin(node, lab, d)
     # Debian's installer writes the hostname on 127.0.1.1, and nothing resolves the other PCs' names.
     (nd / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{node.hostname}\n"
@@ -72,6 +75,7 @@ def start_sshd(node: NodeState, d: Path, user: str = "root", lab: str | None = N
         f"mount --bind {q(str(home))} {q(str(HOME_POINT))} && "
         + "".join(f"mount --rbind {q(str(src))} {q(str(dst))} && " for src, dst in mounts) +  # rbind: the view's .pyenv
         f"mount --bind {q(str(nd / 'hosts'))} /etc/hosts && "
+        + (lab_pc.mount_script(node) if lab is not None or pc else "") +
         f"exec {SSHD} -f {q(str(d / 'sshd_config'))} -h {q(str(nd / 'hostkey'))} "
         f"-o PidFile={q(str(pidfile))} -o ListenAddress={q(node.address)} -E {q(str(nd / 'sshd.log'))}"
     )
@@ -181,10 +185,12 @@ def restart_sshd(state: LabState, node: str, new_host_key: bool = False) -> None
 
 
 def start_node_sshd(state: LabState, node: NodeState) -> None:
-    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers; on a --slurm lab
-    its slurmd too. Also run from the node's own namespaces (its Wake-on-LAN listener)."""
+    """A node's sshd as at boot (`lab power on`, a magic packet), and wait until it answers, then its enabled
+    units (cluster.lab.units); on a --slurm lab its slurmd too. Also run from the node's own namespaces (its
+    Wake-on-LAN listener)."""
     start_sshd(node, Path(state.dir), state.user, lab=state.name, again=True)
     wait_listening(node, probe_ns(state))
+    lab_pc.boot(node)
     if state.slurm:
         lab_slurm.mount_into(state, node)
         lab_slurm.restart_slurmd(state, node.name)
