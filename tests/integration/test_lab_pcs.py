@@ -41,7 +41,21 @@ def pcs(tmp_path_factory: pytest.TempPathFactory):
             f"Host gateway\n  HostName {state.jump.address}\n  User root\n{common}"
             + "".join(f"Host {n.name}\n  HostName {n.address}\n  User student\n  ProxyJump gateway\n{common}"
                       for n in state.nodes))
+        _refuse_a_shared_etc(d, state)
         yield state, d, before
+
+
+def _refuse_a_shared_etc(d: Path, state: lifecycle.LabState) -> None:
+    """Before any test writes as root in a PC: its /etc/munge must be its own and its dpkg database read-only,
+    or the writes below would change this machine's (a lab without cluster.lab.pc)."""
+    host = os.stat("/etc/munge")
+    for host_name in [n.name for n in state.nodes] + ["gateway"]:
+        r = ssh(d, host_name, "stat -c '%d %i' /etc/munge; findmnt -no OPTIONS /var/lib/dpkg")
+        words = r.stdout.split()
+        if len(words) < 3 or (int(words[0]), int(words[1])) == (host.st_dev, host.st_ino) \
+                or "ro" not in words[2].split(","):
+            pytest.fail(f"{host_name}: /etc/munge is this machine's or /var/lib/dpkg is writable ({r.stdout!r}): "
+                        "nothing is written")
 
 
 def ssh(d: Path, host: str, command: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
