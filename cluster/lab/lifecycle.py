@@ -5,7 +5,9 @@
          hostname nodeN (on 127.0.1.1 in its /etc/hosts, as Debian does), <dir>/nodeN/srv on /srv/cluster,
          its own home (<dir>/nodeN/home on /srv/clusterctl-home, root's home in its copy of /etc/passwd)
     --gateway: no head address on the bridge; a gateway PC (netns <name>-gw, its own sshd) on the bridge
-    and on the subnet's last /30 with the head: the only way to the nodes
+    and on the subnet's last /30 with the head: the only way to the nodes; hostname `gateway`
+    each node and the gateway: its own /etc/munge, /etc/slurm, /run, Slurm folders and systemctl, and a
+    read-only dpkg database (cluster.lab.pc, cluster.lab.units): Debian's munge and Slurm run in it as in a PC
 
 Nodes have no default route: like a lab network without internet. Everything a
 lab owns carries its name, so `up` can reclaim what a crashed run left behind and
