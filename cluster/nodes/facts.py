@@ -145,9 +145,9 @@ def parse_nics(out: str, rc: int) -> list[dict[str, Any]]:
     for line in out.splitlines():
         m = re.match(r"^\d+:\s+(\S+)\s+(inet6?)\s+(\S+)", line)
         if m:
-            name = m.group(1).split("@")[0]
-            nics.setdefault(name, []).append(m.group(3).split("/")[0])
-    return [{"name": n, "addresses": a} for n, a in nics.items()]
+            nics.setdefault(m.group(1).split("@")[0], []).append(m.group(3))
+    # addresses alone (what the head reaches), and with their prefix (which network each is on)
+    return [{"name": n, "addresses": [c.split("/")[0] for c in a], "cidrs": a} for n, a in nics.items()]
 
 
 def parse_macs(out: str, rc: int) -> dict[str, str]:

@@ -2,6 +2,7 @@
 and the verification a user would do by hand (sinfo on the controller, srun on every node)."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -13,6 +14,7 @@ from typing import Any, Callable
 from cluster import paths
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Host, Inventory, RoomCluster
+from cluster.nodes import firewall
 from cluster.nodes.facts import NodeFacts, gather
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.room import checks, conf, debs, held
@@ -101,7 +103,14 @@ def _facts(group: Group, out: Outcome, log: Callable[[str], None]) -> dict[str, 
     if not out.ok:
         raise RoomError("cannot read the facts of " + ", ".join(sorted({**out.failed, **out.unreachable})),
                         "bring the PCs up (`clusterctl wake`), then run again")
-    return {n: r.value for n, r in res.items()}
+    facts: dict[str, NodeFacts] = {n: r.value for n, r in res.items()}
+    # the firewall as root where the login user may not list it (nft needs CAP_NET_ADMIN): Slurm's ports matter
+    unread = [h for h in group.hosts if h.become and (facts[h.name].values.get("firewall") or {}).get("state") == "unreadable"]
+    if unread:
+        again = group.run(lambda h: pcstate.as_root(h, firewall.COMMAND), timeout=60, hosts=unread)
+        for n, r in again.items():
+            facts[n].values["firewall"] = firewall.parse(r.stdout, r.exit_code or 0)
+    return facts
 
 
 def _unreachable(res: GroupResult, out: Outcome) -> None:
@@ -121,13 +130,29 @@ def _states(group: Group, out: Outcome) -> dict[str, pcstate.PcState]:
     return {n: pcstate.parse(r.stdout) for n, r in res.items()}
 
 
+def reached_at(controller: Host, nodes: list[Host], f: NodeFacts) -> str:
+    """The controller's address as the nodes reach it: the one of its NICs on the nodes' network (the head
+    may reach it at another, e.g. through a second NIC); its inventory address where none is."""
+    try:
+        wanted = [ipaddress.ip_address(h.address) for h in nodes]
+    except ValueError:
+        return controller.address  # nodes named, not numbered: the name resolves the same for everyone
+    for nic in f.values.get("nics") or []:
+        for cidr in nic.get("cidrs") or []:
+            iface = ipaddress.ip_interface(cidr)
+            if not iface.ip.is_loopback and all(a in iface.network for a in wanted):
+                return str(iface.ip)
+    return controller.address
+
+
 def render(room: RoomCluster, controller: Host, nodes: list[Host], facts: dict[str, NodeFacts]) -> dict[str, str]:
     """The room's files from its facts: slurm.conf, cgroup.conf, gres.conf (GPUs)."""
     ctl_name = (facts[controller.name].values.get("hostname") or {}).get("name") or controller.name
     members = [conf.node_from_facts(h.name, h.address, facts[h.name].values) for h in nodes]
     v2 = not checks.unconfined(nodes, facts)
     return conf.render(cluster=room.name, partition=room.partition, controller_hostname=ctl_name,
-                       controller_address=controller.address, nodes=members, cgroup_v2=v2)
+                       controller_address=reached_at(controller, nodes, facts[controller.name]), nodes=members,
+                       cgroup_v2=v2)
 
 
 def _install(group: Group, h: Host, role: str, st: pcstate.PcState, f: NodeFacts) -> debs.Install:
