@@ -169,7 +169,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from cluster.cli.nodes import poweroff_after, wake_first
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
-    api.check_options(api.for_launch(args.on), {k: getattr(args, k) for k in ("wake", "poweroff_after", "limit")},
+    api.check_options(api.for_launch(args.on, inv), {k: getattr(args, k) for k in ("wake", "poweroff_after", "limit")},
                       args.on)  # the PCs' own options
     hosts = inv.select(args.limit) if args.wake or args.poweroff_after else []
     wake_first(args, inv, hosts)

@@ -79,13 +79,16 @@ def _declare_schedulers(p: argparse.ArgumentParser) -> None:
     from cluster.schedulers import api
 
     p.add_argument("--on", metavar="NAME", help="run the job on the inventory's cluster NAME (`slurm:`, docs/slurm.md) "
-                   "instead of its PCs")
+                   "instead of its PCs, or through the room's own Slurm (a room `provision --slurm` set up)")
     kinds: dict[str, Callable[[str], Any]] = {"text": str, "positive": POSITIVE_INT, "count": NON_NEGATIVE_INT}
+    seen: set[str] = set()  # an option two schedulers share (--nodes, --time) is one flag
     for sched in api.registry().values():
-        if sched.options:
+        own = [o for o in sched.options if o.name not in seen]
+        if own:
             g = p.add_argument_group(sched.title)
-            for o in sched.options:
+            for o in own:
                 g.add_argument(o.flag, dest=o.name, metavar=o.metavar, type=kinds[o.kind], help=o.help)
+                seen.add(o.name)
 
 
 # --------------------------------------------------------------------------- a run, shown
@@ -179,7 +182,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from cluster.schedulers import api
 
     inv = load_inventory(args.inventory, args.host_set, args.ssh_config)
-    sched = api.for_launch(args.on)
+    sched = api.for_launch(args.on, inv)
     api.check_options(sched, vars(args), args.on)
     spec = _spec(args, inv)  # first: it refuses --plan where there is no JOB to plan (--continue, `-- COMMAND`)
     planned = None

@@ -37,9 +37,10 @@ Log = Callable[[str], None]
 
 
 def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32,
-            log: Log = lambda s: None) -> LaunchRequest:
+            log: Log = lambda s: None, run_id: str | None = None) -> LaunchRequest:
     """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
-    and every node's rendered files. Nothing is changed on the nodes or the head."""
+    and every node's rendered files. Nothing is changed on the nodes or the head. `run_id`: a run already
+    recorded (a queued one, started once its scheduler gave it PCs)."""
     payload.secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     carryover.continued(spec)  # a run it continues: ended, here, the same job (--dry-run checks it too)
     hosts = preflight.select_hosts(inv, spec, limit)
@@ -61,7 +62,8 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
         if spec.own and spec["requirements"]:  # resolved on the head for the nodes' Python, over their base
             log("resolving the job's requirements on the head")
             layer = layers.resolve(spec, *layers.base_environment(group, hosts[0]), log=log)
-    request = request_for(inv, spec, [targets[h.name] for h in hosts], runs.new_run_id(spec.name), layer=layer)
+    request = request_for(inv, spec, [targets[h.name] for h in hosts], run_id or runs.new_run_id(spec.name),
+                          layer=layer)
     request.code, request.data = tree, data
     request.left_out = left_out
     return request
@@ -406,7 +408,7 @@ def _record(request: LaunchRequest, state: str) -> runs.RunRecord:
         clusterctl=__version__, settings=spec.settings, spec_file=str(spec.path), world_size=request.world_size,
         endpoint=request.endpoint, data_file=request.data_file, inventory=request.inventory,
         nodes=[runs.RunNode(n.node, n.node_rank, n.nproc, n.run_dir) for n in request.nodes],
-        left_out=dict(request.left_out),
+        left_out=dict(request.left_out), scheduler=request.scheduler, target=request.target,
         # what a restart without a lost node renders from again (cluster/runs/elastic.py)
         extra={"targets": {t.host.name: {"gpus": t.gpus, "backend": t.backend} for t in request.targets},
                "layer_dir": payload.layer_dir(request.layer)})

@@ -71,6 +71,8 @@ class LaunchRequest:
     data: Any = None  # its `data`: the runs.code.CodeTree launch.prepare scanned (shipped by execute)
     layer: Any = None  # its requirements: the runs.layers.Layer launch.prepare resolved (installed by execute)
     left_out: dict[str, str] = field(default_factory=dict)  # the job's nodes it starts without (min_nodes), why
+    scheduler: str = "ssh"  # the record's scheduler: "room" when the room's Slurm gave it these PCs
+    target: dict[str, Any] | None = None  # that scheduler's part of the record (the Slurm job holding the PCs)
 
     def to_dict(self) -> dict[str, Any]:
         """The `launch --dry-run --json` document."""

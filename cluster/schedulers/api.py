@@ -8,7 +8,7 @@ from cluster.errors import UsageError
 from cluster.schedulers.interface import Logs, Option, Scheduler, Submission
 
 if TYPE_CHECKING:
-    from cluster.inventory.model import Host
+    from cluster.inventory.model import Host, Inventory
     from cluster.runs.collect import CollectSummary
     from cluster.runs.records import RunRecord
 
@@ -19,9 +19,9 @@ __all__ = ["Logs", "Option", "Scheduler", "Submission", "check_options", "collec
 def registry() -> dict[str, Scheduler]:
     """Every scheduler, by the name a run record gives (imported here, not at module level: `--help` stays
     light)."""
-    from cluster.schedulers import slurm, ssh
+    from cluster.schedulers import room, slurm, ssh
 
-    return {s.name: s for s in (ssh.SCHEDULER, slurm.SCHEDULER)}
+    return {s.name: s for s in (ssh.SCHEDULER, slurm.SCHEDULER, room.SCHEDULER)}
 
 
 def of(record: RunRecord) -> Scheduler:
@@ -33,9 +33,12 @@ def of(record: RunRecord) -> Scheduler:
     return found
 
 
-def for_launch(on: str | None) -> Scheduler:
-    """The scheduler a launch goes to: the inventory's PCs over SSH, or `--on NAME`'s cluster (Slurm)."""
-    return registry()["slurm" if on is not None else "ssh"]
+def for_launch(on: str | None, inv: Inventory | None = None) -> Scheduler:
+    """The scheduler a launch goes to: the inventory's PCs over SSH, `--on NAME`'s cluster (Slurm), or the room's
+    own Slurm where NAME is a room of `inv` (provision --slurm)."""
+    if on is None:
+        return registry()["ssh"]
+    return registry()["room" if inv is not None and on in inv.rooms else "slurm"]
 
 
 def check_options(sched: Scheduler, options: dict[str, Any], on: str | None) -> None:

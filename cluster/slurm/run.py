@@ -187,7 +187,7 @@ def _stage_dataset(t: Transport, spec: Any, dest: str, log: Log) -> None:
 # --------------------------------------------------------------------------- what Slurm says
 
 
-def _job_state(t: Transport, job_id: str) -> tuple[str, str, str]:
+def job_state(t: Transport, job_id: str) -> tuple[str, str, str]:
     """(state, reason, node list) of the job: squeue while it is known, else sacct -c (jobcomp)."""
     r = t.run(f"squeue -h -t all -j {job_id} -o '%T|%R|%N' 2>/dev/null", timeout=60)
     line = next((x for x in r.stdout.splitlines() if x.strip()), "")
@@ -251,7 +251,7 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
                     r, f"Slurm has no job named {record.run_id}: sbatch's answer was lost before it queued one"))
             record = runs.update(record.run_id, lambda r: _submitted(r, found))
             tg = target(record)
-        state, reason, nodelist = _job_state(t, tg["job_id"])
+        state, reason, nodelist = job_state(t, tg["job_id"])
         tasks = _tasks(t, tg["run_dir"])
         down = _down_nodes(t) if state not in ("RUNNING", "COMPLETED", "COMPLETING") else set()
     return runs.update(record.run_id, lambda r: _apply(r, state, reason, nodelist, tasks, down))
@@ -374,7 +374,7 @@ def stop(record: runs.RunRecord) -> runs.RunRecord:
         _run(t, f"scancel {job_id}", "scancel")
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            state, _, _ = _job_state(t, job_id)
+            state, _, _ = job_state(t, job_id)
             if state not in LIVE:
                 break
             time.sleep(1.0)

@@ -94,10 +94,6 @@ def cluster_named(inv: Inventory, name: str) -> SlurmCluster:
     """The inventory's cluster `name`; UsageError naming those it declares."""
     if name in inv.clusters:
         return inv.clusters[name]
-    if name in inv.rooms:
-        raise UsageError(f"--on {name}: {name} is the room's own Slurm (`provision --slurm`), which launch does not "
-                         "submit to: its jobs are submitted on the controller with sbatch",
-                         f"launch on the room's PCs over SSH (without --on), or sbatch on {inv.rooms[name].controller.address}")
     declared = ", ".join(sorted(inv.clusters))
     raise UsageError(f"--on {name}: the inventory {inv.path} declares no Slurm cluster {name!r}"
                      + (f" (it declares: {declared})" if declared else " (it has no `slurm:` section)"),

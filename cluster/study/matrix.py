@@ -82,7 +82,7 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
     specs = {(name, v): jobs.load(name, overrides + ([v] if v else [])) for name in job_names for v in settings}
     if not sizes or any(n < 1 for n in sizes):
         raise UsageError(f"--nodes {sizes}: expected node counts >= 1", "e.g. --nodes 1,2,4")
-    sched = api.for_launch(on)
+    sched = api.for_launch(on, inv)
     api.check_options(sched, {"limit": limit}, on)
     sid = study_id(inv, job_names, sizes, overrides, vary, limit, on)
     d = study_dir(sid)

@@ -1,0 +1,150 @@
+"""The room as a Slurm cluster, as a new user sets it up: `lab up 3 --gateway --user student` (no --slurm),
+then `provision --slurm` on the inventory the lab wrote: Debian's munge and Slurm, started by the PCs' own
+systemctl inside each PC, every PC idle in sinfo with the CPUs and memory its facts give, srun answering from
+each; a rerun changes nothing; a hand-written sbatch script with srun runs on every node; --undo leaves no
+daemon and no file it wrote. This machine's own /etc/munge and /etc/slurm are never touched."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cluster.lab import lifecycle
+from cluster.runs.records import ACTIVE
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, wait_until
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
+TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
+
+
+def _host_files() -> dict[str, str]:
+    """This machine's own munge key and Slurm config: their digests (absent: '-')."""
+    out = {}
+    for p in (Path("/etc/munge/munge.key"), *sorted(Path("/etc/slurm").glob("*"))):
+        out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "-"
+    return out
+
+
+def _daemons_in(netns: str) -> list[str]:
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in DAEMONS:
+            found.append(comm)
+    return found
+
+
+def _host_daemons() -> set[int]:
+    """munged/slurm processes outside every network namespace of a lab (this machine's own)."""
+    mine = Path("/proc/self/ns/net").resolve()
+    found = set()
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "comm").read_text().strip() in DAEMONS and (p / "ns/net").resolve() == mine:
+                found.add(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.LabState, dict[str, str]]]:
+    before = (_host_files(), _host_daemons())
+    with lab_up(tmp_path_factory, "rm", 3, 27, gateway=True, user="student") as (state, d):
+        env = {"CLUSTERCTL_HOME": str(d / "home")}
+        # as a new user does: the training environment first (this interpreter, python_env: existing), then Slurm
+        rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
+                                  "--set", "vars.python_env=existing", env=env, timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+        yield state, env
+    assert (_host_files(), _host_daemons()) == before  # the machine's own munge and Slurm, untouched
+
+
+def ssh(state: lifecycle.LabState, address: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A command on a lab PC as the admin would type it: OpenSSH with the lab's key and known_hosts."""
+    d = Path(state.dir)
+    return subprocess.run(["ssh", "-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
+                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", command],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_provision_slurm_makes_the_room_a_cluster_and_a_rerun_changes_nothing(room: Any) -> None:
+    state, env = room
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert rc == 0, json.dumps(res, indent=1)[-3000:]
+    assert res["changed"] and sorted(r["node"] for r in res["sinfo"]) == ["node1", "node2", "node3"]
+    facts = clusterctl_json("facts", state.inventory, env=env)[1]
+    for row in res["sinfo"]:
+        assert row["state"] == "idle"
+        f = next(x for x in facts["hosts"] if x["host"] == row["node"]) if "hosts" in facts else facts[row["node"]]
+        assert row["cpus"] == f["cpu"]["logical"] and 0 < row["memory_mb"] < f["memory"]["total_mib"]
+    assert res["srun"] == ["node1", "node2", "node3"]
+    key_on_head = Path(env["CLUSTERCTL_HOME"]).glob("rooms/*/room/munge.key")
+    assert [oct(p.stat().st_mode & 0o777) for p in key_on_head] == ["0o400"]
+    again = clusterctl("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout + again.stderr
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert rc == 0 and res["changed"] is False and res["actions"] == []
+
+
+def test_a_hand_written_sbatch_script_runs_on_every_node(room: Any) -> None:
+    state, _ = room
+    gw = state.jump.address
+    script = "#!/bin/sh\n#SBATCH -N3\n#SBATCH -o /tmp/hand-%j.out\nsrun hostname\n"
+    r = ssh(state, gw, f"cd /tmp && printf %s {shlex.quote(script)} > hand.sbatch && sbatch --parsable hand.sbatch")
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    wait_until(lambda: ssh(state, gw, f"squeue -h -j {job}").stdout.strip() == "", 60, f"job {job} done", step=0.5)
+    # the batch step ran on the first node: its output is in that PC's /tmp, read over SSH there
+    first = state.nodes[0].address
+    out = ssh(state, first, f"cat /tmp/hand-{job}.out")
+    assert sorted(out.stdout.split()) == ["node1", "node2", "node3"], out.stdout + out.stderr
+
+
+def test_two_launches_through_the_room_queue_and_both_succeed(room: Any) -> None:
+    state, env = room
+    inv = ["-i", state.inventory, "--on", "room", "--nodes", "2"]
+    rc, first = clusterctl_json("launch", "resnet50-ddp", *inv, "--detach", *TINY, env=env, timeout=300)
+    assert rc == 0 and first["scheduler"] == "room" and first["target"]["job_id"], first
+    rc, second = clusterctl_json("launch", "resnet50-ddp", *inv, "--detach", *TINY, env=env, timeout=300)
+    assert rc == 0 and second["target"]["job_id"] != first["target"]["job_id"], second
+    # the first holds 2 of the 3 PCs: the second waits in Slurm's queue, said with Slurm's reason
+    seen = clusterctl_json("status", second["run_id"], env=env)[1]
+    assert seen["state"] == "queued" and seen["target"]["reason"], json.dumps(seen)[-1500:]
+    shown = clusterctl("status", second["run_id"], env=env).stdout
+    assert "queued" in shown and f"Slurm job {second['target']['job_id']}" in shown, shown
+    for run in (first, second):
+        wait_until(lambda run=run: clusterctl_json("status", run["run_id"], env=env)[1]["state"] not in ACTIVE, 400,
+                   f"run {run['run_id']} ended", step=2)
+        rec = clusterctl_json("status", run["run_id"], env=env)[1]
+        assert rec["state"] == "succeeded" and len(rec["nodes"]) == 2, json.dumps(rec)[-2000:]
+        rc, got = clusterctl_json("collect", run["run_id"], env=env, timeout=300)
+        assert rc == 0, json.dumps(got)[-2000:]
+        r = clusterctl("report", run["run_id"], env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    # the Slurm jobs ended once the runs did: the room is free again
+    gw = state.jump.address
+    wait_until(lambda: ssh(state, gw, "squeue -h").stdout.strip() == "", 60, "the room's queue empty", step=1)
+
+
+def test_undo_leaves_no_daemon_and_no_file_it_wrote(room: Any) -> None:
+    state, env = room
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", "--undo", env=env, timeout=300)
+    assert rc == 0, json.dumps(res, indent=1)[-3000:]
+    for pc in [*state.nodes, state.jump]:
+        wait_until(lambda pc=pc: not _daemons_in(pc.netns), 20, f"no munge or Slurm daemon in {pc.name}")
+        r = ssh(state, pc.address, "ls /etc/slurm /etc/munge")
+        assert r.returncode == 0 and r.stdout.split() == ["/etc/munge:", "/etc/slurm:"], r.stdout
+    assert not list(Path(env["CLUSTERCTL_HOME"]).glob("rooms/*/room/munge.key"))
+    again = clusterctl("provision", state.inventory, "--slurm", "--undo", env=env, timeout=300)
+    assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout
