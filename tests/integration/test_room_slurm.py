@@ -70,12 +70,17 @@ def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.L
     assert (_host_files(), _host_daemons()) == before  # the machine's own munge and Slurm, untouched
 
 
-def ssh(state: lifecycle.LabState, address: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """A command on a lab PC as the admin would type it: OpenSSH with the lab's key and known_hosts."""
+def ssh(state: lifecycle.LabState, address: str, command: str, timeout: float = 60,
+        user: str = "root") -> subprocess.CompletedProcess[str]:
+    """A command on a lab PC as the admin would type it: OpenSSH with the lab's key and known_hosts; a node
+    through the gateway (ProxyJump), as the lab's inventory says."""
     d = Path(state.dir)
-    return subprocess.run(["ssh", "-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
-                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", command],
-                          capture_output=True, text=True, timeout=timeout)
+    opts = ["-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+    via = shlex.join(["ssh", *opts, "-W", "%h:%p", f"root@{state.jump.address}"])  # -o options reach the jump too
+    jump = [] if address == state.jump.address else ["-o", f"ProxyCommand={via}"]
+    return subprocess.run(["ssh", *opts, *jump, f"{user}@{address}", command], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_provision_slurm_makes_the_room_a_cluster_and_a_rerun_changes_nothing(room: Any) -> None:
@@ -83,11 +88,11 @@ def test_provision_slurm_makes_the_room_a_cluster_and_a_rerun_changes_nothing(ro
     rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
     assert rc == 0, json.dumps(res, indent=1)[-3000:]
     assert res["changed"] and sorted(r["node"] for r in res["sinfo"]) == ["node1", "node2", "node3"]
-    facts = clusterctl_json("facts", state.inventory, env=env)[1]
-    for row in res["sinfo"]:
-        assert row["state"] == "idle"
-        f = next(x for x in facts["hosts"] if x["host"] == row["node"]) if "hosts" in facts else facts[row["node"]]
-        assert row["cpus"] == f["cpu"]["logical"] and 0 < row["memory_mb"] < f["memory"]["total_mib"]
+    facts = {n["host"]: n["facts"] for n in clusterctl_json("check", state.inventory, env=env)[1]["nodes"]}
+    for row in res["sinfo"]:  # Slurm's own view of each PC, against what `check` reads there
+        f = facts[row["node"]]
+        assert row["state"] == "idle" and row["cpus"] == f["cpu"]["logical"], (row, f["cpu"])
+        assert 0 < row["memory_mb"] < f["memory"]["total_mib"], (row, f["memory"])
     assert res["srun"] == ["node1", "node2", "node3"]
     key_on_head = Path(env["CLUSTERCTL_HOME"]).glob("rooms/*/room/munge.key")
     assert [oct(p.stat().st_mode & 0o777) for p in key_on_head] == ["0o400"]
@@ -100,14 +105,15 @@ def test_provision_slurm_makes_the_room_a_cluster_and_a_rerun_changes_nothing(ro
 def test_a_hand_written_sbatch_script_runs_on_every_node(room: Any) -> None:
     state, _ = room
     gw = state.jump.address
-    script = "#!/bin/sh\n#SBATCH -N3\n#SBATCH -o /tmp/hand-%j.out\nsrun hostname\n"
+    # its output in the first node's own folder (each PC's /srv/cluster is its own disk)
+    script = "#!/bin/sh\n#SBATCH -N3\n#SBATCH -o /srv/cluster/hand-%j.out\nsrun hostname\n"
     r = ssh(state, gw, f"cd /tmp && printf %s {shlex.quote(script)} > hand.sbatch && sbatch --parsable hand.sbatch")
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     wait_until(lambda: ssh(state, gw, f"squeue -h -j {job}").stdout.strip() == "", 60, f"job {job} done", step=0.5)
     # the batch step ran on the first node: its output is in that PC's /tmp, read over SSH there
     first = state.nodes[0].address
-    out = ssh(state, first, f"cat /tmp/hand-{job}.out")
+    out = ssh(state, first, f"cat /srv/cluster/hand-{job}.out", user=state.user)
     assert sorted(out.stdout.split()) == ["node1", "node2", "node3"], out.stdout + out.stderr
 
 
