@@ -83,12 +83,10 @@ def _declare_schedulers(p: argparse.ArgumentParser) -> None:
     kinds: dict[str, Callable[[str], Any]] = {"text": str, "positive": POSITIVE_INT, "count": NON_NEGATIVE_INT}
     seen: set[str] = set()  # an option two schedulers share (--nodes, --time) is one flag
     for sched in api.registry().values():
-        own = [o for o in sched.options if o.name not in seen]
-        if own:
-            g = p.add_argument_group(sched.title)
-            for o in own:
-                g.add_argument(o.flag, dest=o.name, metavar=o.metavar, type=kinds[o.kind], help=o.help)
-                seen.add(o.name)
+        g = p.add_argument_group(sched.title)
+        for o in (o for o in sched.options if o.name not in seen):
+            g.add_argument(o.flag, dest=o.name, metavar=o.metavar, type=kinds[o.kind], help=o.help)
+            seen.add(o.name)
 
 
 # --------------------------------------------------------------------------- a run, shown

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Iterator
 
@@ -109,8 +111,6 @@ class RoomScheduler:
     def submit(self, request: Any, log: Log = lambda s: None, prediction: dict[str, Any] | None = None,
                watch: bool = True, forks: int = 32) -> records.RunRecord:
         assert isinstance(request, RoomRequest)
-        from cluster.schedulers import roomwait
-
         record = _record(request)
         records.save(record)  # before sbatch: a lost answer leaves a record that finds its job by name
         with transport_for(request.room.controller) as t:
@@ -122,7 +122,7 @@ class RoomScheduler:
             raise ClusterError(why, f"run `{request.sbatch()}` by hand on {request.room.controller.address}")
         log(f"submitted: Slurm job {job_id} on room {request.room.name}")
         record = records.update(record.run_id, lambda rec: _queued(rec, job_id))
-        roomwait.spawn(record.run_id)
+        spawn_waiter(record.run_id)
         return record
 
     def describe(self, record: records.RunRecord) -> records.RunRecord:
@@ -179,6 +179,15 @@ class RoomScheduler:
 
     def details(self, record: records.RunRecord) -> list[str]:
         return ssh.SCHEDULER.details(record) if record.nodes else []
+
+
+def spawn_waiter(run_id: str) -> int:
+    """Start the run's waiter (cluster.schedulers.roomwait) detached from this process and its terminal."""
+    with open(records.run_path(run_id) / "roomwait.log", "ab") as out:
+        p = subprocess.Popen(  # bounded: started, never waited for
+            [sys.executable, "-m", "cluster.schedulers.roomwait", run_id], stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=records.run_path(run_id))
+    return p.pid
 
 
 def _nth(n: int) -> str:

@@ -8,7 +8,6 @@ watcher. One waiter per run (a lock); `clusterctl stop` of a queued run cancels 
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
 import time
 from typing import Any
@@ -21,15 +20,6 @@ from cluster.schedulers.room import FOLLOW_S, controller_of, queue_state, releas
 from cluster.transport import transport_for
 
 BUSY_S = 120.0  # the PCs' previous run is judged ended by its watcher within seconds of Slurm freeing them
-
-
-def spawn(run_id: str) -> int:
-    folder = records.run_path(run_id)
-    with open(folder / "roomwait.log", "ab") as out:
-        p = subprocess.Popen(  # bounded: started, never waited for
-            [sys.executable, "-m", "cluster.schedulers.roomwait", run_id], stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=folder)
-    return p.pid
 
 
 def _say(text: str) -> None:
