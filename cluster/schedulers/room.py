@@ -25,7 +25,7 @@ from cluster.runs import collect as run_collect, launch, records
 from cluster.runs.render import LaunchRequest
 from cluster.schedulers import ssh
 from cluster.schedulers.interface import Log, Logs, OnUpdate, Option, Submission
-from cluster.slurm.run import LIVE, job_state
+from cluster.slurm.run import LIVE, SUBMIT_GRACE_S, by_name, job_state
 from cluster.transport import transport_for
 
 KIND = "room"
@@ -127,7 +127,10 @@ class RoomScheduler:
 
     def describe(self, record: records.RunRecord) -> records.RunRecord:
         if _waiting(record):
-            return queue_state(record)
+            record = queue_state(record)
+            if record.state == "queued" and _waiter_gone(record):  # killed, or the head rebooted: a new one
+                spawn_waiter(record.run_id)
+            return record
         record = ssh.SCHEDULER.describe(record)
         return release(record)
 
@@ -235,15 +238,30 @@ def controller_of(record: records.RunRecord) -> Host:
     return Host.from_dict(record.target["controller"])
 
 
+def _waiter_gone(record: records.RunRecord) -> bool:
+    """No process holds the run's waiter lock (roomwait takes it for its whole life)."""
+    try:
+        with records.file_lock(records.run_path(record.run_id) / ".roomwait.lock", "the waiter's lock", wait=0):
+            return True
+    except ClusterError:
+        return False
+
+
 def queue_state(record: records.RunRecord) -> records.RunRecord:
     """Where the held job stands in the room's queue: Slurm's state and reason, and its place among the
     pending jobs of the partition (by Slurm's priority order). An unreachable controller changes nothing."""
     tg = record.target or {}
     job = tg.get("job_id")
-    if not job:
-        return record
     try:
         with transport_for(controller_of(record)) as t:
+            if not job:  # sbatch's answer was lost (or a Ctrl-C came first): the job has the run's name
+                job = by_name(t, record.run_id)
+                if job is None:
+                    if time.time() - record.created < SUBMIT_GRACE_S:
+                        return record  # the launch may still be submitting
+                    return records.update(record.run_id, lambda r: _fail(
+                        r, f"Slurm has no job named {record.run_id}: sbatch's answer was lost before it queued one"))
+                record = records.update(record.run_id, lambda r: _queued(r, str(job)))
             state, reason, nodelist = job_state(t, job)
             order = t.run(f"squeue -h -t PD -p {shlex.quote(tg.get('partition') or '')} --sort=-p,i -o %i",
                           timeout=60).stdout.split()

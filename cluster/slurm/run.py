@@ -243,7 +243,7 @@ def refresh(record: runs.RunRecord) -> runs.RunRecord:
     tg = target(record)
     with transport_for(login_of(record)) as t:
         if tg.get("job_id") is None:
-            found = _by_name(t, record.run_id)
+            found = by_name(t, record.run_id)
             if found is None:
                 if time.time() - record.created < SUBMIT_GRACE_S:
                     return record  # sbatch may still be answering the launch that records it
@@ -269,7 +269,7 @@ def _down_nodes(t: Transport) -> set[str]:
     return out
 
 
-def _by_name(t: Transport, run_id: str) -> str | None:
+def by_name(t: Transport, run_id: str) -> str | None:
     """The job Slurm holds under this run's name (sbatch --job-name is the run id), the newest."""
     r = t.run(f"squeue -h -t all -n {shlex.quote(run_id)} -o %i 2>/dev/null", timeout=60)
     ids = [x.strip() for x in r.stdout.split() if x.strip().isdigit()]
@@ -368,7 +368,7 @@ def stop(record: runs.RunRecord) -> runs.RunRecord:
     """scancel, then wait (bounded) until Slurm says the job ended; `stopped`."""
     record = runs.update(record.run_id, _stopping)
     with transport_for(login_of(record)) as t:
-        job_id = target(record).get("job_id") or _by_name(t, record.run_id)
+        job_id = target(record).get("job_id") or by_name(t, record.run_id)
         if job_id is None:  # never queued (sbatch's answer lost, or refused): nothing to cancel
             return runs.update(record.run_id, lambda r: _stopped(r, "CANCELLED", {}))
         _run(t, f"scancel {job_id}", "scancel")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +117,51 @@ def test_a_hand_written_sbatch_script_runs_on_every_node(room: Any) -> None:
     first = state.nodes[0].address
     out = ssh(state, first, f"cat /srv/cluster/hand-{job}.out", user=state.user)
     assert sorted(out.stdout.split()) == ["node1", "node2", "node3"], out.stdout + out.stderr
+
+
+def _waiters(run_id: str) -> list[int]:
+    """The head's waiter processes of a run (python -m cluster.schedulers.roomwait RUN_ID)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and f"cluster.schedulers.roomwait\0{run_id}".encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_killed_waiter_is_replaced_and_queued_runs_stop_or_start_when_the_room_frees(room: Any) -> None:
+    state, env = room
+    inv = ["-i", state.inventory, "--on", "room", "--detach"]
+    long = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=100000", "--set", "log_every=1"]
+    rc, holder = clusterctl_json("launch", "resnet50-ddp", *inv, "--nodes", "3", *long, env=env, timeout=300)
+    assert rc == 0, holder
+    wait_until(lambda: clusterctl_json("status", holder["run_id"], env=env)[1]["state"] == "running", 120,
+               "the first run holds the whole room")
+    runs = [clusterctl_json("launch", "resnet50-ddp", *inv, "--nodes", "1", *TINY, env=env, timeout=300)[1]
+            for _ in range(2)]
+    waiting, dropped = runs
+    # a queued run stopped: its Slurm job is cancelled, it never runs
+    r = clusterctl("stop", dropped["run_id"], env=env)
+    assert r.returncode == 0 and clusterctl_json("status", dropped["run_id"], env=env)[1]["state"] == "stopped"
+    gw = state.jump.address
+    assert dropped["target"]["job_id"] not in ssh(state, gw, "squeue -h -o %i").stdout.split()
+    # the waiter of the other one killed (the head's process list): the next look at the run starts a new one
+    wait_until(lambda: _waiters(waiting["run_id"]), 30, "the waiter runs")
+    for pid in _waiters(waiting["run_id"]):
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not _waiters(waiting["run_id"]), 10, "the waiter is gone")
+    seen = clusterctl_json("status", waiting["run_id"], env=env)[1]
+    assert seen["state"] == "queued", json.dumps(seen)[-1500:]
+    wait_until(lambda: _waiters(waiting["run_id"]), 30, "a new waiter")
+    # the first run stopped: its PCs go back to Slurm, which gives one to the waiting run; it runs and succeeds
+    assert clusterctl("stop", holder["run_id"], env=env).returncode == 0
+    wait_until(lambda: clusterctl_json("status", waiting["run_id"], env=env)[1]["state"] not in ACTIVE, 300,
+               "the waiting run ended", step=2)
+    rec = clusterctl_json("status", waiting["run_id"], env=env)[1]
+    assert rec["state"] == "succeeded" and len(rec["nodes"]) == 1, json.dumps(rec)[-2000:]
+    wait_until(lambda: ssh(state, gw, "squeue -h").stdout.strip() == "", 60, "the room's queue empty", step=1)
 
 
 def test_two_launches_through_the_room_queue_and_both_succeed(room: Any) -> None:
