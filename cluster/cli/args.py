@@ -103,8 +103,16 @@ def add_inventory_args(p: argparse.ArgumentParser,
     add_forks(p)
 
 
+def add_outside_slurm(p: argparse.ArgumentParser) -> None:
+    """The admin's way past the refusal on PCs a room's Slurm holds (cluster.room.held)."""
+    p.add_argument("--outside-slurm", action="store_true",
+                   help="run on PCs the room's Slurm holds, beside its jobs (admin)")
+
+
 def add_power(p: argparse.ArgumentParser) -> None:
-    """`--wake` and `--poweroff-after`: a room whose PCs are off when nobody is there (launch, study)."""
+    """`--wake` and `--poweroff-after`: a room whose PCs are off when nobody is there (launch, study); and
+    --outside-slurm, which both take too."""
+    add_outside_slurm(p)
     p.add_argument("--wake", action="store_true",
                    help="first wake the nodes that are off (Wake-on-LAN; `clusterctl wake`) and wait for them")
     p.add_argument("--wake-timeout", type=WAKE_S, default=180.0, metavar="S",

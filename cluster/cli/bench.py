@@ -6,8 +6,9 @@ import argparse
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit
-from cluster.cli.output import emit_json, load_inventory, notes, out, table
+from cluster.cli.args import (POSITIVE_INT, add_forks, add_inventory_option, add_job_settings, add_limit,
+                              add_outside_slurm)
+from cluster.cli.output import emit_json, err, load_inventory, notes, out, table
 
 RECOMMENDED = " (recommended)"  # how plans.summary_rows marks the recommended node set
 
@@ -25,6 +26,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         add_job_settings(p)
         p.add_argument("--parallel", action="store_true",
                        help="all nodes at once (faster; only where nodes share no CPU, i.e. real PCs)")
+        add_outside_slurm(p)
         p.set_defaults(fn=cmd_bench)
     else:
         p.add_argument("job", metavar="JOB")
@@ -36,8 +38,12 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from cluster.planner import bench
+    from cluster.room import held
 
     inv = load_inventory(args.inventory, None, args.ssh_config)
+    held.guard(inv, [h.name for h in inv.select(args.limit)], "bench runs training on {them} outside its queue",
+               "clusterctl launch JOB --on {room} runs a job through its queue", args.outside_slurm,
+               log=lambda s: err.print(f"[yellow]{escape(s)}[/yellow]"))
     res = bench.run(inv, args.jobs.split(","), steps=args.steps, overrides=args.set or [], parallel=args.parallel,
                     log=notes(args.json), limit=args.limit, forks=args.forks)
     if args.json:

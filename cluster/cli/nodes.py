@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import TIMEOUT_S, WAKE_S, add_inventory_args, add_inventory_option
+from cluster.cli.args import TIMEOUT_S, WAKE_S, add_inventory_args, add_inventory_option, add_outside_slurm
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, table
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
                               "host PATTERN instead, as in `clusterctl poweroff -i INVENTORY node2`")
         p.add_argument("--timeout", type=WAKE_S, default=None, metavar="S",
                        help="how long to wait for the nodes (default 180 s to wake, 120 s to power off)")
+        add_outside_slurm(p)
         p.set_defaults(fn=cmd_wake if name == "wake" else cmd_poweroff)
         return
     add_inventory_args(p)
@@ -218,11 +219,22 @@ def _power_report(args: argparse.Namespace, what: str, inv: Inventory, rs: list[
     return errors.EXIT_USAGE if any(r.status == "no-mac" for r in rs) and what == "wake" else errors.EXIT_UNREACHABLE
 
 
+def slurm_powers(args: argparse.Namespace, inv: Inventory, hosts: list[Host]) -> None:
+    """wake and poweroff (their own, and launch's or study's --wake and --poweroff-after) leave the PCs a
+    room's Slurm holds to it, unless --outside-slurm."""
+    from cluster.room import held
+
+    held.guard(inv, [h.name for h in hosts], "the room's Slurm powers {them}",
+               "leave the power of {them} to room {room}'s Slurm", args.outside_slurm,
+               log=lambda s: err.print(f"[yellow]{escape(s)}[/yellow]"))
+
+
 def cmd_wake(args: argparse.Namespace) -> int:
     """Magic packets to the nodes that do not answer SSH, then wait (bounded) until they do."""
     from cluster.nodes import power
 
     inv, hosts = _power_hosts(args)
+    slurm_powers(args, inv, hosts)
     with err.status(f"waking {len(hosts)} nodes"):
         results = power.wake(inv, hosts, timeout=args.timeout or power.WAKE_TIMEOUT_S, forks=args.forks,
                              log=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
@@ -234,6 +246,7 @@ def cmd_poweroff(args: argparse.Namespace) -> int:
     from cluster.nodes import power
 
     inv, hosts = _power_hosts(args)
+    slurm_powers(args, inv, hosts)
     with err.status(f"powering off {len(hosts)} nodes"):
         results = power.poweroff(hosts, timeout=args.timeout or power.POWEROFF_TIMEOUT_S, forks=args.forks,
                                  log=lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
@@ -247,6 +260,7 @@ def wake_first(args: argparse.Namespace, inv: Inventory, hosts: list[Host]) -> N
 
     if not args.wake:
         return
+    slurm_powers(args, inv, hosts)
     with err.status(f"waking {len(hosts)} nodes"):
         results = power.wake(inv, hosts, timeout=args.wake_timeout, forks=args.forks,
                              log=(lambda s: None) if args.json else lambda s: err.print(f"[dim]{escape(s)}[/dim]"))
@@ -257,12 +271,13 @@ def wake_first(args: argparse.Namespace, inv: Inventory, hosts: list[Host]) -> N
             err.print(f"[yellow]{escape(r.host)}: did not wake ({escape(r.error or r.status)})[/yellow]")
 
 
-def poweroff_after(args: argparse.Namespace, hosts: list[Host]) -> bool:
+def poweroff_after(args: argparse.Namespace, inv: Inventory, hosts: list[Host]) -> bool:
     """--poweroff-after, once the results are on the head: True when every node is off."""
     from cluster.nodes import power
 
     if not args.poweroff_after:
         return True
+    slurm_powers(args, inv, hosts)
     with err.status(f"powering off {len(hosts)} nodes"):
         results = power.poweroff(hosts, forks=args.forks)
     for r in results:

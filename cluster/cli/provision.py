@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from cluster import errors
-from cluster.cli.args import add_inventory_args
+from cluster.cli.args import POSITIVE_FLOAT, add_inventory_args
 from cluster.cli.context import switch
 from cluster.cli.output import emit_json, err, error_line, load_inventory, notes, out, table
 
@@ -34,6 +34,9 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--undo", action="store_true",
                    help="with --slurm: stop and disable munge and Slurm, remove the files provision --slurm wrote")
     p.add_argument("--purge-packages", action="store_true", help="with --slurm --undo: remove the packages too")
+    p.add_argument("--drain-timeout", type=POSITIVE_FLOAT, default=600.0, metavar="S",
+                   help="PCs a room's Slurm holds are drained first: how long to wait for its jobs there to end "
+                        "(default 600 s); they are resumed afterwards")
     p.set_defaults(fn=cmd_provision)
 
 
@@ -70,6 +73,7 @@ class _Live:
 
 def cmd_provision(args: argparse.Namespace) -> int:
     from cluster.provision import apply
+    from cluster.room import drain
 
     if not args.slurm and (args.room or args.undo or args.purge_packages):
         raise errors.UsageError("--room, --undo and --purge-packages go with --slurm", "clusterctl provision --slurm --undo")
@@ -83,16 +87,22 @@ def cmd_provision(args: argparse.Namespace) -> int:
     start = time.monotonic()
     with live.progress:
         request = apply.prepare(inv, hosts, forks=args.forks, log=notes(args.json))
-        report = apply.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
+        with drain.drained(inv, [h.name for h in hosts], args.drain_timeout, notes(args.json),
+                           dry_run=args.dry_run) as drained:  # Slurm's PCs: its jobs there end first
+            report = apply.execute(request, dry_run=args.dry_run, verify_all=args.verify, forks=args.forks,
                                    log=notes(args.json), on_step=live.on_step, on_bytes=live.on_bytes,
                                    on_relay=live.on_relay)
     if not args.dry_run and any(n.status == "ok" for n in report.nodes.values()):
         switch(inv.path)  # says so on stderr when the current context changes
     wall = time.monotonic() - start  # what the user waited: wheels downloaded and sent included
     if args.json:
-        emit_json({**report.to_dict(), "wall_s": round(wall, 1)})
+        emit_json({**report.to_dict(), "wall_s": round(wall, 1), "slurm_drained": drained})
     else:
         _print_report(report)
+        for room, pcs in drained.items():
+            out.print(f"room {escape(room)}: {escape(', '.join(pcs))} " + (
+                "would be drained in its Slurm first, then resumed" if args.dry_run else
+                "drained in its Slurm for the provision (its jobs there ended first), then resumed"))
         out.print(f"{'dry run' if args.dry_run else 'provision'} took {wall:.0f} s in all (the table's steps s: "
                   "each node's own steps, after its wheels arrived)")
     statuses = {n.status for n in report.nodes.values()}

@@ -175,7 +175,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     wake_first(args, inv, hosts)
     sid, cells, page = matrix.run(inv, args.jobs, _sizes(args.nodes), args.set or [], args.price_kwh,
                                  log=notes(args.json), vary=args.vary, limit=args.limit, forks=args.forks,
-                                 on=args.on)
+                                 on=args.on, outside_slurm=args.outside_slurm)
     if args.json:
         emit_json({"study": sid, "cells": [dict(c.__dict__) for c in cells], "report": str(page) if page else None})
     else:
@@ -189,7 +189,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         out.print(t)
         if page:
             out.print(f"report: {escape(str(page))}")
-    off = poweroff_after(args, hosts)  # the study has collected every run: its results are on this head
+    off = poweroff_after(args, inv, hosts)  # the study has collected every run: its results are on this head
     if not all(c.state == "succeeded" for c in cells):
         return errors.EXIT_FAILED
     return errors.EXIT_OK if off else errors.EXIT_UNREACHABLE

@@ -192,9 +192,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
                                 "drop --detach (or --dry-run), or run `clusterctl collect` then `clusterctl poweroff`")
     sub = api.Submission(inv, spec, on=args.on, limit=args.limit, forks=args.forks,
-                         options={o.name: getattr(args, o.name) for o in sched.options})
+                         options={o.name: getattr(args, o.name) for o in sched.options},
+                         outside_slurm=args.outside_slurm)
     if args.dry_run:  # the request submit would run, printed (torchx's dryrun_info)
-        request = sched.dryrun(sub)
+        request = sched.dryrun(sub, notes(args.json))
         if args.json:
             emit_json(request.to_dict())
         else:
@@ -233,7 +234,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from cluster.inventory.model import Host
 
         api.of(record).collect(record)  # the results on this head first: nothing a user ran is lost
-        if not poweroff_after(args, [Host.from_dict(h) for h in record.inventory["hosts"]]):
+        if not poweroff_after(args, inv, [Host.from_dict(h) for h in record.inventory["hosts"]]):
             return errors.EXIT_UNREACHABLE
     return _run_exit(record)
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, Iterable
 
 from cluster import paths
+from cluster.errors import UsageError
 from cluster.inventory.model import Inventory
 
 SET_UP = "set-up.json"
+OVERRIDE = "--outside-slurm"
+
+
+class SlurmHolds(UsageError):
+    """A command of clusterctl's own on PCs the room's Slurm holds: one refusal for all of them (a study stops
+    at it rather than failing each cell)."""
 
 
 def folder(inv: Inventory, room: str) -> Path:
@@ -28,3 +36,23 @@ def held(inv: Inventory) -> dict[str, str]:
             continue
         out.update({n: name for n in nodes if n in room.nodes})
     return out
+
+
+def guard(inv: Inventory, names: Iterable[str], refusal: str, fix: str, outside: bool = False,
+          log: Callable[[str], None] = lambda s: None) -> None:
+    """Refuse `names` that a room's Slurm holds, before anything contacts them: Slurm gives them to its jobs,
+    and clusterctl's own use would run beside them unseen (`refusal` and `fix` may say `{them}`, `fix` also
+    `{room}`). With `outside` (the admin's --outside-slurm) it only says so through `log`."""
+    holds = held(inv)
+    mine = [n for n in names if n in holds]
+    if not mine:
+        return
+    rooms = sorted({holds[n] for n in mine})
+    them = "it" if len(mine) == 1 else "them"
+    who = f"{', '.join(mine)} {'is' if len(mine) == 1 else 'are'} Slurm's: room {', '.join(rooms)} holds {them} " \
+          "(provision --slurm)"
+    if outside:
+        log(f"{who}; {OVERRIDE}: this runs beside Slurm's jobs there")
+        return
+    raise SlurmHolds(f"{who}: {refusal.format(them=them)}",
+                     f"{fix.format(room=rooms[0], them=them)}; or add {OVERRIDE} to run beside Slurm's jobs (admin)")

@@ -50,6 +50,7 @@ class Submission:
     forks: int = 32
     options: dict[str, Any] = field(default_factory=dict)
     nodes: int | None = None  # how many nodes (the study's node counts): the first N PCs, or N of the cluster
+    outside_slurm: bool = False  # the admin's --outside-slurm: the inventory's PCs even where a room's Slurm holds them
 
 
 class Logs(dict[str, str]):

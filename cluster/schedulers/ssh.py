@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 
 from cluster.errors import UsageError
 from cluster.inventory.model import Host
+from cluster.room import held
 from cluster.runs import collect as run_collect, elastic, launch, logstream, preflight, records, state, watch
 from cluster.runs.render import LaunchRequest
 from cluster.schedulers.interface import Log, Logs, OnUpdate, Option, Submission
@@ -23,14 +24,20 @@ class Room:
         return preflight.select_hosts(sub.inventory, sub.spec, sub.limit)
 
     def dryrun(self, sub: Submission, log: Log = lambda s: None) -> LaunchRequest:
-        """Preflight (read-only, over SSH) and every PC's rendered files; `nodes`: the first N of the job's PCs."""
+        """Preflight (read-only, over SSH) and every PC's rendered files; `nodes`: the first N of the job's PCs.
+        PCs a room's Slurm holds are refused before any is contacted (the room's own waiter launches on the PCs
+        Slurm gave it through runs.launch, not here)."""
         limit = sub.limit
+        hosts = preflight.select_hosts(sub.inventory, sub.spec, sub.limit)
         if sub.nodes is not None:
-            hosts = preflight.select_hosts(sub.inventory, sub.spec, sub.limit)
             if sub.nodes > len(hosts):
                 raise UsageError(f"{sub.nodes} nodes: job {sub.spec.name} has only {len(hosts)} in "
                                  f"{sub.inventory.path}", f"use counts up to {len(hosts)}")
-            limit = ",".join(h.name for h in hosts[:sub.nodes])
+            hosts = hosts[:sub.nodes]
+            limit = ",".join(h.name for h in hosts)
+        job = "JOB" if sub.spec.own else sub.spec.name
+        held.guard(sub.inventory, [h.name for h in hosts], "clusterctl's own SSH launch leaves {them} to Slurm",
+                   f"clusterctl launch {job} --on {{room}} (Slurm queues it and gives it PCs)", sub.outside_slurm, log)
         return launch.prepare(sub.inventory, sub.spec, limit=limit, forks=sub.forks, log=log)
 
     def submit(self, request: Any, log: Log = lambda s: None, prediction: dict[str, Any] | None = None,

@@ -21,6 +21,7 @@ from cluster.runs import jobs, records, schema
 from cluster.schedulers import api
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
+from cluster.room.held import SlurmHolds
 
 
 @dataclass
@@ -72,7 +73,7 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
         price_kwh: float | None = None, log: Callable[[str], None] = lambda s: None,
         on_run: Callable[[records.RunRecord, Any], None] | None = None,
         target_acc: float = figures.DEFAULT_TARGET_ACC, vary: str | None = None, limit: str | None = None,
-        forks: int = 32, on: str | None = None) -> tuple[str, list[Cell], Path | None]:
+        forks: int = 32, on: str | None = None, outside_slurm: bool = False) -> tuple[str, list[Cell], Path | None]:
     """Each job on each node count (the first N of its nodes, narrowed by `limit`, a host pattern), each run
     collected, one report; `forks` bounds the nodes contacted at once. `on`: the inventory's Slurm cluster of
     that name runs every cell instead (N nodes of its partition, Slurm's verdict, the job's folder collected)."""
@@ -110,12 +111,15 @@ def run(inv: Inventory, job_names: list[str], sizes: list[int], overrides: list[
                 continue
             log(f"{what} on {n} node(s)" + (f" of {on}" if on else ""))
             try:
-                request = sched.dryrun(api.Submission(inv, spec, on=on, limit=limit, forks=forks, nodes=n), log)
+                request = sched.dryrun(api.Submission(inv, spec, on=on, limit=limit, forks=forks, nodes=n,
+                                                      outside_slurm=outside_slurm), log)
                 record = sched.submit(request, log, forks=forks)
                 cell.run_id = record.run_id
                 record = sched.follow(record, on_update=on_run)
                 cell.state = record.state
                 sched.collect(record, forks=forks)
+            except SlurmHolds:
+                raise  # PCs a room's Slurm holds: every cell would be refused, the study is
             except ClusterError as e:
                 cell.state, cell.error = "error", e.message
             cells.append(cell)

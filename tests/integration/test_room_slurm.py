@@ -190,6 +190,36 @@ def test_two_launches_through_the_room_queue_and_both_succeed(room: Any) -> None
     wait_until(lambda: ssh(state, gw, "squeue -h").stdout.strip() == "", 60, "the room's queue empty", step=1)
 
 
+def test_the_rooms_pcs_are_slurms_and_provision_drains_them_then_resumes_them(room: Any) -> None:
+    state, env = room
+    r = clusterctl("launch", "resnet50-ddp", "-i", state.inventory, *TINY, env=env)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "node1, node2, node3 are Slurm's: room room holds them" in said, r.stdout + r.stderr
+    assert "clusterctl launch resnet50-ddp --on room" in said and "--outside-slurm" in said, said
+    for args in (["wake", state.inventory], ["poweroff", state.inventory],
+                 ["bench", "-i", state.inventory, "--jobs", "resnet50-ddp"]):
+        r = clusterctl(*args, env=env)
+        said = " ".join(r.stderr.split())
+        assert r.returncode == 2 and "Slurm's: room room holds them" in said and "--outside-slurm" in said, (args, said)
+    # a job of Slurm's on node1 while provision starts: drained, provision waits for it, then resumes every PC
+    gw = state.jump.address
+    sub = ssh(state, gw, "sbatch --parsable -N1 -w node1 -o /dev/null --wrap 'sleep 15'")
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    wait_until(lambda: ssh(state, gw, f"squeue -h -t R -j {job}").stdout.strip() != "", 60, f"job {job} running")
+    r = clusterctl("provision", state.inventory, "--set", f"python={sys.executable}",
+                   "--set", "vars.python_env=existing", env=env, timeout=600)
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, said[-3000:]
+    assert "drained node1, node2, node3 in room room's Slurm" in said, said[-3000:]
+    assert f"for Slurm's jobs on them to end: job {job} (wrap of root, on node1)" in said, said[-3000:]
+    assert "resumed node1, node2, node3 in room room's Slurm" in said, said[-3000:]
+    assert ssh(state, gw, f"squeue -h -j {job}").stdout.strip() == ""  # it ran to its end, never cancelled
+    nodes = ssh(state, gw, "sinfo -h -N -o '%N %t'").stdout.split("\n")
+    assert sorted(n.split() for n in nodes if n.strip()) == [["node1", "idle"], ["node2", "idle"],
+                                                             ["node3", "idle"]], nodes
+
+
 def test_undo_leaves_no_daemon_and_no_file_it_wrote(room: Any) -> None:
     state, env = room
     rc, res = clusterctl_json("provision", state.inventory, "--slurm", "--undo", env=env, timeout=300)
