@@ -191,9 +191,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.poweroff_after and (args.detach or args.dry_run):
         raise errors.UsageError("--poweroff-after waits for the run's end and its collect",
                                 "drop --detach (or --dry-run), or run `clusterctl collect` then `clusterctl poweroff`")
-    sub = api.Submission(inv, spec, on=args.on, limit=args.limit, forks=args.forks,
-                         options={o.name: getattr(args, o.name) for o in sched.options},
-                         outside_slurm=args.outside_slurm)
+    sub = api.Submission(inv, spec, on=args.on, limit=args.limit, forks=args.forks, outside_slurm=args.outside_slurm,
+                         options={o.name: getattr(args, o.name) for o in sched.options})
     if args.dry_run:  # the request submit would run, printed (torchx's dryrun_info)
         request = sched.dryrun(sub, notes(args.json))
         if args.json:

@@ -16,14 +16,18 @@ from cluster.inventory import loader
 from cluster.inventory.model import Host, RoomCluster
 from cluster.room import drain, held
 from tests.conftest import ROOT, write
+from tests.unit.test_cli import closed_port
 
 
-def _room(tmp_path: Path, note: bool = True) -> tuple[Path, dict[str, str]]:
-    """A local inventory whose room holds a and b (c is its controller); the note as provision --slurm writes it."""
+def _room(tmp_path: Path, note: bool = True, local: bool = False) -> tuple[Path, dict[str, str]]:
+    """An inventory whose room holds a and b (c is its controller), with the note provision --slurm writes.
+    Its PCs are SSH hosts on a closed loopback port: were a refusal missing, `poweroff` would reach nothing
+    (never this machine); `local` PCs only for provision --dry-run, which changes nothing."""
     home = tmp_path / "home"
     tmp_path.mkdir(parents=True, exist_ok=True)
+    reach = "connection: local" if local else f"port: {closed_port()}, connect_timeout: 3"
     inv = write(tmp_path, f"""\
-defaults: {{connection: local}}
+defaults: {{{reach}, known_hosts: {tmp_path / 'known_hosts'}}}
 groups:
   lab: {{hosts: [a, b]}}
 hosts:
@@ -73,10 +77,10 @@ def test_launch_without_on_is_refused_on_the_rooms_pcs(tmp_path: Path, extra: li
 def test_a_pc_outside_the_room_and_a_room_undone_are_not_refused(tmp_path: Path) -> None:
     inv, env = _room(tmp_path)
     r = run(env, "launch", "resnet50-ddp", "-i", str(inv), "--limit", "c", "--dry-run")
-    assert r.returncode == 1 and "not provisioned" in r.stderr and "Slurm's" not in r.stderr, r.stderr
+    assert r.returncode == 3 and "cannot reach c" in r.stderr and "Slurm's" not in r.stderr, r.stderr
     inv, env = _room(tmp_path / "undone", note=False)  # no note: provision --slurm --undo removed it
     r = run(env, "launch", "resnet50-ddp", "-i", str(inv), "--dry-run")
-    assert r.returncode == 1 and "not provisioned" in r.stderr and "Slurm's" not in r.stderr, r.stderr
+    assert r.returncode == 3 and "cannot reach" in r.stderr and "Slurm's" not in r.stderr, r.stderr
 
 
 def test_outside_slurm_goes_on_and_says_it_runs_beside_slurms_jobs(tmp_path: Path) -> None:
@@ -84,8 +88,8 @@ def test_outside_slurm_goes_on_and_says_it_runs_beside_slurms_jobs(tmp_path: Pat
     for args in (("launch", "resnet50-ddp", "-i", str(inv), "--dry-run"), ("bench", "-i", str(inv), "--jobs",
                                                                            "resnet50-ddp")):
         r = run(env, *args, "--outside-slurm")
-        # past the refusal: the next check is launch's own (these local PCs are not provisioned)
-        assert r.returncode == 1 and "not provisioned" in r.stderr, r.stderr
+        # past the refusal: the PCs are contacted (and do not answer)
+        assert r.returncode == 3 and "cannot reach a" in r.stderr, r.stderr
         assert "a, b are Slurm's: room room holds them (provision --slurm); --outside-slurm: this runs beside " \
                "Slurm's jobs there" in " ".join(r.stderr.split()), r.stderr
 
@@ -108,10 +112,12 @@ def test_outside_slurm_is_in_each_commands_help(tmp_path: Path) -> None:
 
 
 def test_provision_dry_run_says_it_would_drain_and_contacts_no_controller(tmp_path: Path) -> None:
-    inv, env = _room(tmp_path)
+    inv, env = _room(tmp_path, local=True)
     r = run(env, "provision", str(inv), "--limit", "a", "--dry-run", "--drain-timeout", "5")
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "would drain a in room room's Slurm, wait for its jobs there to end, provision, then resume them" in \
         " ".join(r.stderr.split()), r.stderr
+    assert "room room: a would be drained in its Slurm first, then resumed" in " ".join(r.stdout.split())
     assert "scontrol" not in r.stdout + r.stderr
 
 
