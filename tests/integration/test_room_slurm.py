@@ -104,6 +104,23 @@ def test_provision_slurm_makes_the_room_a_cluster_and_a_rerun_changes_nothing(ro
     assert rc == 0 and res["changed"] is False and res["actions"] == []
 
 
+def test_a_pc_removed_from_the_room_is_drained_and_forgotten_and_comes_back_when_added(room: Any) -> None:
+    state, env = room
+    text = Path(state.inventory).read_text()
+    smaller = Path(state.inventory).with_name("two.yaml")
+    smaller.write_text(text.replace("nodes: lab", "nodes: node1:node2"))
+    rc, res = clusterctl_json("provision", str(smaller), "--slurm", env=env, timeout=300)
+    assert rc == 0, json.dumps(res, indent=1)[-3000:]
+    assert [r["node"] for r in res["sinfo"]] == ["node1", "node2"] and res["srun"] == ["node1", "node2"]
+    assert any("node3 left the room" in n for n in res["notes"]), res["notes"]
+    done = {pc: " ".join(w) for pc, w in res["done"].items()}
+    assert "restart slurmctld" in done["controller"] and "restart slurmd" in done["node1"], done
+    # the same PC back in the inventory: configured again, every daemon restarted, idle
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert rc == 0 and [r["node"] for r in res["sinfo"]] == ["node1", "node2", "node3"], json.dumps(res)[-3000:]
+    assert all(r["state"] == "idle" for r in res["sinfo"])
+
+
 def test_a_hand_written_sbatch_script_runs_on_every_node(room: Any) -> None:
     state, _ = room
     gw = state.jump.address
