@@ -154,3 +154,17 @@ COMMAND = ('if [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; then env 
            "list ruleset; else echo @@absent; fi")  # /usr/sbin: on no ordinary user's PATH
 FIX = ("accept the lab network before the rules that drop, e.g. `nft insert rule inet filter input ip saddr "
        "10.0.0.0/24 accept` (or `ufw allow from 10.0.0.0/24`), with the lab's own subnet")
+
+
+def chains_to_open(ruleset: dict[str, Any], peers: list[str], nic: str | None = None) -> list[tuple[str, str, str]]:
+    """The input chains (family, table, chain) of families that match IPv4 whose rules would stop TCP from
+    `peers` (each chain judged alone): where a rule accepting them has to go."""
+    out = []
+    for item in ruleset.get("nftables", []):
+        c = item.get("chain")
+        if not c or c.get("hook") != "input" or c.get("type", "filter") != "filter" or c.get("family") not in ("ip", "inet"):
+            continue
+        one = {"nftables": [i for i in ruleset["nftables"] if "chain" not in i or i["chain"] is c]}
+        if judge(one, peers, nic).state != "open":
+            out.append((str(c["family"]), str(c["table"]), str(c["name"])))
+    return out

@@ -1,5 +1,6 @@
 """What Slurm needs of a room and rooms get wrong, read from the PCs' facts: refused before anything changes,
-each with its fix (a refusal names every PC it concerns, not the first one only)."""
+each with its fix (a refusal names every PC it concerns, not the first one only). A firewall is not refused:
+setting up needs root anyway, and provision opens exactly Slurm's ports for the room (cluster.room.plan)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,19 +57,14 @@ def refusals(controller: Host, nodes: list[Host], facts: dict[str, NodeFacts]) -
                              f"apart ({ahead} ahead, {behind} behind), more than munge's {MUNGE_TTL_S:.0f} s",
                              "set the clocks (systemd-timesyncd against one PC of the room, or `sudo date -s` "
                              "from the head's `date`) and run again"))
-    walled = [p for p in firewalls(everyone, facts) if p.blocking]
-    if walled:
-        found.append(Refusal(tuple(p.host for p in walled), "a host firewall blocks the room's TCP on these PCs: " +
-                             "; ".join(f"{p.host}: {p.message}" for p in walled), "accept TCP 6817 (slurmctld), "
-                             "6818 (slurmd) and 60001-63000 (srun) from the room's addresses, e.g. `nft add rule inet "
-                             "filter input ip saddr ROOM/24 tcp dport { 6817, 6818, 60001-63000 } accept`"))
     return found
 
 
 def warnings(controller: Host, nodes: list[Host], facts: dict[str, NodeFacts]) -> list[str]:
-    """What may go wrong but is not sure to: a firewall that drops some ports or cannot be read."""
+    """What may go wrong but is not sure to: a firewall that cannot be read (one that can is opened for
+    Slurm's ports where it would stop them: cluster.room.plan)."""
     return [f"{p.host}: {p.message} (Slurm needs TCP 6817, 6818 and 60001-63000 open between the PCs)"
-            for p in firewalls([controller, *nodes], facts) if not p.blocking]
+            for p in firewalls([controller, *nodes], facts) if p.code == "firewall-unreadable"]
 
 
 def unconfined(nodes: list[Host], facts: dict[str, NodeFacts]) -> list[str]:

@@ -5,6 +5,8 @@ that the dry run prints exactly what a real run executes and a rerun on a set-up
 Phases (each across the PCs at once, the next only once every PC finished the one before):
     install    the packages a PC lacks (apt, or the head's bundle), with its daemons kept from starting
     files      slurm.conf, cgroup.conf, gres.conf (0644) and the munge key (0400, munge's), where they differ
+    firewall   where a PC's nftables would stop the room's TCP: one rule accepting Slurm's ports from exactly
+               the room's addresses, tagged with the room (removed by --undo)
     munge      enabled and started (restarted where its key changed)
     drain      PCs leaving the room, drained on the controller before it forgets them
     slurmctld  on the controller; slurmd on the nodes: enabled and started, or restarted where the config
@@ -20,9 +22,10 @@ from typing import Any, Callable
 
 from cluster.inventory.model import Host
 from cluster.room.debs import Install
-from cluster.room.state import ETC, KEY, PcState, as_root
+from cluster.room.state import ETC, FW_TAG, KEY, NFT, PcState, as_root
 
-PHASES = ("install", "files", "munge", "drain", "slurmctld", "slurmd")
+PHASES = ("install", "files", "firewall", "munge", "drain", "slurmctld", "slurmd")
+SLURM_PORTS = "{ 6817, 6818, 60001-63000 }"  # slurmctld, slurmd, srun (cluster.room.conf.PORTS)
 CONTROLLER, NODE = "controller", "node"
 
 
@@ -85,11 +88,36 @@ def units(h: Host, verb: str, names: list[str]) -> str:
     return as_root(h, f"systemctl {verb} {' '.join(names)}")
 
 
+def open_ports(h: Host, room: str, chain: tuple[str, str, str], peers: list[str]) -> str:
+    """One nft rule at the top of `chain`: TCP to Slurm's ports from exactly the room's addresses, tagged."""
+    words = ["insert", "rule", *chain, "ip", "saddr", "{ " + ", ".join(peers) + " }", "tcp", "dport", SLURM_PORTS,
+             "accept", "comment", f'"{FW_TAG} {room}"']  # nft's own quotes: its parser reads the words
+    return as_root(h, f"{NFT} " + " ".join(shlex.quote(w) for w in words))
+
+
+def close_ports(h: Host) -> str:
+    """Every rule provision --slurm inserted on `h` (any room), deleted by its handle."""
+    find = ("awk -v tag=" + shlex.quote(f'comment "{FW_TAG} ') + " '$1==\"table\"{f=$2; t=$3} $1==\"chain\"{c=$2} "
+            "index($0, tag){print f, t, c, $NF}'")
+    return as_root(h, f"{NFT} -a list ruleset | {find} | while read -r f t c n; do "
+                      f'{NFT} delete rule "$f" "$t" "$c" handle "$n"; done')
+
+
 def make(controller: Host, nodes: list[Host], states: dict[str, PcState], files: dict[str, str], key: bytes,
-         install: Callable[[Host, str, PcState], Install]) -> Plan:
+         install: Callable[[Host, str, PcState], Install], walls: dict[str, list[tuple[str, str, str]]] | None = None,
+         room: str = "room", peers: list[str] | None = None) -> Plan:
     """The plan for the room: `files` (name -> text, as cluster.room.conf renders them), the munge key,
-    `install(host, role, state)` what installs the packages a PC lacks (cluster.room.debs)."""
+    `install(host, role, state)` what installs the packages a PC lacks (cluster.room.debs), `walls` the
+    input chains of each PC whose firewall would stop the room's TCP (cluster.nodes.firewall), from `peers`
+    (the PCs' addresses on the room's network)."""
     plan = Plan()
+    peers = peers or [h.address for h in (controller, *nodes)]
+    for h in (controller, *nodes):
+        if states[h.name].fw_rules:
+            continue  # opened by an earlier run (a rerun changes nothing)
+        for chain in (walls or {}).get(h.name, []):
+            plan.actions.append(Action(h.name, "firewall", f"accept Slurm's ports from the room in {' '.join(chain)}",
+                                       open_ports(h, room, chain, peers)))
     roles = {controller.name: CONTROLLER, **{h.name: NODE for h in nodes}}
     pcs = [controller, *nodes]
     for h in pcs:
@@ -156,6 +184,8 @@ def undo(controller: Host, nodes: list[Host], states: dict[str, PcState], purge:
         if present:
             plan.actions.append(Action(h.name, "files", f"remove {' '.join(present)}",
                                        as_root(h, f"rm -f {' '.join(shlex.quote(p) for p in present)}")))
+        if st.fw_rules:
+            plan.actions.append(Action(h.name, "firewall", "remove the firewall rules it inserted", close_ports(h)))
         if purge:
             have = sorted(p for p in purge if p in st.installed)
             if have:

@@ -23,7 +23,7 @@ from cluster.room import state as pcstate
 from cluster.transport import Transport
 
 VERIFY_TIMEOUT_S = 60.0  # every node idle in sinfo, then srun's answer: seconds on a room, well under this
-UNDO_ORDER = ("slurmd", "slurmctld", "drain", "munge", "files", "install")
+UNDO_ORDER = ("slurmd", "slurmctld", "drain", "munge", "firewall", "files", "install")
 
 
 class RoomError(ClusterError):
@@ -155,6 +155,17 @@ def render(room: RoomCluster, controller: Host, nodes: list[Host], facts: dict[s
                        cgroup_v2=v2)
 
 
+def _walls(peers: list[str], pcs: list[Host], facts: dict[str, NodeFacts]) -> dict[str, list[tuple[str, str, str]]]:
+    """Each PC's input chains that would stop TCP from the room's PCs (its firewall read as root)."""
+    peers = [a for a in peers if firewall.is_ip(a)]
+    out = {}
+    for h in pcs:
+        fw = facts[h.name].values.get("firewall") or {}
+        if fw.get("state") == "ok" and peers:
+            out[h.name] = firewall.chains_to_open(fw["ruleset"], peers, facts[h.name].address_nic)
+    return out
+
+
 def _install(group: Group, h: Host, role: str, st: pcstate.PcState, f: NodeFacts) -> debs.Install:
     """What installs the role's packages on `h`: apt where its index knows Slurm, else the head's bundle of
     the PC's release (every package the PC lacks, by its full dpkg list)."""
@@ -261,8 +272,11 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
         out.files = render(room, controller, nodes, facts)
         states = _states(group, out)
         key = _key(key_path(inv, room), dry_run)
+        # where the PCs' packets come from: the controller at its address on the nodes' network
+        peers = [reached_at(controller, nodes, facts[controller.name]), *(h.address for h in nodes)]
         plan = planning.make(controller, nodes, states, out.files, key,
-                             lambda h, role, st: _install(group, h, role, st, facts[h.name]))
+                             lambda h, role, st: _install(group, h, role, st, facts[h.name]),
+                             walls=_walls(peers, [controller, *nodes], facts), room=room.name, peers=peers)
         out.actions, out.notes = plan.actions, out.notes + plan.notes
         if dry_run:
             return out

@@ -16,6 +16,8 @@ KEY = "/etc/munge/munge.key"
 UNITS = ("munge", "slurmd", "slurmctld")
 PACKAGES = ("munge", "slurmd", "slurmctld", "slurm-client")
 MARK = "@@room"
+NFT = 'env PATH="$PATH:/usr/sbin:/sbin" nft'  # /usr/sbin is on no ordinary user's PATH
+FW_TAG = "clusterctl room"  # the comment of the rules provision --slurm inserts (then the room's name)
 
 
 def root(h: Host) -> str:
@@ -36,7 +38,8 @@ PROBE_SCRIPT = (
     f'e=$(systemctl is-enabled "$u" 2>/dev/null); echo "{MARK} unit $u ${{a:-unknown}} ${{e:-unknown}}"; done; '
     f"dpkg-query -W -f '{MARK} pkg ${{Package}} ${{db:Status-Abbrev}}\\n' {' '.join(PACKAGES)} 2>/dev/null; "
     f'echo "{MARK} candidate $(apt-cache policy slurmd 2>/dev/null | sed -n "s/ *Candidate: *//p")"; '
-    f'[ -f {ETC}/slurm.conf ] && sed -n "s/^NodeName=\\([^ ]*\\).*/{MARK} node \\1/p" {ETC}/slurm.conf; true'
+    f'[ -f {ETC}/slurm.conf ] && sed -n "s/^NodeName=\\([^ ]*\\).*/{MARK} node \\1/p" {ETC}/slurm.conf; '
+    f'echo "{MARK} fw $({NFT} -a list ruleset 2>/dev/null | grep -c \'comment "{FW_TAG}\')"; true'
 )
 
 
@@ -48,10 +51,11 @@ class PcState:
     installed: set[str] = field(default_factory=set)
     candidate: str | None = None  # slurmd's version in the PC's apt index (None: no index knows it)
     conf_nodes: list[str] = field(default_factory=list)
+    fw_rules: int = 0  # firewall rules provision --slurm inserted (tagged FW_TAG)
 
     def to_dict(self) -> dict[str, Any]:
         return {"digests": self.digests, "active": self.active, "enabled": self.enabled,
-                "installed": sorted(self.installed), "candidate": self.candidate, "conf_nodes": self.conf_nodes}
+                "installed": sorted(self.installed), "candidate": self.candidate, "conf_nodes": self.conf_nodes, "fw_rules": self.fw_rules}
 
 
 def probe_command(h: Host) -> str:
@@ -74,6 +78,8 @@ def parse(out: str) -> PcState:
             s.installed.add(rest[0])
         elif kind == "candidate":
             s.candidate = rest[0] if rest and re.match(r"\d", rest[0]) else None
+        elif kind == "fw" and rest and rest[0].isdigit():
+            s.fw_rules = int(rest[0])
         elif kind == "node" and rest:
             s.conf_nodes.extend(n for n in rest[0].split(",") if n)
     return s

@@ -16,6 +16,7 @@ from cluster.inventory.model import Host
 from cluster.nodes import firewall as judge
 from cluster.nodes.fanout import Group
 
+chains_to_open = judge.chains_to_open  # the judging is the nodes' (room/ opens Slurm's ports with it too)
 CLOSE = "firewall-close.sh"  # in the run folder: the node agent runs it when the run ends
 
 
@@ -34,19 +35,6 @@ def nft(h: Host) -> str:
 
 def probe(h: Host) -> str:
     return f"if [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; then {nft(h)} -j list ruleset; else echo @@absent; fi"
-
-
-def chains_to_open(ruleset: dict[str, Any], peers: list[str], nic: str | None = None) -> list[tuple[str, str, str]]:
-    """The input chains (family, table, chain) of families that match IPv4 that would stop the run."""
-    out = []
-    for item in ruleset.get("nftables", []):
-        c = item.get("chain")
-        if not c or c.get("hook") != "input" or c.get("type", "filter") != "filter" or c.get("family") not in ("ip", "inet"):
-            continue
-        one = {"nftables": [i for i in ruleset["nftables"] if "chain" not in i or i["chain"] is c]}
-        if judge.judge(one, peers, nic).state != "open":
-            out.append((str(c["family"]), str(c["table"]), str(c["name"])))
-    return out
 
 
 def close_script(h: Host, run_id: str, chains: list[tuple[str, str, str]]) -> str:

@@ -237,6 +237,35 @@ def test_the_rooms_pcs_are_slurms_and_provision_drains_them_then_resumes_them(ro
                                                              ["node3", "idle"]], nodes
 
 
+FIREWALL = ["add table inet t", "add chain inet t input { type filter hook input priority 0; policy drop; }",
+            "add rule inet t input iif lo accept", "add rule inet t input ct state established,related accept",
+            "add rule inet t input tcp dport 22 accept"]  # a PC that lets in SSH and nothing else
+
+
+def _nft(netns: str, command: str) -> str:
+    """nft inside a lab PC's own network namespace (never this machine's firewall)."""
+    return subprocess.run(["ip", "netns", "exec", netns, "nft", *shlex.split(command)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_a_firewall_that_lets_in_only_ssh_gets_exactly_slurms_ports_opened(room: Any) -> None:
+    state, env = room
+    pc = state.nodes[1]
+    for command in FIREWALL:
+        _nft(pc.netns, command)
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert rc == 0, json.dumps(res, indent=1)[-3000:]
+    assert [(a["pc"], a["phase"]) for a in res["actions"]] == [(pc.name, "firewall")], res["actions"]
+    rules = _nft(pc.netns, "list chain inet t input")
+    # from exactly the room's addresses: the controller's on the nodes' bridge, and the nodes'
+    room_addresses = ", ".join([state.gateway, *(n.address for n in state.nodes)])
+    assert f"ip saddr {{ {room_addresses} }} tcp dport {{ 6817-6818, 60001-63000 }} accept " \
+           'comment "clusterctl room room"' in rules, rules
+    assert res["srun"] == ["node1", "node2", "node3"]  # slurmd behind that firewall answers
+    rc, res = clusterctl_json("provision", state.inventory, "--slurm", env=env, timeout=300)
+    assert rc == 0 and res["actions"] == [], res["actions"]  # a rerun inserts no second rule
+
+
 def test_undo_leaves_no_daemon_and_no_file_it_wrote(room: Any) -> None:
     state, env = room
     rc, res = clusterctl_json("provision", state.inventory, "--slurm", "--undo", env=env, timeout=300)
@@ -246,5 +275,6 @@ def test_undo_leaves_no_daemon_and_no_file_it_wrote(room: Any) -> None:
         r = ssh(state, pc.address, "ls /etc/slurm /etc/munge")
         assert r.returncode == 0 and r.stdout.split() == ["/etc/munge:", "/etc/slurm:"], r.stdout
     assert not list(Path(env["CLUSTERCTL_HOME"]).glob("rooms/*/room/munge.key"))
+    assert "clusterctl room" not in _nft(state.nodes[1].netns, "list ruleset")  # the rule it opened, removed
     again = clusterctl("provision", state.inventory, "--slurm", "--undo", env=env, timeout=300)
     assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout
