@@ -175,6 +175,8 @@ class RoomScheduler:
         head = f"Slurm job {tg.get('job_id') or '?'} on room {tg.get('cluster', '?')}"
         if record.state != "queued":
             return head if record.nodes else f"{head}: {tg.get('state', '?')}"
+        if tg.get("state") in ("RUNNING", "CONFIGURING"):
+            return f"{head}: Slurm gave it {tg.get('nodelist') or '?'}, starting there"
         pos = tg.get("position")
         reason = tg.get("reason")
         return (f"{head}: queued" + (f" ({reason})" if reason else "") +
@@ -271,8 +273,9 @@ def queue_state(record: records.RunRecord) -> records.RunRecord:
 
     def apply(r: records.RunRecord) -> None:
         assert r.target is not None
-        r.target.update({"state": state, "reason": reason, "nodelist": nodelist, "position": position,
-                         "seen": time.time()})
+        given = state in ("RUNNING", "CONFIGURING")  # squeue's %R is then the node list, not a reason
+        r.target.update({"state": state, "reason": "" if given else reason, "nodelist": nodelist,
+                         "position": position, "seen": time.time()})
         if state not in LIVE and not r.nodes and r.active:
             _fail(r, f"Slurm ended job {job} ({state}{', ' + reason if reason else ''}) before clusterctl started "
                      "the run on its PCs")
