@@ -6,7 +6,6 @@ The controller runs slurmctld only; every PC of the node group is a compute node
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -199,10 +198,3 @@ def render(*, cluster: str, partition: str, controller_hostname: str, controller
         files["gres.conf"] = _gres_conf(cluster, ordered)
     return files
 
-
-def digest(files: dict[str, str]) -> str:
-    """sha256 of a rendered set (names and texts, in name order): equal digests mean a rerun changes nothing."""
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(f"{name}\0{files[name]}\0".encode())
-    return h.hexdigest()
