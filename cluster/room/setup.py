@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster import paths
-from cluster.errors import ClusterError, UsageError
+from cluster.errors import EXIT_UNREACHABLE, ClusterError, UsageError
 from cluster.inventory.model import Host, Inventory, RoomCluster
 from cluster.nodes import firewall
 from cluster.nodes.facts import NodeFacts, gather
@@ -101,8 +101,7 @@ def _facts(group: Group, out: Outcome, log: Callable[[str], None]) -> dict[str, 
     res = gather(group)
     _unreachable(res, out)
     if not out.ok:
-        raise RoomError("cannot read the facts of " + ", ".join(sorted({**out.failed, **out.unreachable})),
-                        "bring the PCs up (`clusterctl wake`), then run again")
+        raise _failed("cannot read the facts of", out, "bring the PCs up (`clusterctl wake`), then run again")
     facts: dict[str, NodeFacts] = {n: r.value for n, r in res.items()}
     # the firewall as root where the login user may not list it (nft needs CAP_NET_ADMIN): Slurm's ports matter
     unread = [h for h in group.hosts if h.become and (facts[h.name].values.get("firewall") or {}).get("state") == "unreadable"]
@@ -111,6 +110,12 @@ def _facts(group: Group, out: Outcome, log: Callable[[str], None]) -> dict[str, 
         for n, r in again.items():
             facts[n].values["firewall"] = firewall.parse(r.stdout, r.exit_code or 0)
     return facts
+
+
+def _failed(what: str, out: Outcome, fix: str) -> RoomError:
+    """The error of a step that failed on some PCs: each PC with its own error; exit 3 where one was unreachable."""
+    why = "; ".join(f"{n}: {e}" for n, e in sorted({**out.failed, **out.unreachable}.items()))
+    return RoomError(f"{what} {why}", fix, exit_code=EXIT_UNREACHABLE if out.unreachable else None)
 
 
 def _unreachable(res: GroupResult, out: Outcome) -> None:
@@ -125,8 +130,7 @@ def _states(group: Group, out: Outcome) -> dict[str, pcstate.PcState]:
     res = group.run(pcstate.probe_command, timeout=60)
     _unreachable(res, out)
     if not out.ok:
-        raise RoomError("cannot read the Slurm state of " + ", ".join(sorted({**out.failed, **out.unreachable})),
-                        "see the error per PC; `sudo -n true` must work there with become")
+        raise _failed("cannot read the Slurm state of", out, "`sudo -n true` must work there with become")
     return {n: pcstate.parse(r.stdout) for n, r in res.items()}
 
 
@@ -217,8 +221,7 @@ def _execute(group: Group, actions: list[planning.Action], order: tuple[str, ...
         res = group.call(run, hosts)
         _unreachable(res, out)
         if not out.ok:
-            raise RoomError(f"{phase} failed on " + ", ".join(sorted({**out.failed, **out.unreachable})),
-                            "see the error per PC; fix it there and run again (what was done stays done)")
+            raise _failed(f"{phase} failed on", out, "fix it there and run again (what was done stays done)")
 
 
 def verify(group: Group, controller: Host, nodes: list[Host], out: Outcome, timeout: float = VERIFY_TIMEOUT_S) -> None:

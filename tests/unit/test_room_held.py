@@ -137,3 +137,11 @@ def test_the_jobs_squeue_lists_are_said_by_id_name_user_and_pcs() -> None:
     assert drain.parse_jobs(out) == [("12", "job 12 (resnet50-ddp of student, on pc1,pc2)"),
                                      ("13", "job 13 (hand sbatch of admin, on pc2)")]
     assert drain.parse_jobs("") == []
+
+
+def test_provision_slurm_on_unreachable_pcs_exits_3_naming_each(tmp_path: Path) -> None:
+    inv, env = _room(tmp_path, note=False)
+    r = run(env, "provision", "--slurm", str(inv))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert all(f"{pc}: " in r.stderr for pc in ("a", "b", "c")) and "cannot read the facts of" in r.stderr, r.stderr
+    assert not list((tmp_path / "home").glob("rooms/*/room/munge.key"))  # nothing made before the facts
