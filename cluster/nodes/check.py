@@ -50,4 +50,5 @@ def run(group: Group, on_done: Callable[[HostResult], None] | None = None) -> Ch
         problems += health.from_facts(h, r.value) if r.ok else health.from_result(r)
     answered = {n: r.value for n, r in results.items() if r.ok}
     problems += health.shared_workdirs(group.hosts, answered) + health.firewalls(group.hosts, answered)
+    problems += health.accounts(group.hosts, answered)
     return CheckReport(group.hosts, results, problems)

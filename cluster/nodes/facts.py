@@ -160,6 +160,14 @@ def parse_macs(out: str, rc: int) -> dict[str, str]:
     return macs
 
 
+def parse_account(out: str, rc: int) -> dict[str, Any] | None:
+    """`id -u; id -g; id -un`: the login user's numbers (Slurm and munge trust numbers, not names)."""
+    words = out.split()
+    if rc != 0 or len(words) < 3 or not (words[0].isdigit() and words[1].isdigit()):
+        return None
+    return {"uid": int(words[0]), "gid": int(words[1]), "name": words[2]}
+
+
 def parse_hostname(out: str, rc: int) -> dict[str, Any]:
     """`hostname` then `getent ahosts $(hostname)`: does the name resolve to loopback?"""
     lines = out.strip().splitlines()
@@ -224,6 +232,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("macs", lambda h: "ip -o link show", parse_macs),
     Fact("cgroup", lambda h: "stat -fc %T /sys/fs/cgroup 2>/dev/null", parse_cgroup),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
+    Fact("account", lambda h: "id -u; id -g; id -un", parse_account),
     Fact("place", _place_cmd, parse_place),
     Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),
     Fact("sudo", lambda h: "sudo -n true" if h.become else "exit 127", lambda out, rc: _ran(rc)),

@@ -1,8 +1,10 @@
 """Problems `check` reports from reachability and facts, each with its fix and whether it blocks."""
 from __future__ import annotations
 
+import pwd
+from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from cluster.nodes import firewall
 from cluster.nodes.facts import NodeFacts
@@ -56,6 +58,40 @@ def shared_workdirs(hosts: list[Host], nf: dict[str, NodeFacts]) -> list[Problem
             out.append(Problem(n, "shared-workdir", True, f"its work directory is the one of {others} (the same "
                                "folder on the same machine: a duplicated address, two ports of one PC?)",
                                "give each host its own `workdir`, or remove the duplicate host from the inventory"))
+    return out
+
+
+def head_account(name: str) -> tuple[int, int] | None:
+    """The head's uid and gid of user `name` (None: the head has no such user)."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return pw.pw_uid, pw.pw_gid
+
+
+def accounts(hosts: list[Host], nf: dict[str, NodeFacts],
+             head: Callable[[str], tuple[int, int] | None] = head_account) -> list[Problem]:
+    """The login user's uid and gid on each PC, against the head's account of that name, else against most
+    PCs: a Slurm job runs under the submitter's number on every PC, and munge's credentials carry numbers.
+    One problem per PC that differs, naming the user, both numbers and the fix; accounts are never changed."""
+    seen: dict[str, list[tuple[str, int, int]]] = {}
+    for h in hosts:
+        acct = nf[h.name].values.get("account") if h.name in nf and h.connection == "ssh" else None
+        if acct:
+            seen.setdefault(acct["name"], []).append((h.name, acct["uid"], acct["gid"]))
+    out = []
+    for name, rows in seen.items():
+        ref, where = head(name), "the head"
+        if ref is None:
+            ref, where = Counter((u, g) for _, u, g in rows).most_common(1)[0][0], "most PCs"
+        for host, uid, gid in rows:
+            if (uid, gid) != ref:
+                out.append(Problem(host, "account-ids", False, f"user {name} is uid {uid}, gid {gid} here but "
+                                   f"{ref[0]}, {ref[1]} on {where}: Slurm and munge would take it for another user",
+                                   f"give {name} the same uid and gid everywhere (on {host}: `usermod -u {ref[0]} "
+                                   f"{name}` and `groupmod -g {ref[1]} GROUP`, then chown its files), or one "
+                                   "directory service (LDAP, sssd) for the room; clusterctl never changes accounts"))
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from cluster.inventory.model import Host
 from cluster.nodes.facts import NodeFacts
-from cluster.nodes.health import firewalls
+from cluster.nodes.health import accounts, firewalls
 
 # munged refuses a credential older than its time-to-live (300 s by default) and one from a clock ahead of
 # its own: PCs further apart than that cannot authenticate to each other.
@@ -46,6 +46,10 @@ def refusals(controller: Host, nodes: list[Host], facts: dict[str, NodeFacts]) -
                              ", ".join(f"{n} is called {got!r}" for n, got in misnamed),
                              "rename the hosts in the inventory to their hostnames, or set each PC's "
                              "(`sudo hostnamectl set-hostname NAME` there)"))
+    numbers = accounts(everyone, facts)
+    if numbers:
+        found.append(Refusal(tuple(p.host for p in numbers), "; ".join(f"{p.host}: {p.message}" for p in numbers),
+                             numbers[0].fix))
     offsets: dict[str, float] = {}
     for h in everyone:
         off = facts[h.name].clock_offset_s

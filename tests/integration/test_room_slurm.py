@@ -237,6 +237,26 @@ def test_the_rooms_pcs_are_slurms_and_provision_drains_them_then_resumes_them(ro
                                                              ["node3", "idle"]], nodes
 
 
+def test_ids_that_differ_on_one_pc_are_found_by_check_and_refused_by_provision_slurm(room: Any) -> None:
+    state, env = room
+    passwd = Path(state.nodes[1].dir) / "passwd"  # node2's own /etc/passwd (mounted over the machine's there)
+    before = passwd.read_text()
+    entry = next(line for line in before.splitlines() if line.startswith(f"{state.user}:"))
+    fields = entry.split(":")
+    uid, gid = int(fields[2]), int(fields[3])
+    try:  # its primary group's number (its uid would lock sshd's StrictModes out of its home)
+        passwd.write_text(before.replace(entry, ":".join([*fields[:3], str(gid + 7), *fields[4:]])))
+        rc, res = clusterctl_json("check", state.inventory, env=env)
+        found = [p for p in res["problems"] if p["code"] == "account-ids"]
+        assert [p["host"] for p in found] == ["node2"], json.dumps(res["problems"])[-2000:]
+        assert f"user {state.user} is uid {uid}, gid {gid + 7} here but {uid}, {gid}" in found[0]["message"]
+        assert "usermod" in found[0]["fix"]
+        r = clusterctl("provision", state.inventory, "--slurm", env=env, timeout=300)
+        assert r.returncode == 1 and "node2" in r.stderr and f"user {state.user} is uid" in r.stderr, r.stderr
+    finally:
+        passwd.write_text(before)
+
+
 FIREWALL = ["add table inet t", "add chain inet t input { type filter hook input priority 0; policy drop; }",
             "add rule inet t input iif lo accept", "add rule inet t input ct state established,related accept",
             "add rule inet t input tcp dport 22 accept"]  # a PC that lets in SSH and nothing else
