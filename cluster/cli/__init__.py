@@ -65,6 +65,8 @@ COMMANDS: dict[str, Command] = {
     "provision": Command("provision", "install and verify an identical training environment on every node"),
     "launch": Command("runs", "start a job on every node at once and follow it: clusterctl launch resnet50-ddp"),
     "runs": Command("runs", "list the runs recorded on this head node"),
+    "room": Command("room", "who holds which PC of the room's Slurm: every user's queued and running jobs, each "
+                            "PC's state"),
     "status": Command("runs", "a run's state on every node (default: the latest run)"),
     "logs": Command("runs", "a run's output on each node (default: the latest run)"),
     "stop": Command("runs", "stop a run on every node, leaving nothing running (default: latest)"),

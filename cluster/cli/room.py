@@ -1,4 +1,5 @@
-"""`clusterctl provision --slurm`: the room as a Slurm cluster (cluster.room.setup); `--undo` takes it down."""
+"""`clusterctl provision --slurm`: the room as a Slurm cluster (cluster.room.setup); `--undo` takes it down.
+`clusterctl room`: who holds which PC of it (cluster.room.view)."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +9,44 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.output import bar, emit_json, notes, out, table
+from cluster.cli.args import add_inventory_option
+from cluster.cli.output import bar, emit_json, load_inventory, notes, out, styled, table
 
 if TYPE_CHECKING:
     from cluster.inventory.model import Inventory
     from cluster.room.plan import Action
     from cluster.room.setup import Outcome
+
+
+def configure(name: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("inventory_pos", nargs="?", metavar="INVENTORY",
+                   help="inventory YAML (default: the current context)")
+    add_inventory_option(p, "inventory YAML (same as the positional)")
+    p.add_argument("--room", metavar="NAME", help="which room of the inventory (default: its only one)")
+    p.set_defaults(fn=cmd_view)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Every user's jobs in the room's queue and each PC's state, from its controller."""
+    from cluster.room import view
+    from cluster.room.setup import room_of
+
+    inv = load_inventory(args.inventory_pos or args.inventory, None, args.ssh_config)
+    seen = view.look(room_of(inv, args.room))
+    if args.json:
+        emit_json(seen.to_dict())
+        return errors.EXIT_OK
+    t = table(f"room {seen.room}: its Slurm's queue", ("job", "user", "run", "state", "PCs or reason", "since",
+                                                       "time limit"))
+    for j in seen.jobs:
+        t.add_row(j.job_id, j.user, j.name, styled(j.state.lower()),
+                  j.pcs if j.state == "RUNNING" else (j.reason or j.pcs), j.since, j.time_limit)
+    out.print(t if seen.jobs else f"room {seen.room}: no job queued or running")
+    t = table(f"room {seen.room}: its PCs", ("PC", "state", "notes"))
+    for pc in seen.pcs:
+        t.add_row(pc.name, pc.state, ", ".join(pc.notes))
+    out.print(t)
+    return errors.EXIT_OK
 
 
 def cmd_room(args: argparse.Namespace, inv: Inventory) -> int:

@@ -193,6 +193,12 @@ def test_two_launches_through_the_room_queue_and_both_succeed(room: Any) -> None
     assert seen["state"] == "queued" and seen["target"]["reason"], json.dumps(seen)[-1500:]
     shown = clusterctl("status", second["run_id"], env=env).stdout
     assert "queued" in shown and f"Slurm job {second['target']['job_id']}" in shown, shown
+    # the room's own view: both jobs, by run id, with their user; the first on its PCs
+    rc, seen = clusterctl_json("room", state.inventory, env=env)
+    jobs = {j["name"]: j for j in seen["jobs"]}
+    assert rc == 0 and {first["run_id"], second["run_id"]} <= set(jobs), seen
+    assert jobs[second["run_id"]]["state"] == "PENDING" and jobs[first["run_id"]]["user"] == "root", seen
+    assert sorted(p["name"] for p in seen["pcs"]) == ["node1", "node2", "node3"]
     for run in (first, second):
         wait_until(lambda run=run: clusterctl_json("status", run["run_id"], env=env)[1]["state"] not in ACTIVE, 400,
                    f"run {run['run_id']} ended", step=2)

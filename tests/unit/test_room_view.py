@@ -1,0 +1,31 @@
+"""`clusterctl room`: the room's queue and PCs as the controller's squeue and sinfo print them (recorded in
+tests/fixtures/room/), and the state suffixes sinfo adds (a PC not responding, powered off)."""
+from __future__ import annotations
+
+from cluster.room import view
+from tests.conftest import FIXTURES
+
+F = FIXTURES / "room"
+
+
+def test_every_users_jobs_with_their_pcs_since_and_limit() -> None:
+    jobs = view.parse_jobs((F / "squeue.txt").read_text())
+    assert [(j.job_id, j.user, j.state, j.pcs, j.time_limit, j.reason) for j in jobs] == [
+        ("3", "root", "PENDING", "", "UNLIMITED", "Resources"),
+        ("2", "root", "RUNNING", "node[1-2]", "1:00:00", "None")]
+    assert jobs[1].name == "resnet50-ddp-20261207-183000-aaaa" and jobs[1].since == "2026-12-07T18:36:17"
+
+
+def test_each_pcs_state_and_what_its_suffix_says() -> None:
+    pcs = view.parse_pcs((F / "sinfo.txt").read_text())
+    assert [(p.name, p.state, p.notes) for p in pcs] == [("node1", "allocated", ()), ("node2", "allocated", ()),
+                                                          ("node3", "drained", ())]
+    # sinfo's own `down*` (tests/fixtures/slurm/sinfo_node_down.txt) and the power-saving `idle~`
+    down = (FIXTURES / "slurm" / "sinfo_node_down.txt").read_text().splitlines()[1].split()
+    assert view.parse_pcs(f"{down[0]}|{down[2]}\nnode9|idle~\n") == [
+        view.Pc("node2", "down", ("not responding",)), view.Pc("node9", "idle", ("powered off",))]
+
+
+def test_the_command_asks_the_rooms_partition_only() -> None:
+    assert view.command("room") == ("squeue -h -p room -o '%i|%u|%j|%T|%N|%S|%l|%r' && echo @@pcs && "
+                                    "sinfo -h -N -p room -o '%N|%T'")
