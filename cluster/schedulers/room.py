@@ -132,6 +132,8 @@ class RoomScheduler:
                 spawn_waiter(record.run_id)
             return record
         record = ssh.SCHEDULER.describe(record)
+        if record.active and _waiter_gone(record):  # the run's guard (its job ended: the run stops) is back
+            spawn_waiter(record.run_id)
         return release(record)
 
     def follow(self, record: records.RunRecord, on_update: OnUpdate | None = None) -> records.RunRecord:

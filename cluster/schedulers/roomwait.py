@@ -1,7 +1,9 @@
 """The head's waiter of a run queued on the room's Slurm (`launch --on ROOM`): a process of its own (started
 by submit, detached from the terminal like the run's watcher) that asks squeue until Slurm gives the job its
-PCs, then launches the run on exactly those PCs, as an SSH launch with the same run id, and leaves it to the
-watcher. One waiter per run (a lock); `clusterctl stop` of a queued run cancels the job and the waiter ends.
+PCs, then launches the run on exactly those PCs, as an SSH launch with the same run id (the run's watcher
+judges it). Then it keeps the run within its job: a job Slurm ends while the run goes on (its time limit, an
+admin's scancel) stops the run, since Slurm gives those PCs to the next job. One waiter per run (a lock);
+`clusterctl stop` of a queued run cancels the job and the waiter ends.
 
     python -m cluster.schedulers.roomwait RUN_ID
 """
@@ -14,12 +16,14 @@ from typing import Any
 
 from cluster.errors import ClusterError, TransportError
 from cluster.inventory import loader
-from cluster.runs import jobs, launch, records
+from cluster.runs import jobs, launch, records, state as runstate
 from cluster.runs.preflight import LaunchRefused
 from cluster.schedulers.room import FOLLOW_S, controller_of, queue_state, release
+from cluster.slurm.run import LIVE, job_state
 from cluster.transport import transport_for
 
 BUSY_S = 120.0  # the PCs' previous run is judged ended by its watcher within seconds of Slurm freeing them
+GUARD_S = 5.0  # between two looks at the job while its run goes on
 
 
 def _say(text: str) -> None:
@@ -62,6 +66,9 @@ def wait(run_id: str) -> None:
         except ClusterError:
             return  # another waiter has it
         record = records.load(run_id)
+        if record.active and record.nodes:  # a waiter that died while the run went on: guard it again
+            guard(run_id)
+            return
         while record.active and not record.nodes:  # bounded: Slurm's queue; a stop or a dead job ends it
             try:
                 record = queue_state(record)
@@ -77,10 +84,40 @@ def wait(run_id: str) -> None:
                     _say(why)
                     records.update(run_id, lambda r: _failed(r, why))
                     release(records.load(run_id))
+                    return
+                guard(run_id)
                 return
             time.sleep(FOLLOW_S)
             record = records.load(run_id)
         release(record)
+
+
+def guard(run_id: str) -> None:
+    """While the run goes on (bounded by its own end), its Slurm job must too; once it ended, its PCs given back."""
+    while True:
+        record = records.load(run_id)
+        if not record.active:
+            release(record)
+            return
+        job = str((record.target or {}).get("job_id"))
+        try:
+            with transport_for(controller_of(record)) as t:
+                state, reason, _ = job_state(t, job)
+        except (TransportError, ClusterError):
+            state = "RUNNING"  # the controller does not answer: nothing known, nothing done
+        if state not in LIVE and state != "UNKNOWN":
+            why = f"Slurm ended job {job} ({state}{', ' + reason if reason else ''}) while the run went on: its PCs " \
+                  "are Slurm's again"
+            _say(f"{why}: stopping the run")
+            records.update(run_id, lambda r: _ended_by_slurm(r, why))
+            runstate.stop(records.load(run_id))
+            return
+        time.sleep(GUARD_S)
+
+
+def _ended_by_slurm(r: records.RunRecord, why: str) -> None:
+    r.failure = records.Failure(node=(r.target or {}).get("cluster", "?"), reason=why)
+    (r.target or {})["ended_by_slurm"] = why
 
 
 def _failed(r: records.RunRecord, why: str) -> None:

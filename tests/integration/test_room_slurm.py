@@ -19,7 +19,7 @@ import pytest
 
 from cluster.lab import lifecycle
 from cluster.runs.records import ACTIVE
-from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, wait_until
+from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, procs_of, wait_until
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
@@ -151,7 +151,7 @@ def _waiters(run_id: str) -> list[int]:
 def test_a_killed_waiter_is_replaced_and_queued_runs_stop_or_start_when_the_room_frees(room: Any) -> None:
     state, env = room
     inv = ["-i", state.inventory, "--on", "room", "--detach"]
-    long = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=100000", "--set", "log_every=1"]
+    long = ["--set", "epochs=10000", "--set", "threads=1", "--set", "max_steps=1000000", "--set", "log_every=1"]
     rc, holder = clusterctl_json("launch", "resnet50-ddp", *inv, "--nodes", "3", *long, env=env, timeout=300)
     assert rc == 0, holder
     wait_until(lambda: clusterctl_json("status", holder["run_id"], env=env)[1]["state"] == "running", 120,
@@ -241,6 +241,19 @@ def test_the_rooms_pcs_are_slurms_and_provision_drains_them_then_resumes_them(ro
     nodes = ssh(state, gw, "sinfo -h -N -o '%N %t'").stdout.split("\n")
     assert sorted(n.split() for n in nodes if n.strip()) == [["node1", "idle"], ["node2", "idle"],
                                                              ["node3", "idle"]], nodes
+
+
+def test_a_run_whose_slurm_job_reaches_its_time_limit_is_stopped(room: Any) -> None:
+    state, env = room
+    long = ["--set", "epochs=10000", "--set", "threads=1", "--set", "max_steps=1000000", "--set", "log_every=1"]
+    rc, rec = clusterctl_json("launch", "resnet50-ddp", "-i", state.inventory, "--on", "room", "--nodes", "1",
+                              "--time", "1", "--detach", *long, env=env, timeout=300)
+    assert rc == 0, rec
+    wait_until(lambda: clusterctl_json("status", rec["run_id"], env=env)[1]["state"] not in ACTIVE, 240,
+               "the run ended with its job", step=2)
+    done = clusterctl_json("status", rec["run_id"], env=env)[1]
+    assert done["state"] == "stopped" and "TIMEOUT" in done["failure"]["reason"], json.dumps(done)[-2000:]
+    assert not procs_of(rec["run_id"], done["nodes"][0]["node"])  # nothing of it left on the PC Slurm took back
 
 
 def test_ids_that_differ_on_one_pc_are_found_by_check_and_refused_by_provision_slurm(room: Any) -> None:
