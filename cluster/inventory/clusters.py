@@ -45,10 +45,13 @@ from cluster.yamlfile import line_of as _line
 
 SECTION = "slurm"
 CLUSTER_KEYS = ("login", "partition", "account", "qos", "workdir", "python", "env_setup")
-ROOM_KEYS = ("controller", "nodes", "partition")
+ROOM_KEYS = ("controller", "nodes", "partition", "default_time", "max_time", "max_pcs_per_job")
 LOGIN_FIELDS = tuple(f for f in HOST_FIELDS if f != "workdir")  # the cluster's workdir is the one that counts
 # A partition, account or QoS name as it goes on an #SBATCH line (Slurm's names are words like these).
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
+# Slurm's --time forms (sbatch(1)): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+SLURM_TIME = re.compile(r"(?:(?P<d>\d{1,4})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
+                        r"|(?P<a>\d{1,7})(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)\Z")
 # The workdir goes into #SBATCH --chdir/--output: no blanks (sbatch splits there), no % (sbatch's file-name
 # patterns, %j %t ...), no quotes; an absolute path of plain path characters.
 WORKDIR_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*\Z")
@@ -96,7 +99,24 @@ def _room(chk: Checker, section: Map, name: str, value: Any, defaults: tuple[Any
                        f"{where}.nodes: the controller runs slurmctld, never a job",
                        "pick a PC outside the group (an old one is enough), or leave it out of `nodes`")
     partition = _slurm_name(chk, m, "partition", where) or "room"
-    return RoomCluster(name=name, controller=controller, nodes=nodes, partition=partition)
+    times = {k: _time(chk, m, k, where) for k in ("default_time", "max_time")}
+    cap = m.get("max_pcs_per_job")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= len(nodes)):
+        raise chk.fail(_line(m, "max_pcs_per_job"), f"{where}.max_pcs_per_job", f"expected a number of PCs from 1 "
+                       f"to {len(nodes)} (the room's), got {cap!r}", "e.g. max_pcs_per_job: 2, or leave it out")
+    return RoomCluster(name=name, controller=controller, nodes=nodes, partition=partition, max_pcs_per_job=cap,
+                       **times)
+
+
+def _time(chk: Checker, m: Map, key: str, where: str) -> str | None:
+    value = m.get(key)
+    if value is None:
+        return None
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if not SLURM_TIME.match(text) or text.strip("0:-") == "":
+        raise chk.fail(_line(m, key), f"{where}.{key}", f"expected a Slurm time limit, got {value!r}",
+                       f"e.g. {key}: 2:00:00 (hours:minutes:seconds), 90 (minutes) or 1-12:00:00 (days-hours...)")
+    return text
 
 
 def _controller(chk: Checker, m: Map, where: str, defaults: tuple[Any, int | None, str],

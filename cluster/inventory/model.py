@@ -168,10 +168,14 @@ class RoomCluster:
     controller: Host
     nodes: tuple[str, ...]  # inventory host names, in inventory order
     partition: str = "room"
+    default_time: str | None = None  # a job's time limit when it gives none (None: no limit)
+    max_time: str | None = None  # the longest a job may ask (None: no limit)
+    max_pcs_per_job: int | None = None  # the most PCs one job may hold (None: all of them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "controller": self.controller.to_dict(), "nodes": list(self.nodes),
-                "partition": self.partition}
+                "partition": self.partition, "default_time": self.default_time, "max_time": self.max_time,
+                "max_pcs_per_job": self.max_pcs_per_job}
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,23 @@ def _plugins(cgroup_v2: bool) -> str:
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n")
 
 
-def _slurm_conf(cluster: str, partition: str, ctld: str, nodes: list[RoomNode], cgroup_v2: bool) -> str:
+@dataclass(frozen=True)
+class Queue:
+    """The room's queue policy, the admin's (inventory `slurm.ROOM`): a job's time limit when it gives none,
+    the longest it may ask, the most PCs one job may hold (None: no limit)."""
+
+    default_time: str | None = None
+    max_time: str | None = None
+    max_pcs_per_job: int | None = None
+
+    def partition_limits(self) -> str:
+        return (f"{f'DefaultTime={self.default_time} ' if self.default_time else ''}"
+                f"MaxTime={self.max_time or 'INFINITE'}"
+                f"{f' MaxNodes={self.max_pcs_per_job}' if self.max_pcs_per_job else ''}")
+
+
+def _slurm_conf(cluster: str, partition: str, ctld: str, nodes: list[RoomNode], cgroup_v2: bool,
+                queue: Queue) -> str:
     gres_types = "GresTypes=gpu\n" if any(n.gpus for n in nodes) else ""
     lo, hi = PORTS["srun"]
     return f"""{_header("slurm.conf", cluster)}ClusterName={cluster}
@@ -148,6 +164,9 @@ JobCompLoc={JOBCOMP}
 # cons_tres for the --gpus options; memory is consumable, so RealMemory's headroom stays the OS's
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+# the queue: first come, first served (fair share needs slurmdbd's accounting, which a room does not run);
+# backfill starts a later job early where it fits before the next one's start, which time limits make known
+PriorityType=priority/basic
 SchedulerType=sched/backfill
 SwitchType=switch/none
 MpiDefault=none
@@ -158,7 +177,7 @@ SlurmdTimeout=120
 ReturnToService=2
 {gres_types}{"".join(_node_line(n) for n in nodes)}\
 # whole PCs: a job never shares a PC, nor its GPU, with another job (OverSubscribe=EXCLUSIVE)
-PartitionName={partition} Nodes={",".join(n.name for n in nodes)} Default=YES MaxTime=INFINITE \
+PartitionName={partition} Nodes={",".join(n.name for n in nodes)} Default=YES {queue.partition_limits()} \
 OverSubscribe=EXCLUSIVE State=UP
 """
 
@@ -179,7 +198,7 @@ def _gres_conf(cluster: str, nodes: list[RoomNode]) -> str:
 
 
 def render(*, cluster: str, partition: str, controller_hostname: str, controller_address: str,
-           nodes: list[RoomNode], cgroup_v2: bool) -> dict[str, str]:
+           nodes: list[RoomNode], cgroup_v2: bool, queue: Queue = Queue()) -> dict[str, str]:
     """{file name: text} for /etc/slurm/ on every PC of the room; gres.conf only where a PC has a GPU.
     `cgroup_v2` must hold for every PC (the caller passes all(...)): one PC without it leaves the room
     unconfined, since one slurm.conf names the plugins for all."""
@@ -192,7 +211,7 @@ def render(*, cluster: str, partition: str, controller_hostname: str, controller
                          "the controller runs slurmctld only: keep it out of the node group, and give each "
                          "PC its own hostname")
     files = {"slurm.conf": _slurm_conf(cluster, partition, f"{controller_hostname}({controller_address})",
-                                       ordered, cgroup_v2),
+                                       ordered, cgroup_v2, queue),
              "cgroup.conf": _cgroup_conf(cluster, cgroup_v2)}
     if any(n.gpus for n in ordered):
         files["gres.conf"] = _gres_conf(cluster, ordered)

@@ -156,7 +156,7 @@ def render(room: RoomCluster, controller: Host, nodes: list[Host], facts: dict[s
     v2 = not checks.unconfined(nodes, facts)
     return conf.render(cluster=room.name, partition=room.partition, controller_hostname=ctl_name,
                        controller_address=reached_at(controller, nodes, facts[controller.name]), nodes=members,
-                       cgroup_v2=v2)
+                       cgroup_v2=v2, queue=conf.Queue(room.default_time, room.max_time, room.max_pcs_per_job))
 
 
 def _walls(peers: list[str], pcs: list[Host], facts: dict[str, NodeFacts]) -> dict[str, list[tuple[str, str, str]]]:

@@ -15,14 +15,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cluster.errors import InventoryError, UsageError
-from cluster.inventory.clusters import SLURM_NAME
+from cluster.inventory.clusters import SLURM_NAME, SLURM_TIME
 from cluster.inventory.model import Inventory, SlurmCluster
 from cluster.runs.jobs import JobSpec
 from cluster.runs.schema import JobError
 
-# Slurm's --time forms (sbatch(1)): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"(?:(?P<d>\d{1,4})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
-                   r"|(?P<a>\d{1,7})(?::(?P<b>\d{1,2})(?::(?P<c>\d{1,2}))?)?)\Z")
+_TIME = SLURM_TIME
 _MEM = re.compile(r"(?P<n>\d{1,12})(?P<unit>[KMGT]?)\Z", re.I)  # sbatch --mem: default unit megabytes
 _MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 MAX_NODES = 100000

@@ -39,15 +39,17 @@ def gtx_room(cgroups: tuple[str, ...] = ("cgroup-v2.txt",) * 3) -> dict[str, dic
             for i, cg in zip((3, 1, 2), cgroups)}  # out of order: the files list them sorted
 
 
-def render(room: dict[str, dict[str, Any]], cluster: str, partition: str) -> dict[str, str]:
+def render(room: dict[str, dict[str, Any]], cluster: str, partition: str,
+           queue: conf.Queue = conf.Queue()) -> dict[str, str]:
     nodes = [conf.node_from_facts(name, f"192.168.10.{10 + int(name[-1])}", f) for name, f in room.items()]
     return conf.render(cluster=cluster, partition=partition, controller_hostname="teacher",
                        controller_address="192.168.10.2", nodes=nodes,
-                       cgroup_v2=all(f["cgroup"]["v2"] for f in room.values()))
+                       cgroup_v2=all(f["cgroup"]["v2"] for f in room.values()), queue=queue)
 
 
 ROOMS = {
-    "gtx1050ti": lambda: render(gtx_room(), "lab214", "gpu"),
+    # a class's queue: 2 h unless a job asks, a day at most, 2 of the 3 PCs per job
+    "gtx1050ti": lambda: render(gtx_room(), "lab214", "gpu", conf.Queue("2:00:00", "1-00:00:00", 2)),
     # lab-node1's own facts: a simulated lab's node, no GPU, no /sys/fs/cgroup (its record has no cgroup fact)
     "cpu-only": lambda: render({n: recorded(n, "lab-node1.txt", None, None) for n in ("node1", "node2")},
                                "cpulab", "cpu"),
@@ -70,8 +72,8 @@ def test_gtx_room_from_recorded_facts() -> None:
             "RealMemory=22900 Gres=gpu:gtx_1050_ti:1 State=UNKNOWN") in slurm
     assert re.findall(r"^NodeName=(\S+)", slurm, re.M) == ["pc1", "pc2", "pc3"]
     assert "SlurmctldHost=teacher(192.168.10.2)" in slurm and "NodeName=teacher" not in slurm
-    assert "PartitionName=gpu Nodes=pc1,pc2,pc3 Default=YES MaxTime=INFINITE OverSubscribe=EXCLUSIVE State=UP" \
-        in slurm
+    assert ("PartitionName=gpu Nodes=pc1,pc2,pc3 Default=YES DefaultTime=2:00:00 MaxTime=1-00:00:00 MaxNodes=2 "
+            "OverSubscribe=EXCLUSIVE State=UP") in slurm
     assert "GresTypes=gpu\n" in slurm and "SrunPortRange=60001-63000\n" in slurm
     assert "ProctrackType=proctrack/cgroup\n" in slurm and "TaskPlugin=task/affinity,task/cgroup\n" in slurm
     assert "NodeName=pc2 Name=gpu Type=gtx_1050_ti File=/dev/nvidia0\n" in files["gres.conf"]

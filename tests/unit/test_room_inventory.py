@@ -53,7 +53,21 @@ def test_a_controller_may_be_an_inventory_host_and_nodes_a_pattern(tmp_path: Pat
         "old", "10.77.0.30", ("node1", "node2"), "room")
 
 
+def test_the_admins_queue_limits_are_read(tmp_path: Path) -> None:
+    text = ROOM.replace("partition: room", "partition: room\n    default_time: '2:00:00'\n    max_time: 1-00:00:00"
+                        "\n    max_pcs_per_job: 2")
+    room = loader.load(write(tmp_path, text), check_files=False).rooms["room"]
+    assert (room.default_time, room.max_time, room.max_pcs_per_job) == ("2:00:00", "1-00:00:00", 2)
+    plain = loader.load(write(tmp_path, ROOM), check_files=False).rooms["room"]
+    assert (plain.default_time, plain.max_time, plain.max_pcs_per_job) == (None, None, None)
+
+
 @pytest.mark.parametrize(("old", "new", "field", "words"), [
+    ("partition: room", "partition: room\n    default_time: 2h", "slurm.room.default_time",
+     "expected a Slurm time limit"),
+    ("partition: room", "partition: room\n    max_time: '0'", "slurm.room.max_time", "expected a Slurm time limit"),
+    ("partition: room", "partition: room\n    max_pcs_per_job: 4", "slurm.room.max_pcs_per_job",
+     "expected a number of PCs from 1 to 3"),
     ("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: node2",
      "slurm.room.controller", "the controller runs slurmctld, never a job"),
     ("controller: {address: 10.77.0.254, user: root, proxy_jump: none}", "controller: nowhere",
