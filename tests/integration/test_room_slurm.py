@@ -244,16 +244,19 @@ def test_the_rooms_pcs_are_slurms_and_provision_drains_them_then_resumes_them(ro
                120, "every node idle after the provision", step=2)
 
 
-def test_a_run_whose_slurm_job_reaches_its_time_limit_is_stopped(room: Any) -> None:
+def test_a_run_whose_slurm_job_ends_is_stopped(room: Any) -> None:
+    """An admin's scancel (as Slurm's time limit would): the PCs are Slurm's again, the run must not go on."""
     state, env = room
     long = ["--set", "epochs=10000", "--set", "threads=1", "--set", "max_steps=1000000", "--set", "log_every=1"]
     rc, rec = clusterctl_json("launch", "resnet50-ddp", "-i", state.inventory, "--on", "room", "--nodes", "1",
-                              "--time", "1", "--detach", *long, env=env, timeout=300)
+                              "--time", "30", "--detach", *long, env=env, timeout=300)
     assert rc == 0, rec
-    wait_until(lambda: clusterctl_json("status", rec["run_id"], env=env)[1]["state"] not in ACTIVE, 240,
+    wait_until(lambda: clusterctl_json("status", rec["run_id"], env=env)[1]["state"] == "running", 120, "running")
+    assert ssh(state, state.jump.address, f"scancel {rec['target']['job_id']}").returncode == 0
+    wait_until(lambda: clusterctl_json("status", rec["run_id"], env=env)[1]["state"] not in ACTIVE, 120,
                "the run ended with its job", step=2)
     done = clusterctl_json("status", rec["run_id"], env=env)[1]
-    assert done["state"] == "stopped" and "TIMEOUT" in done["failure"]["reason"], json.dumps(done)[-2000:]
+    assert done["state"] == "stopped" and "CANCELLED" in done["failure"]["reason"], json.dumps(done)[-2000:]
     assert not procs_of(rec["run_id"], done["nodes"][0]["node"])  # nothing of it left on the PC Slurm took back
 
 
