@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from cluster import errors
 from cluster.cli.args import add_inventory_option
-from cluster.cli.output import bar, emit_json, load_inventory, notes, out, styled, table
+from cluster.cli.output import bar, emit_json, load_inventory, out, styled, table
 
 if TYPE_CHECKING:
     from cluster.inventory.model import Inventory
@@ -68,8 +68,7 @@ def cmd_room(args: argparse.Namespace, inv: Inventory) -> int:
             result = setup.undo(inv, args.room, dry_run=args.dry_run, purge=args.purge_packages, forks=args.forks,
                                 on_action=shown)
         else:
-            result = setup.provision(inv, args.room, dry_run=args.dry_run, forks=args.forks, log=notes(args.json),
-                                     on_action=shown)
+            result = setup.provision(inv, args.room, dry_run=args.dry_run, forks=args.forks, on_action=shown)
     wall = time.monotonic() - start
     if args.json:
         emit_json({**result.to_dict(), "wall_s": round(wall, 1)})

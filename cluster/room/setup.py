@@ -97,9 +97,9 @@ def _pcs(inv: Inventory, room: RoomCluster) -> tuple[Host, list[Host]]:
     return room.controller, [inv.hosts[n] for n in room.nodes]
 
 
-def _facts(group: Group, out: Outcome, log: Callable[[str], None]) -> dict[str, NodeFacts]:
+def _facts(group: Group, out: Outcome) -> dict[str, NodeFacts]:
     res = gather(group)
-    _unreachable(res, out)
+    _note_failures(res, out)
     if not out.ok:
         raise _failed("cannot read the facts of", out, "bring the PCs up (`clusterctl wake`), then run again")
     facts: dict[str, NodeFacts] = {n: r.value for n, r in res.items()}
@@ -118,7 +118,7 @@ def _failed(what: str, out: Outcome, fix: str) -> RoomError:
     return RoomError(f"{what} {why}", fix, exit_code=EXIT_UNREACHABLE if out.unreachable else None)
 
 
-def _unreachable(res: GroupResult, out: Outcome) -> None:
+def _note_failures(res: GroupResult, out: Outcome) -> None:
     for n, r in res.items():
         if r.status == "unreachable":
             out.unreachable[n] = r.error or "unreachable"
@@ -128,7 +128,7 @@ def _unreachable(res: GroupResult, out: Outcome) -> None:
 
 def _states(group: Group, out: Outcome) -> dict[str, pcstate.PcState]:
     res = group.run(pcstate.probe_command, timeout=60)
-    _unreachable(res, out)
+    _note_failures(res, out)
     if not out.ok:
         raise _failed("cannot read the Slurm state of", out, "`sudo -n true` must work there with become")
     return {n: pcstate.parse(r.stdout) for n, r in res.items()}
@@ -219,7 +219,7 @@ def _execute(group: Group, actions: list[planning.Action], order: tuple[str, ...
 
         hosts = [h for h in group.hosts if h.name in by_pc]
         res = group.call(run, hosts)
-        _unreachable(res, out)
+        _note_failures(res, out)
         if not out.ok:
             raise _failed(f"{phase} failed on", out, "fix it there and run again (what was done stays done)")
 
@@ -255,14 +255,13 @@ def verify(group: Group, controller: Host, nodes: list[Host], out: Outcome, time
 
 
 def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, forks: int = 32,
-              log: Callable[[str], None] = lambda s: None,
               on_action: Callable[[planning.Action], None] = lambda a: None) -> Outcome:
     """Set the room up as a Slurm cluster (idempotent: a rerun on a set-up room changes nothing)."""
     room = room_of(inv, room_name)
     controller, nodes = _pcs(inv, room)
     out = Outcome(room=room.name, dry_run=dry_run)
     with Group([controller, *nodes], forks=forks) as group:
-        facts = _facts(group, out, log)
+        facts = _facts(group, out)
         refused = checks.refusals(controller, nodes, facts)
         if refused:
             raise RoomError("; ".join(f"{', '.join(r.pcs)}: {r.message}" for r in refused),
