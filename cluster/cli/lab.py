@@ -10,6 +10,7 @@ from rich.markup import escape
 from cluster import errors
 from cluster.lab import lifecycle
 from cluster.lab import slurm as lab_slurm
+from cluster.lab.accounts import USERS_POINT
 from cluster.inventory import context
 from cluster.cli.args import POSITIVE_INT, add_json
 from cluster.cli.context import switch
@@ -53,6 +54,9 @@ def _declare_up(sp: argparse.ArgumentParser) -> None:
                     help="the head's NIC: one limit shared by all head<->node traffic, e.g. 1gbit")
     sp.add_argument("--user", default="root", metavar="NAME",
                     help="the nodes' login user (default root); another gets NOPASSWD sudo and the inventory `become`")
+    sp.add_argument("--users", metavar="A,B,...", type=lambda v: [u for u in v.split(",") if u],
+                    help="a class: these accounts of this machine get the same uid and gid on every PC, a home "
+                         "there, and their own key and inventory in ~/.clusterctl/labs/NAME (no sudo)")
     sp.add_argument("--gateway", action="store_true",
                     help="the nodes behind a gateway PC: the head reaches them only through its sshd (ProxyJump)")
     sp.add_argument("--slurm", action="store_true",
@@ -78,12 +82,13 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
     with err.status(f"starting a {args.nodes}-node lab '{args.name}' on {args.subnet}"):
         state = lifecycle.up(args.nodes, name=args.name, subnet=args.subnet, bandwidth=args.bandwidth,
                        cpu_quotas=_quotas(args.cpu_quota), directory=_directory(args), uplink=args.uplink,
-                       gateway=args.gateway, user=args.user, slurm=args.slurm)
+                       gateway=args.gateway, user=args.user, slurm=args.slurm, users=args.users)
     switch(Path(state.inventory))  # says so on stderr when the current context changes
     if args.json:
         emit_json({"name": state.name, "inventory": state.inventory, "subnet": state.subnet,
                    "nodes": [{"name": n.name, "address": n.address, "netns": n.netns} for n in state.nodes],
-                   **_slurm_up_json(state)})
+                   **_slurm_up_json(state),
+                   **({"users": {u: f"{f}/inventory.yaml" for u, f in state.users.items()}} if state.users else {})})
         return errors.EXIT_OK
     t = table(f"lab {state.name} ({state.subnet})", ("node", "address", "netns", "sshd pid", "cpu"))
     for n in state.nodes:
@@ -101,6 +106,9 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
                   f"{state.slurm.partition}, shared folder {state.slurm.shared_mount} (on the head: "
                   f"{escape(state.slurm.shared)})")
     out.print(f"inventory: {escape(state.inventory)} (now the current context)")
+    for u, folder in state.users.items():
+        out.print(f"{u}: the same uid on every PC, home {USERS_POINT}/{u} there; their inventory: "
+                  f"{escape(folder)}/inventory.yaml")
     return errors.EXIT_OK
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -31,7 +33,8 @@ from cluster.lab.net import (ANY_LAB, answers, kill_netns, links, netns_list, sh
 from cluster.lab.processes import alive
 from cluster.lab.shaping import RATE_RE, limit_cpu, remove_cgroups, shape_link, shape_uplink
 from cluster.lab.slurm_conf import login_address
-from cluster.lab.sshd import HOME_POINT, MOUNT_POINT, SSHD, SSHD_CONFIG, keygen, start_sshd, wait_listening
+from cluster.lab.accounts import HOME_POINT, USER_RE, USERS_POINT, class_users, keygen, prepare_user
+from cluster.lab.sshd import MOUNT_POINT, SSHD, SSHD_CONFIG, start_sshd, wait_listening
 from cluster.lab.state import (LabState, NodeState, NodeStatus, default_dir, load_state, probe_ns, save_state,
                                state_path)
 
@@ -39,7 +42,6 @@ __all__ = ["NAME_RE", "LabState", "NodeState", "NodeStatus", "default_dir", "dow
            "load_state", "preflight", "state_path", "status", "up"]
 
 NAME_RE = re.compile(rf"^{ANY_LAB}\Z")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 
 
 def preflight() -> None:
@@ -97,12 +99,13 @@ def _prepare_dir(d: Path, name: str) -> None:
     (d / "sshd_config").write_text(SSHD_CONFIG.format(authorized_keys=d / "authorized_keys"))
     MOUNT_POINT.mkdir(parents=True, exist_ok=True)
     HOME_POINT.mkdir(parents=True, exist_ok=True)
+    USERS_POINT.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
 
 
 def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: str | None = None,
        directory: Path | None = None, cpu_quotas: list[float] | None = None, uplink: str | None = None,
-       gateway: bool = False, user: str = "root", slurm: bool = False) -> LabState:
+       gateway: bool = False, user: str = "root", slurm: bool = False, users: list[str] | None = None) -> LabState:
     """Start (or re-start) a lab of `nodes` nodes. Stale pieces of the same name are reclaimed first.
 
     `cpu_quotas` makes the lab heterogeneous for real: node i is pinned to one core (round robin) and
@@ -111,11 +114,14 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
     `gateway`: the head has no route to the nodes' bridge; it reaches one gateway PC (its own namespace
     and sshd, on the subnet's last /30) and the nodes only through it (the inventory's proxy_jump).
     `user`: the nodes' login user; another than root gets NOPASSWD sudo and the inventory says `become`.
+    `users`: a class, this machine's accounts: the same uid and gid on every PC, their own home there, and their
+    own key, known_hosts and inventory in their home here (cluster.lab.accounts).
     `slurm`: a real Slurm too (cluster.lab.slurm): slurmctld on the head, a slurmd in each node, a login node
     of its own and a shared folder; the inventory declares it as the cluster `slurm`."""
     net = _check_up(nodes, name, subnet, bandwidth, cpu_quotas, uplink, gateway)
     if not USER_RE.match(user):
         raise UsageError(f"--user {user!r} is not a user name", "lowercase letters, digits, '_' or '-', e.g. student")
+    folders = class_users(users or [], user, name)
     preflight()
     if slurm:
         lab_slurm.preflight()
@@ -127,13 +133,16 @@ def up(nodes: int, name: str = "lab", subnet: str = "10.77.0.0/24", bandwidth: s
         raise LabError(f"subnet {net} is already used by interface {used_by}",
                        f"pick another with --subnet, or `clusterctl lab down` the lab that owns {used_by}")
     _prepare_dir(d, name)
+    for u, folder in folders.items():
+        prepare_user(u, folder, name)
     hosts = list(net.hosts())
     sh("ip", "link", "add", bridge, "type", "bridge")
     if not gateway:  # the head's side of the bridge; with --gateway, the gateway PC has this address
         sh("ip", "addr", "add", f"{hosts[0]}/{net.prefixlen}", "dev", bridge)
     sh("ip", "link", "set", bridge, "up")
     state = LabState(name=name, subnet=str(net), bridge=bridge, gateway=str(hosts[0]), bandwidth=bandwidth,
-                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink, user=user)
+                     dir=str(d), inventory=str(d / "inventory.yaml"), nodes=[], uplink=uplink, user=user,
+                     users=folders)
     try:
         if uplink:
             state.ifb = shape_uplink(name, bridge, uplink)
@@ -166,7 +175,7 @@ def _start_gateway(state: LabState, net: ipaddress.IPv4Network) -> None:
                      hostname="gateway", dir=str(Path(state.dir) / "gateway"))
     state.jump = jump
     start_gateway_links(jump, state.bridge, state.gateway, net.prefixlen, str(head_end))
-    start_sshd(jump, Path(state.dir), pc=True)
+    start_sshd(jump, Path(state.dir), pc=True, users=state.users)
     wait_listening(jump)
 
 
@@ -178,7 +187,7 @@ def _start_slurm(state: LabState, net: ipaddress.IPv4Network) -> None:
     start_links(login, state.bridge, net.prefixlen)
     if state.bandwidth:
         shape_link(login.netns, login.veth, state.bandwidth)
-    start_sshd(login, Path(state.dir), state.user)
+    start_sshd(login, Path(state.dir), state.user, users=state.users)
     wait_listening(login, probe_ns(state))
     lab_slurm.start(state, login, sys.executable)
 
@@ -188,7 +197,7 @@ def _start_node(state: LabState, node: NodeState, prefix: int, quota: float | No
     start_links(node, state.bridge, prefix)
     if state.bandwidth:
         shape_link(node.netns, node.veth, state.bandwidth)
-    pid = start_sshd(node, Path(state.dir), state.user, lab=state.name)
+    pid = start_sshd(node, Path(state.dir), state.user, lab=state.name, users=state.users)
     if quota is not None:
         cores = sorted(os.sched_getaffinity(0))
         core = cores[index % len(cores)]
@@ -232,9 +241,34 @@ def _write_inventory(state: LabState) -> None:
     }
     header = f"# Simulated lab '{state.name}' ({len(state.nodes)} nodes on {state.subnet}), written by clusterctl lab up.\n"
     Path(state.inventory).write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    for user, folder in state.users.items():
+        _write_user_files(state, doc, user, Path(folder))
 
 
-def _room_inventory(state: LabState) -> dict[str, object]:
+def _write_user_files(state: LabState, lab_doc: dict[str, Any], user: str, folder: Path) -> None:
+    """--users: a student's known_hosts and inventory, in their own folder (theirs, 0600): their key, their
+    workdir in their home on each PC (runs, datasets, requirement layers: theirs alone), the environment the
+    admin provisioned (read-only for them), and the room's controller as themselves (Slurm queues their jobs
+    under their name)."""
+    doc = {**lab_doc, "defaults": {
+        **lab_doc["defaults"], "user": user, "identity_file": str(folder / "id_ed25519"),
+        "known_hosts": str(folder / "known_hosts"), "workdir": "clusterctl",
+        "python": f"{MOUNT_POINT}/venv/bin/python", "vars": {**lab_doc["defaults"]["vars"], "python_env": "existing"},
+        **({"proxy_jump": f"{user}@{state.jump.address}"} if state.jump else {})}}
+    doc["defaults"].pop("become", None)
+    doc.pop("slurm", None)
+    if (room := _room_inventory(state)):  # the room only: --slurm's cluster has one shared workdir, the admin's
+        doc["slurm"] = {"room": {**room["room"], "controller": {**room["room"]["controller"], "user": user}}}
+    pw = pwd.getpwnam(user)
+    for name, text in (("known_hosts", (Path(state.dir) / "known_hosts").read_text()),
+                       ("inventory.yaml", f"# Simulated lab '{state.name}' as {user} sees it, written by clusterctl "
+                                          f"lab up --users.\n" + yaml.safe_dump(doc, sort_keys=False))):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o600)
+        os.chown(folder / name, pw.pw_uid, pw.pw_gid)
+
+
+def _room_inventory(state: LabState) -> dict[str, dict[str, Any]]:
     """--gateway: the room as a Slurm cluster to make (`provision --slurm`): the gateway PC its controller
     (reached directly, as root like the proxy_jump entry: `none` overrides the defaults' jump), the nodes its
     compute nodes (cluster.lab.pc gives each PC its own munge and Slurm folders and systemctl)."""
@@ -257,7 +291,8 @@ def _slurm_inventory(state: LabState) -> dict[str, object]:
 def down(name: str = "lab", directory: Path | None = None, purge: bool = False) -> list[str]:
     """Remove every namespace, link and process of lab `name`. Idempotent.
 
-    The directory (keys, and the nodes' /srv/cluster: venvs, data, runs) stays unless `purge`.
+    The directory (keys, and the nodes' /srv/cluster: venvs, data, runs) and the --users' folders stay unless
+    `purge`.
     """
     if not NAME_RE.match(name):
         raise UsageError(f"lab name {name!r} is not valid", "use the name given to `lab up`")
@@ -271,6 +306,10 @@ def down(name: str = "lab", directory: Path | None = None, purge: bool = False) 
         removed.append(f"link {link}")
     removed += remove_cgroups(name)
     state = state_path(name, directory)
+    if purge and (st := load_state(name, directory)):
+        for folder in st.users.values():  # --users: the folder lab up made in each one's home
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(f"directory {folder}")
     if state.exists():
         state.unlink()
     if purge and state.parent.exists():

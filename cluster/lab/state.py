@@ -59,6 +59,7 @@ class LabState:
     jump: NodeState | None = None  # --gateway: the one PC the head reaches (its sshd); the nodes only through it
     user: str = "root"  # --user: the nodes' login user (not root: NOPASSWD sudo, in each node's own /etc copies)
     slurm: SlurmState | None = None  # --slurm: a real Slurm (slurmctld on the head, slurmd on each node)
+    users: dict[str, str] = field(default_factory=dict)  # --users: name -> their key and inventory, in their home
 
 
 def default_dir(name: str) -> Path:

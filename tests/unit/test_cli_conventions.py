@@ -273,7 +273,8 @@ def test_lab_up_says_when_it_changes_the_current_context(tmp_path: Path, monkeyp
     from cluster.lab import lifecycle
 
     lab_inv = write(tmp_path, INVENTORY, "lab.yaml")
-    state = SimpleNamespace(name="lab", inventory=str(lab_inv), subnet="10.77.0.0/24", nodes=[], slurm=None)
+    state = SimpleNamespace(name="lab", inventory=str(lab_inv), subnet="10.77.0.0/24", nodes=[], slurm=None,
+                            users={})
     monkeypatch.setattr(lifecycle, "up", lambda *a, **k: state)
     monkeypatch.setenv(context.ENV, str(lab_inv))
     assert main(["lab", "up", "1", "--json"]) == 0
