@@ -64,7 +64,7 @@ COMMANDS: dict[str, Command] = {
     "poweroff": Command("nodes", "power the nodes off (through sudo with become) and wait until they are off"),
     "provision": Command("provision", "install and verify an identical training environment on every node"),
     "launch": Command("runs", "start a job on every node at once and follow it: clusterctl launch resnet50-ddp"),
-    "runs": Command("runs", "list the runs recorded on this head node"),
+    "runs": Command("runlist", "list one's runs recorded on this head node; --all: every user's jobs in the rooms"),
     "room": Command("room", "who holds which PC of the room's Slurm: every user's queued and running jobs, each "
                             "PC's state"),
     "status": Command("runs", "a run's state on every node (default: the latest run)"),

@@ -10,11 +10,12 @@ from rich.markup import escape
 
 from cluster import errors
 from cluster.cli.args import add_inventory_option
-from cluster.cli.output import bar, emit_json, load_inventory, out, styled, table
+from cluster.cli.output import bar, emit_json, err, load_inventory, out, styled, table
 
 if TYPE_CHECKING:
     from cluster.inventory.model import Inventory
     from cluster.room.plan import Action
+    from cluster.room.view import RoomView
     from cluster.room.setup import Outcome
 
 
@@ -35,7 +36,12 @@ def cmd_view(args: argparse.Namespace) -> int:
     seen = view.look(room_of(inv, args.room))
     if args.json:
         emit_json(seen.to_dict())
-        return errors.EXIT_OK
+    else:
+        print_view(seen)
+    return errors.EXIT_OK
+
+
+def print_view(seen: RoomView) -> None:
     t = table(f"room {seen.room}: its Slurm's queue", ("job", "user", "run", "state", "PCs or reason", "since",
                                                        "time limit"))
     for j in seen.jobs:
@@ -46,7 +52,39 @@ def cmd_view(args: argparse.Namespace) -> int:
     for pc in seen.pcs:
         t.add_row(pc.name, pc.state, ", ".join(pc.notes))
     out.print(t)
-    return errors.EXIT_OK
+
+
+def room_views(args: argparse.Namespace) -> list[RoomView]:
+    """`runs --all`: each room of the inventory as its controller sees it (none declared: said, none shown)."""
+    from cluster.room import view
+
+    inv = load_inventory(args.inventory, None, args.ssh_config)
+    if not inv.rooms:
+        err.print(f"note: {escape(str(inv.path))} declares no room: only this head's runs are shown")
+    return [view.look(room) for room in inv.rooms.values()]
+
+
+def stop_others(args: argparse.Namespace, unknown: errors.UsageError) -> int:
+    """`stop RUN` of a run this head has no record of: its job in the inventory's rooms' Slurm, by name,
+    cancelled as this user, or Slurm's refusal said as Slurm said it (exit 1); `unknown` where no room has it."""
+    from cluster.schedulers import api
+
+    try:
+        inv = load_inventory(args.inventory, None, args.ssh_config)
+    except errors.ClusterError:
+        raise unknown from None
+    found = api.stop_unrecorded(inv, args.run)
+    if found is None:
+        raise unknown
+    if args.json:
+        emit_json({"run_id": args.run, "slurm": found.to_dict()})
+    elif found.cancelled:
+        out.print(f"run {escape(args.run)}: Slurm job {found.job_id} of {escape(found.user)} on room {found.room} "
+                  "cancelled (this head has no record of it: its logs and metrics stay on its PCs)")
+    else:
+        err.print(escape(found.refusal(args.run)))
+    return errors.EXIT_OK if found.cancelled else errors.EXIT_FAILED
+
 
 
 def cmd_room(args: argparse.Namespace, inv: Inventory) -> int:

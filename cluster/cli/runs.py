@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from rich.markup import escape
@@ -26,9 +25,6 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
         _declare_launch(p)
         p.set_defaults(fn=cmd_launch)
         return
-    if name == "runs":
-        p.set_defaults(fn=cmd_runs)
-        return
     add_run(p)
     if name == "logs":
         p.add_argument("--node", help="only this node")
@@ -37,6 +33,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
     if name == "stop":
         p.add_argument("--grace", type=GRACE_S, default=10.0,
                        help="seconds between SIGTERM and SIGKILL (default 10, at most 3600)")
+        add_inventory_option(p, "a run this head has no record of is looked up in this inventory's rooms' Slurm "
+                                "by name (default: the current context)")
     p.set_defaults(fn={"status": cmd_status, "logs": cmd_logs, "stop": cmd_stop}[name])
 
 
@@ -332,33 +330,6 @@ def _print_run_end(args: argparse.Namespace, record: RunRecord) -> None:
 # --------------------------------------------------------------------------- runs, status, logs, stop
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
-    from cluster.runs import records as runs
-    from cluster.schedulers import api
-
-    records, damaged = runs.scan()
-    where = {r.run_id: api.of(r).where(r) for r in records}  # as last seen: `runs` asks no node
-    if args.json:
-        emit_json([{k: getattr(r, k) for k in ("run_id", "job", "state", "scheduler", "created", "started", "ended",
-                                              "world_size", "stop_pending")}
-                   | {"nodes": [n.node for n in r.nodes], "where": where[r.run_id]} for r in records]
-                  + [{"error": e.message, "fix": e.fix} for e in damaged])
-        return errors.EXIT_USAGE if damaged else errors.EXIT_OK
-    t = table(f"runs in {escape(str(runs.runs_dir()))}", ("run", "job", "state", "nodes", "world", "started", "took",
-                                                          *(("where",) if any(where.values()) else ())))
-    for r in records:
-        took = f"{(r.ended or time.time()) - r.started:.0f}s" if r.started else "-"
-        t.add_row(r.run_id, r.job, styled(r.state), ",".join(n.node for n in r.nodes), str(r.world_size),
-                  time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-", took,
-                  *((escape(where[r.run_id]),) if any(where.values()) else ()))
-    out.print(t)
-    for e in damaged:  # never dropped silently: the busy check refuses while one is there
-        err.print(f"[red]{escape(e.message)}[/red]\n  fix: {escape(e.fix or '')}")
-    if not records and not damaged:
-        out.print("no runs yet: clusterctl launch resnet50-ddp")
-    return errors.EXIT_USAGE if damaged else errors.EXIT_OK
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from cluster.runs import records as runs
     from cluster.schedulers import api
@@ -424,7 +395,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from cluster.runs import records as runs
     from cluster.schedulers import api
 
-    record = runs.load(args.run)
+    try:
+        record = runs.load(args.run)
+    except errors.UsageError as e:
+        if not args.run:
+            raise
+        from cluster.cli.room import stop_others  # another student's run: only the room's Slurm knows it
+
+        return stop_others(args, e)
     sched = api.of(record)
     with err.status(f"stopping {record.run_id}"):
         record = sched.stop(record, grace=args.grace)

@@ -7,6 +7,8 @@ value validation and layering in cluster.inventory.check, Ansible's answers in c
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -46,6 +48,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = True,
          reader: str | None = None) -> Inventory:
+    """Read and validate an inventory (see _load), keeping the overrides it was read with."""
+    given = tuple(overrides)
+    inv = _load(path, given, check_files, reader)
+    return dataclasses.replace(inv, overrides=given) if given else inv
+
+
+def _load(path: str | Path, overrides: Iterable[str] = (), check_files: bool = True,
+          reader: str | None = None) -> Inventory:
     """Read and validate an inventory. `check_files` verifies key files are readable.
 
     `reader` (default: $CLUSTERCTL_INVENTORY_READER, else `auto`) chooses how an Ansible inventory is

@@ -190,6 +190,7 @@ class Inventory:
     ansible_core: str | None = None  # the ansible-core version that read it; None: clusterctl read it
     clusters: dict[str, SlurmCluster] = field(default_factory=dict)  # `slurm:`: `launch --on NAME` (own schema)
     rooms: dict[str, RoomCluster] = field(default_factory=dict)  # `slurm:` entries with a controller (the room's)
+    overrides: tuple[str, ...] = ()  # the command line's KEY=VALUE it was read with: what a later reader repeats
 
     def select(self, limit: str | None, option: str = "--limit") -> list[Host]:
         """The hosts an Ansible host pattern selects (docs/cli.md "Host patterns"), in inventory order.

@@ -11,9 +11,10 @@ if TYPE_CHECKING:
     from cluster.inventory.model import Host, Inventory
     from cluster.runs.collect import CollectSummary
     from cluster.runs.records import RunRecord
+    from cluster.schedulers.room import OthersJob
 
 __all__ = ["Logs", "Option", "Scheduler", "Submission", "check_options", "collect_runs", "for_launch", "of",
-           "registry"]
+           "registry", "stop_unrecorded"]
 
 
 def registry() -> dict[str, Scheduler]:
@@ -39,6 +40,13 @@ def for_launch(on: str | None, inv: Inventory | None = None) -> Scheduler:
     if on is None:
         return registry()["ssh"]
     return registry()["room" if inv is not None and on in inv.rooms else "slurm"]
+
+
+def stop_unrecorded(inv: Inventory, run_id: str) -> OthersJob | None:
+    """`stop` of a run this head has no record of (another student's): only a room's Slurm knows it, by name."""
+    from cluster.schedulers import room
+
+    return room.stop_by_name(list(inv.rooms.values()), run_id)
 
 
 def check_options(sched: Scheduler, options: dict[str, Any], on: str | None) -> None:

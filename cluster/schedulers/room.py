@@ -104,7 +104,7 @@ class RoomScheduler:
             raise UsageError(f"--nodes {n}: room {room.name} has {len(room.nodes)} PCs ({', '.join(room.nodes)})",
                              f"--nodes {len(room.nodes)} or fewer")
         request = launch.prepare(sub.inventory, sub.spec, limit=",".join(room.nodes[:n]), forks=sub.forks, log=log)
-        inv = {"path": str(sub.inventory.path), "name": sub.inventory.name,
+        inv = {"path": str(sub.inventory.path), "name": sub.inventory.name, "overrides": list(sub.inventory.overrides),
                "hosts": [sub.inventory.hosts[h].to_dict() for h in room.nodes]}
         return RoomRequest(request.run_id, room, n, sub.options.get("time"), request, inv)
 
@@ -304,6 +304,51 @@ def release(record: records.RunRecord) -> records.RunRecord:
     except (TransportError, ClusterError):
         return record
     return records.update(record.run_id, lambda r: (r.target or {}).update({"released": time.time()}))
+
+
+@dataclasses.dataclass(frozen=True)
+class OthersJob:
+    """A run this head has no record of, found in a room's Slurm by its name (the job's name is the run id):
+    another student's, or one's own from another head. Slurm alone decides who may cancel it."""
+
+    room: str
+    job_id: str
+    user: str
+    state: str
+    pcs: str
+    cancelled: bool
+    answer: str  # scancel's own words: Slurm's refusal, as it said it
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def refusal(self, run: str) -> str:
+        on = f", on {self.pcs}" if self.pcs else ""
+        return (f"run {run} is Slurm job {self.job_id} of user {self.user} on room {self.room} "
+                f"({self.state.lower()}{on}), not yours: Slurm refused to cancel it: {self.answer}")
+
+
+def parse_owner(out: str) -> tuple[str, str, str, str] | None:
+    """`squeue -h -n RUN -o %i|%u|%T|%N`'s line -> (job, user, state, PCs), None when Slurm has no such job."""
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0].isdigit():
+            return parts[0], parts[1], parts[2], parts[3]
+    return None
+
+
+def stop_by_name(rooms: list[RoomCluster], run_id: str) -> OthersJob | None:
+    """`stop RUN` of a run not recorded here: its job, looked up by name in each room's Slurm, cancelled as this
+    user (scancel on the controller), or Slurm's refusal; None where no room's Slurm has it."""
+    for room in rooms:
+        with transport_for(room.controller) as t:
+            found = parse_owner(t.run(f"squeue -h -n {shlex.quote(run_id)} -o '%i|%u|%T|%N'", timeout=60).stdout)
+            if found is None:
+                continue
+            job, user, state, pcs = found
+            r = t.run(f"scancel {shlex.quote(job)}", timeout=60)
+        return OthersJob(room.name, job, user, state, pcs, r.exit_code == 0, (r.stderr or r.stdout).strip()[-500:])
+    return None
 
 
 SCHEDULER = RoomScheduler()

@@ -43,7 +43,7 @@ def start_on(record: records.RunRecord, names: list[str]) -> records.RunRecord:
     """The run's SSH launch on the PCs Slurm gave, with the run id and the Slurm job kept in its record."""
     tg: dict[str, Any] = dict(record.target or {})
     inv_doc = tg.get("inventory") or {}
-    inv = loader.load(inv_doc["path"])
+    inv = loader.load(inv_doc["path"], inv_doc.get("overrides", ()))  # --host-set and -F, as the launch had them
     spec = jobs.from_run(record.spec_file, record.settings)
     deadline = time.monotonic() + BUSY_S
     while True:

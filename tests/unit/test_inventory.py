@@ -391,3 +391,11 @@ def test_ansible_port_in_non_ascii_digits_is_exit_2(tmp_path: Path, reader: str)
     e = _error(tmp_path, 'all:\n  hosts:\n    pc1:\n      ansible_host: 10.0.0.1\n      ansible_port: "\u00b2"\n',
                check_files=False, reader=reader)
     assert e.exit_code == 2 and ("ansible_port" in str(e) or "port" in str(e))
+
+
+def test_an_inventory_keeps_the_overrides_it_was_read_with() -> None:
+    """A room run's waiter reads the inventory again later: with the launch's --host-set, not without it."""
+    inv = loader.load(ROOT / "inventory" / "local.yaml", ["python=/opt/env/bin/python"])
+    assert inv.overrides == ("python=/opt/env/bin/python",)
+    assert all(h.python == "/opt/env/bin/python" for h in inv.hosts.values())
+    assert loader.load(ROOT / "inventory" / "local.yaml").overrides == ()

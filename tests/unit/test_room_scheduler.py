@@ -11,6 +11,7 @@ from typing import Any
 from cluster.inventory.model import Host, RoomCluster
 from cluster.runs.records import RunNode, RunRecord
 from cluster.schedulers.room import SCHEDULER, RoomRequest
+from tests.conftest import FIXTURES
 
 ROOM = RoomCluster(name="room", controller=Host(name="controller", address="10.0.0.1"), nodes=("pc1", "pc2"))
 
@@ -68,3 +69,19 @@ def test_status_says_where_a_queued_run_stands() -> None:
     assert SCHEDULER.where(_record("queued", {**base, "state": "RUNNING", "nodelist": "pc[1-2]"})) == \
         "Slurm job 12 on room room: Slurm gave it pc[1-2], starting there"
     assert SCHEDULER.where(_record("running", {**base, "state": "RUNNING"}, nodes=True)) == "Slurm job 12 on room room"
+
+
+def test_a_run_of_another_student_is_found_in_slurm_by_its_name() -> None:
+    from cluster.schedulers.room import parse_owner
+
+    assert parse_owner((FIXTURES / "room" / "squeue-by-name.txt").read_text()) == ("2", "alice", "RUNNING",
+                                                                                   "node[1-2]")
+    assert parse_owner("") is None  # no job of that name: not a room's run
+    # scancel's refusal, as Slurm said it, with whose job it is
+    from cluster.schedulers.room import OthersJob
+
+    answer = (FIXTURES / "room" / "scancel-denied.txt").read_text().strip()
+    said = OthersJob("room", "2", "alice", "RUNNING", "node[1-2]", False, answer).refusal("resnet50-ddp-1")
+    assert said == ("run resnet50-ddp-1 is Slurm job 2 of user alice on room room (running, on node[1-2]), not "
+                    "yours: Slurm refused to cancel it: scancel: error: Kill job error on job id 2: "
+                    "Access/permission denied")

@@ -2,8 +2,14 @@
 tests/fixtures/room/), and the state suffixes sinfo adds (a PC not responding, powered off)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from cluster.room import view
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 F = FIXTURES / "room"
 
@@ -29,3 +35,11 @@ def test_each_pcs_state_and_what_its_suffix_says() -> None:
 def test_the_command_asks_the_rooms_partition_only() -> None:
     assert view.command("room") == ("squeue -h -p room -o '%i|%u|%j|%T|%N|%S|%l|%r' && echo @@pcs && "
                                     "sinfo -h -N -p room -o '%N|%T'")
+
+
+def test_runs_all_on_an_inventory_without_a_room_lists_ones_runs_and_says_so(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "cluster", "runs", "--all", "--json", "-i", "inventory/local.yaml"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={**os.environ, "CLUSTERCTL_HOME": str(tmp_path)})
+    assert r.returncode == 0 and json.loads(r.stdout) == {"runs": [], "rooms": {}}, r.stdout + r.stderr
+    assert "declares no room: only this head's runs are shown" in " ".join(r.stderr.split())
