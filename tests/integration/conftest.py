@@ -1,11 +1,15 @@
 """A real simulated lab for the integration tests: its own name and subnet, removed at the end."""
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pwd
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,10 +44,62 @@ def lab_subnet(offset: int) -> str:
     return f"10.{180 + offset}.{os.getpid() % 250}.0/24"
 
 
-def clusterctl(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would: a new process, its output and exit code."""
-    return subprocess.run([sys.executable, "-m", "cluster", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+def clusterctl(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+               user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would: a new process, its output and exit code. `user`: as that account of this
+    machine (one the test made), with its own home and ~/.clusterctl (as_user)."""
+    argv, environ = [sys.executable, "-m", "cluster", *args], {**os.environ, **(env or {})}
+    if user is not None:
+        argv, environ = [*as_user(user), *argv], {k: v for k, v in os.environ.items() if k != "CLUSTERCTL_HOME"}
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=environ, timeout=timeout)
+
+
+@functools.lru_cache(maxsize=None)
+def _python_view() -> str:
+    """Mounts that show this machine's interpreter to another user: it may live under a folder only root may
+    enter (pyenv in /root, 0700), where a real head would have clusterctl installed for every user. Only the
+    interpreter's own folder is shown, in a mount namespace of the command's own; nothing else changes."""
+    real = Path(sys.executable).resolve()
+    blocked = next((p for p in reversed(real.parents) if p != Path("/") and not p.stat().st_mode & 0o001), None)
+    if blocked is None:
+        return ""
+    child = real.relative_to(blocked).parts[0]
+    view = Path(tempfile.mkdtemp(prefix="clusterctl-view-"))
+    view.chmod(0o755)
+    (view / child).mkdir()
+    q = shlex.quote
+    return (f"mount --rbind {q(str(blocked / child))} {q(str(view / child))} && "
+            f"mount --rbind {q(str(view))} {q(str(blocked))} && ")
+
+
+def as_user(user: str) -> list[str]:
+    """The argv prefix that runs a command as `user`: their home and their default ~/.clusterctl, this
+    checkout's code (runuser; a mount namespace of its own for _python_view)."""
+    home = pwd.getpwnam(user).pw_dir
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _python_view() + 'exec runuser -u "$0" -- "$@"',
+            user, "env", f"HOME={home}", f"USER={user}", f"PYTHONPATH={ROOT}"]
+
+
+@contextmanager
+def accounts(*names: str) -> Iterator[None]:
+    """Accounts of this machine for a test (useradd -m), removed with their homes at the end (userdel -rf)."""
+    for n in names:
+        try:
+            pwd.getpwnam(n)
+        except KeyError:
+            continue
+        raise AssertionError(f"this machine has a user {n} already: remove it (userdel -r {n}) if a killed test "
+                             "left it, or run the test elsewhere")
+    made = []
+    try:
+        for n in names:
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", n], check=True, capture_output=True)
+            made.append(n)
+        yield
+    finally:
+        for n in made:
+            subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
+            subprocess.run(["userdel", "-rf", n], capture_output=True)
 
 
 def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:

@@ -5,9 +5,11 @@ each; a rerun changes nothing; a hand-written sbatch script with srun runs on ev
 daemon and no file it wrote. This machine's own /etc/munge and /etc/slurm are never touched."""
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
+import pwd
 import shlex
 import signal
 import subprocess
@@ -19,9 +21,10 @@ import pytest
 
 from cluster.lab import lifecycle
 from cluster.runs.records import ACTIVE
-from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, procs_of, wait_until
+from tests.integration.conftest import accounts, clusterctl, clusterctl_json, lab_up, procs_of, wait_until, why
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
+STUDENTS = ("rmalice", "rmbob")  # accounts this machine gets for the module (lab up --users), removed after
 TINY = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1"]
 
 
@@ -62,7 +65,8 @@ def _host_daemons() -> set[int]:
 @pytest.fixture(scope="module")
 def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.LabState, dict[str, str]]]:
     before = (_host_files(), _host_daemons())
-    with lab_up(tmp_path_factory, "rm", 3, 27, gateway=True, user="student") as (state, d):
+    with accounts(*STUDENTS), lab_up(tmp_path_factory, "rm", 3, 27, gateway=True, user="student",
+                                     users=list(STUDENTS)) as (state, d):
         env = {"CLUSTERCTL_HOME": str(d / "home")}
         # as a new user does: the training environment first (this interpreter, python_env: existing), then Slurm
         rc, res = clusterctl_json("provision", state.inventory, "--set", f"python={sys.executable}",
@@ -181,33 +185,51 @@ def test_a_killed_waiter_is_replaced_and_queued_runs_stop_or_start_when_the_room
     wait_until(lambda: ssh(state, gw, "squeue -h").stdout.strip() == "", 60, "the room's queue empty", step=1)
 
 
-def test_two_launches_through_the_room_queue_and_both_succeed(room: Any) -> None:
-    state, env = room
-    inv = ["-i", state.inventory, "--on", "room", "--nodes", "2"]
-    rc, first = clusterctl_json("launch", "resnet50-ddp", *inv, "--detach", *TINY, env=env, timeout=300)
-    assert rc == 0 and first["scheduler"] == "room" and first["target"]["job_id"], first
-    rc, second = clusterctl_json("launch", "resnet50-ddp", *inv, "--detach", *TINY, env=env, timeout=300)
-    assert rc == 0 and second["target"]["job_id"] != first["target"]["job_id"], second
-    # the first holds 2 of the 3 PCs: the second waits in Slurm's queue, said with Slurm's reason
-    seen = clusterctl_json("status", second["run_id"], env=env)[1]
-    assert seen["state"] == "queued" and seen["target"]["reason"], json.dumps(seen)[-1500:]
-    shown = clusterctl("status", second["run_id"], env=env).stdout
-    assert "queued" in shown and f"Slurm job {second['target']['job_id']}" in shown, shown
-    # the room's own view: both jobs, by run id, with their user; the first on its PCs
-    rc, seen = clusterctl_json("room", state.inventory, env=env)
-    jobs = {j["name"]: j for j in seen["jobs"]}
-    assert rc == 0 and {first["run_id"], second["run_id"]} <= set(jobs), seen
-    assert jobs[second["run_id"]]["state"] == "PENDING" and jobs[first["run_id"]]["user"] == "root", seen
-    assert sorted(p["name"] for p in seen["pcs"]) == ["node1", "node2", "node3"]
-    for run in (first, second):
-        wait_until(lambda run=run: clusterctl_json("status", run["run_id"], env=env)[1]["state"] not in ACTIVE, 400,
-                   f"run {run['run_id']} ended", step=2)
-        rec = clusterctl_json("status", run["run_id"], env=env)[1]
-        assert rec["state"] == "succeeded" and len(rec["nodes"]) == 2, json.dumps(rec)[-2000:]
-        rc, got = clusterctl_json("collect", run["run_id"], env=env, timeout=300)
+def _student(state: lifecycle.LabState, user: str) -> str:
+    return f"{state.users[user]}/inventory.yaml"  # lab up --users wrote it in their home, theirs alone
+
+
+def test_two_students_launch_at_once_each_sees_collects_and_reports_their_own(room: Any) -> None:
+    state, _ = room
+    alice, bob = STUDENTS
+    here = ["--host-set", f"python={sys.executable}"]  # the environment the admin provisioned (python_env: existing)
+    for u in STUDENTS:  # each one's own workdir on every PC, checked against that environment: nothing installed
+        rc, res = clusterctl_json("provision", _student(state, u), "--set", f"python={sys.executable}", user=u,
+                                  timeout=600)
+        assert rc == 0, json.dumps(res)[-2000:]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # within a second of each other, each as themselves
+        launched = list(pool.map(lambda u: clusterctl_json(
+            "launch", "resnet50-ddp", "-i", _student(state, u), "--on", "room", "--nodes", "2", "--detach", *here,
+            *TINY, user=u, timeout=300), STUDENTS))
+    assert [rc for rc, _ in launched] == [0, 0], launched
+    runs = {u: rec for u, (_, rec) in zip(STUDENTS, launched)}
+    # bob's stop of alice's run: Slurm's refusal, said as Slurm said it (exit 1); her run goes on
+    # (first: the runs are tiny, a few seconds)
+    r = clusterctl("stop", runs[alice]["run_id"], "-i", _student(state, bob), user=bob)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 1 and f"user {alice}" in said and "Access/permission denied" in said, r.stdout + said
+    assert clusterctl_json("status", runs[alice]["run_id"], user=alice)[1]["state"] in ACTIVE
+    # each one's `runs` lists only their own run; `runs --all` every user's job in the room, one on its PCs
+    for u in STUDENTS:
+        rc, mine = clusterctl_json("runs", user=u)
+        assert rc == 0 and [r["run_id"] for r in mine] == [runs[u]["run_id"]], mine
+    rc, seen = clusterctl_json("runs", "--all", "-i", _student(state, alice), user=alice)
+    jobs = {j["name"]: j for j in seen["rooms"]["room"]["jobs"]}
+    assert rc == 0 and {jobs[runs[u]["run_id"]]["user"] for u in STUDENTS} == set(STUDENTS), seen
+    states = sorted(jobs[runs[u]["run_id"]]["state"] for u in STUDENTS)
+    assert states == ["PENDING", "RUNNING"], seen  # 2 of the 3 PCs each: one waits in Slurm's queue
+    running = next(j for j in jobs.values() if j["state"] == "RUNNING")
+    assert running["pcs"].startswith("node"), running
+    for u in STUDENTS:
+        rid = runs[u]["run_id"]
+        wait_until(lambda u=u, rid=rid: clusterctl_json("status", rid, user=u)[1]["state"] not in ACTIVE, 400,
+                   f"{u}'s run ended", step=2)
+        rec = clusterctl_json("status", rid, user=u)[1]
+        assert rec["state"] == "succeeded" and len(rec["nodes"]) == 2, why(rec)
+        rc, got = clusterctl_json("collect", rid, user=u, timeout=300)
         assert rc == 0, json.dumps(got)[-2000:]
-        r = clusterctl("report", run["run_id"], env=env, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
+        r = clusterctl("report", rid, user=u, timeout=300)
+        assert r.returncode == 0 and Path(pwd.getpwnam(u).pw_dir, ".clusterctl", "runs", rid).is_dir(), r.stderr
     # the Slurm jobs ended once the runs did: the room is free again
     gw = state.jump.address
     wait_until(lambda: ssh(state, gw, "squeue -h").stdout.strip() == "", 60, "the room's queue empty", step=1)
@@ -278,6 +300,23 @@ def test_ids_that_differ_on_one_pc_are_found_by_check_and_refused_by_provision_s
         assert r.returncode == 1 and "node2" in r.stderr and f"user {state.user} is uid" in r.stderr, r.stderr
     finally:
         passwd.write_text(before)
+    # a student's uid on node2 (their home there theirs under that number, so that they still log in), found by
+    # their own check against this machine's account
+    bob = STUDENTS[1]
+    pw = pwd.getpwnam(bob)
+    entry = next(line for line in before.splitlines() if line.startswith(f"{bob}:"))
+    home = Path(state.nodes[1].dir) / "users" / bob
+    try:
+        passwd.write_text(before.replace(entry, entry.replace(f":{pw.pw_uid}:", f":{pw.pw_uid + 7}:", 1)))
+        subprocess.run(["chown", "-R", str(pw.pw_uid + 7), str(home)], check=True)
+        rc, res = clusterctl_json("check", _student(state, bob), user=bob)
+        found = [p for p in res["problems"] if p["code"] == "account-ids"]
+        assert [p["host"] for p in found] == ["node2"], json.dumps(res["problems"])[-2000:]
+        assert f"user {bob} is uid {pw.pw_uid + 7}, gid {pw.pw_gid} here but {pw.pw_uid}, {pw.pw_gid} on the " \
+               "head" in found[0]["message"] and f"usermod -u {pw.pw_uid} {bob}" in found[0]["fix"], found
+    finally:
+        passwd.write_text(before)
+        subprocess.run(["chown", "-R", str(pw.pw_uid), str(home)], check=True)
 
 
 FIREWALL = ["add table inet t", "add chain inet t input { type filter hook input priority 0; policy drop; }",
