@@ -20,6 +20,9 @@ folder) is an entry with a controller instead of a login node:
                                               #   it runs slurmctld only, never a job
         nodes: lab                            # the compute PCs: a group or host pattern of the inventory
         partition: room                       # the partition they form (default: room)
+        suspend_after: 30m                    # Slurm switches a PC idle this long off, and wakes it for a job
+                                              #   (90s, 30m, 1h or seconds); resume_timeout: how long a woken
+                                              #   PC may take (default: 1.5x its slowest recorded wake)
 
 Read here with the inventory's Checker, so every error names the file, the line, the dotted field
 (`slurm.NAME.workdir`) and the fix, as the hosts' errors do. The login entry goes through the same layering
@@ -45,7 +48,8 @@ from cluster.yamlfile import line_of as _line
 
 SECTION = "slurm"
 CLUSTER_KEYS = ("login", "partition", "account", "qos", "workdir", "python", "env_setup")
-ROOM_KEYS = ("controller", "nodes", "partition", "default_time", "max_time", "max_pcs_per_job")
+ROOM_KEYS = ("controller", "nodes", "partition", "default_time", "max_time", "max_pcs_per_job", "suspend_after",
+             "resume_timeout")
 LOGIN_FIELDS = tuple(f for f in HOST_FIELDS if f != "workdir")  # the cluster's workdir is the one that counts
 # A partition, account or QoS name as it goes on an #SBATCH line (Slurm's names are words like these).
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
@@ -55,6 +59,9 @@ SLURM_TIME = re.compile(r"(?:(?P<d>\d{1,4})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?
 # The workdir goes into #SBATCH --chdir/--output: no blanks (sbatch splits there), no % (sbatch's file-name
 # patterns, %j %t ...), no quotes; an absolute path of plain path characters.
 WORKDIR_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*\Z")
+# Slurm's power-saving times (SuspendTime, ResumeTimeout) are seconds: `90s`, `30m`, `1h` or a number of seconds.
+SECONDS_RE = re.compile(r"(?P<n>\d{1,7})\s*(?P<unit>[smh]?)\Z")
+SECONDS_MAX = 7 * 86400  # a week: longer is not power saving
 
 
 def read_section(chk: Checker, data: Map, cli: list[tuple[str, Any]], ssh: Resolver, hosts: dict[str, Host],
@@ -105,7 +112,23 @@ def _room(chk: Checker, section: Map, name: str, value: Any, defaults: tuple[Any
         raise chk.fail(_line(m, "max_pcs_per_job"), f"{where}.max_pcs_per_job", f"expected a number of PCs from 1 "
                        f"to {len(nodes)} (the room's), got {cap!r}", "e.g. max_pcs_per_job: 2, or leave it out")
     return RoomCluster(name=name, controller=controller, nodes=nodes, partition=partition, max_pcs_per_job=cap,
-                       **times)
+                       **times, suspend_after=_seconds(chk, m, "suspend_after", where),
+                       resume_timeout=_seconds(chk, m, "resume_timeout", where))
+
+
+def _seconds(chk: Checker, m: Map, key: str, where: str) -> int | None:
+    """`suspend_after` / `resume_timeout` in seconds (Slurm's SuspendTime and ResumeTimeout are seconds)."""
+    value = m.get(key)
+    if value is None:
+        return None
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    got = SECONDS_RE.match(text)
+    seconds = int(got["n"]) * {"": 1, "s": 1, "m": 60, "h": 3600}[got["unit"]] if got else 0
+    if not 0 < seconds <= SECONDS_MAX:
+        raise chk.fail(_line(m, key), f"{where}.{key}", f"expected a time in seconds from 1 s to 7 days (Slurm's "
+                       f"{'SuspendTime' if key == 'suspend_after' else 'ResumeTimeout'} is seconds), got {value!r}",
+                       f"e.g. {key}: 30m, 90s, 1h, or a number of seconds such as {key}: 1800")
+    return seconds
 
 
 def _time(chk: Checker, m: Map, key: str, where: str) -> str | None:

@@ -171,11 +171,14 @@ class RoomCluster:
     default_time: str | None = None  # a job's time limit when it gives none (None: no limit)
     max_time: str | None = None  # the longest a job may ask (None: no limit)
     max_pcs_per_job: int | None = None  # the most PCs one job may hold (None: all of them)
+    suspend_after: int | None = None  # seconds idle before Slurm switches a PC off (None: never)
+    resume_timeout: int | None = None  # seconds a woken PC has to answer Slurm (None: from the recorded wakes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "controller": self.controller.to_dict(), "nodes": list(self.nodes),
                 "partition": self.partition, "default_time": self.default_time, "max_time": self.max_time,
-                "max_pcs_per_job": self.max_pcs_per_job}
+                "max_pcs_per_job": self.max_pcs_per_job, "suspend_after": self.suspend_after,
+                "resume_timeout": self.resume_timeout}
 
 
 @dataclass(frozen=True)

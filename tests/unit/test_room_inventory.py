@@ -62,7 +62,25 @@ def test_the_admins_queue_limits_are_read(tmp_path: Path) -> None:
     assert (plain.default_time, plain.max_time, plain.max_pcs_per_job) == (None, None, None)
 
 
+@pytest.mark.parametrize(("given", "seconds"), [("30m", 1800), ("90s", 90), ("1h", 3600), (600, 600), ("'45'", 45)])
+def test_suspend_after_and_resume_timeout_are_seconds(tmp_path: Path, given: object, seconds: int) -> None:
+    """Slurm's SuspendTime and ResumeTimeout are seconds: `30m`, `90s`, `1h` or a number of seconds."""
+    text = ROOM.replace("partition: room", f"partition: room\n    suspend_after: {given}\n    resume_timeout: {given}")
+    room = loader.load(write(tmp_path, text), check_files=False).rooms["room"]
+    assert (room.suspend_after, room.resume_timeout) == (seconds, seconds)
+    assert (room.to_dict()["suspend_after"], room.to_dict()["resume_timeout"]) == (seconds, seconds)
+    plain = loader.load(write(tmp_path, ROOM), check_files=False).rooms["room"]
+    assert (plain.suspend_after, plain.resume_timeout) == (None, None)  # no power saving unless asked
+
+
 @pytest.mark.parametrize(("old", "new", "field", "words"), [
+    ("partition: room", "partition: room\n    suspend_after: 30 minutes", "slurm.room.suspend_after",
+     "expected a time in seconds from 1 s to 7 days (Slurm's SuspendTime is seconds), got '30 minutes'"),
+    ("partition: room", "partition: room\n    suspend_after: 0m", "slurm.room.suspend_after", "got '0m'"),
+    ("partition: room", "partition: room\n    suspend_after: 8000000", "slurm.room.suspend_after", "7 days"),
+    ("partition: room", "partition: room\n    suspend_after: true", "slurm.room.suspend_after", "got True"),
+    ("partition: room", "partition: room\n    resume_timeout: '1:00:00'", "slurm.room.resume_timeout",
+     "Slurm's ResumeTimeout is seconds"),
     ("partition: room", "partition: room\n    default_time: 2h", "slurm.room.default_time",
      "expected a Slurm time limit"),
     ("partition: room", "partition: room\n    max_time: '0'", "slurm.room.max_time", "expected a Slurm time limit"),
@@ -84,3 +102,5 @@ def test_room_errors_name_the_field_and_the_fix(tmp_path: Path, old: str, new: s
     e = error(tmp_path, ROOM.replace(old, new, 1))
     assert e.field == field and words in str(e) and e.fix, str(e)
     assert str(e).startswith(str(tmp_path / "inv.yaml")) and e.line is not None
+    if field.endswith(("suspend_after", "resume_timeout")):
+        assert e.fix and "30m, 90s, 1h, or a number of seconds" in e.fix
