@@ -56,7 +56,7 @@ def record(inv: Inventory, node_facts: dict[str, Any]) -> dict[str, str]:
         mac = normalize_mac(mac) if isinstance(mac, str) else None
         if mac is None:
             continue
-        nodes[name] = {"mac": mac, "nic": nf.address_nic, "address": inv.hosts[name].address,
+        nodes[name] = {**nodes.get(name, {}), "mac": mac, "nic": nf.address_nic, "address": inv.hosts[name].address,
                        "checked": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         now[name] = mac
     if now:
@@ -64,6 +64,20 @@ def record(inv: Inventory, node_facts: dict[str, Any]) -> dict[str, str]:
         p.parent.mkdir(parents=True, exist_ok=True)
         paths.write_atomic(p, json.dumps({"inventory": str(inv.path), "nodes": nodes}, indent=1, sort_keys=True) + "\n")
     return now
+
+
+def record_wakes(inv: Inventory, results: list[PowerResult]) -> None:
+    """Keep each woken node's slowest wake (seconds from the first packet to its SSH answer) beside its MAC:
+    a room's Slurm gives a woken PC 1.5x the slowest as its ResumeTimeout (cluster.room.power)."""
+    nodes = recorded(inv)
+    woke = {r.host: r.seconds for r in results if r.status == "woke"}
+    for name, s in woke.items():
+        node = nodes.setdefault(name, {})
+        node["wake_s"] = max(s, float(node.get("wake_s") or 0))
+    if woke:
+        record_path(inv).parent.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(record_path(inv), json.dumps({"inventory": str(inv.path), "nodes": nodes}, indent=1,
+                                                        sort_keys=True) + "\n")
 
 
 def mac_of(inv: Inventory, host: Host) -> tuple[str, str] | None:
@@ -196,6 +210,7 @@ def wake(inv: Inventory, hosts: list[Host], timeout: float = WAKE_TIMEOUT_S, for
             break
         if pending:
             time.sleep(POLL_S)
+    record_wakes(inv, list(results.values()))
     return [results[h.name] for h in hosts]
 
 

@@ -16,6 +16,12 @@ from cluster.errors import ClusterError, UsageError
 PORTS: dict[str, Any] = {"slurmctld": 6817, "slurmd": 6818, "srun": (60001, 63000)}
 JOBCOMP = "/var/log/slurm/jobcomp.log"
 HEADROOM_MIB, HEADROOM_SHARE = 512, 0.05
+# Power saving (cluster/room/slurm_power.py, installed on the controller): one program under three names,
+# since slurmctld runs each with the hostlist as its only argument.
+POWER_DIR = "/usr/local/lib/clusterctl"
+POWER_NAMES = {"SuspendProgram": "slurm-suspend", "ResumeProgram": "slurm-resume",
+               "ResumeFailProgram": "slurm-resume-fail"}
+SUSPEND_TIMEOUT_S = 120  # an old PC's shutdown, with room to spare: after it Slurm may wake the PC again
 
 
 class FactMissing(ClusterError):
@@ -134,8 +140,28 @@ class Queue:
                 f"{f' MaxNodes={self.max_pcs_per_job}' if self.max_pcs_per_job else ''}")
 
 
+@dataclass(frozen=True)
+class Power:
+    """Slurm's power saving for the room (inventory `suspend_after`): a PC idle `suspend_after` seconds is
+    switched off, and woken for the job it is given; `resume_timeout` seconds later a PC that has not
+    registered is marked down. `why` says where resume_timeout came from (cluster.room.power)."""
+
+    suspend_after: int
+    resume_timeout: int
+    why: str
+
+    def lines(self) -> str:
+        programs = "".join(f"{k}={POWER_DIR}/{v}\n" for k, v in POWER_NAMES.items())
+        return (f"# power saving: a PC idle {self.suspend_after} s is switched off (an SSH login that may run only\n"
+                "# poweroff), woken by Wake-on-LAN for a job it is given, marked DOWN with the reason if it does not\n"
+                "# register within ResumeTimeout; each call is a JSON line in /var/log/slurm/clusterctl-power.log.\n"
+                "# The controller is never suspended: it is no NodeName, so no SuspendExcNodes is needed.\n"
+                f"SuspendTime={self.suspend_after}\n{programs}SuspendTimeout={SUSPEND_TIMEOUT_S}\n"
+                f"# ResumeTimeout: {self.why}\nResumeTimeout={self.resume_timeout}\n")
+
+
 def _slurm_conf(cluster: str, partition: str, ctld: str, nodes: list[RoomNode], cgroup_v2: bool,
-                queue: Queue) -> str:
+                queue: Queue, power: Power | None = None) -> str:
     gres_types = "GresTypes=gpu\n" if any(n.gpus for n in nodes) else ""
     lo, hi = PORTS["srun"]
     return f"""{_header("slurm.conf", cluster)}ClusterName={cluster}
@@ -175,7 +201,7 @@ MailProg=/bin/true
 # in service as soon as its slurmd registers again after a boot
 SlurmdTimeout=120
 ReturnToService=2
-{gres_types}{"".join(_node_line(n) for n in nodes)}\
+{power.lines() if power else ""}{gres_types}{"".join(_node_line(n) for n in nodes)}\
 # whole PCs: a job never shares a PC, nor its GPU, with another job (OverSubscribe=EXCLUSIVE)
 PartitionName={partition} Nodes={",".join(n.name for n in nodes)} Default=YES {queue.partition_limits()} \
 OverSubscribe=EXCLUSIVE State=UP
@@ -198,8 +224,10 @@ def _gres_conf(cluster: str, nodes: list[RoomNode]) -> str:
 
 
 def render(*, cluster: str, partition: str, controller_hostname: str, controller_address: str,
-           nodes: list[RoomNode], cgroup_v2: bool, queue: Queue = Queue()) -> dict[str, str]:
-    """{file name: text} for /etc/slurm/ on every PC of the room; gres.conf only where a PC has a GPU.
+           nodes: list[RoomNode], cgroup_v2: bool, queue: Queue = Queue(), power: Power | None = None
+           ) -> dict[str, str]:
+    """{file name: text} for /etc/slurm/ on every PC of the room; gres.conf only where a PC has a GPU;
+    `power`: Slurm's power saving (None: PCs stay on).
     `cgroup_v2` must hold for every PC (the caller passes all(...)): one PC without it leaves the room
     unconfined, since one slurm.conf names the plugins for all."""
     if not nodes:
@@ -211,7 +239,7 @@ def render(*, cluster: str, partition: str, controller_hostname: str, controller
                          "the controller runs slurmctld only: keep it out of the node group, and give each "
                          "PC its own hostname")
     files = {"slurm.conf": _slurm_conf(cluster, partition, f"{controller_hostname}({controller_address})",
-                                       ordered, cgroup_v2, queue),
+                                       ordered, cgroup_v2, queue, power),
              "cgroup.conf": _cgroup_conf(cluster, cgroup_v2)}
     if any(n.gpus for n in ordered):
         files["gres.conf"] = _gres_conf(cluster, ordered)

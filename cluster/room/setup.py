@@ -19,6 +19,7 @@ from cluster.nodes.facts import NodeFacts, gather
 from cluster.nodes.fanout import Group, GroupResult
 from cluster.room import checks, conf, debs, held
 from cluster.room import plan as planning
+from cluster.room import power as roompower
 from cluster.room import state as pcstate
 from cluster.transport import Transport
 
@@ -149,14 +150,17 @@ def reached_at(controller: Host, nodes: list[Host], f: NodeFacts) -> str:
     return controller.address
 
 
-def render(room: RoomCluster, controller: Host, nodes: list[Host], facts: dict[str, NodeFacts]) -> dict[str, str]:
-    """The room's files from its facts: slurm.conf, cgroup.conf, gres.conf (GPUs)."""
+def render(room: RoomCluster, controller: Host, nodes: list[Host], facts: dict[str, NodeFacts],
+           power: conf.Power | None = None) -> dict[str, str]:
+    """The room's files from its facts: slurm.conf, cgroup.conf, gres.conf (GPUs); `power`: Slurm's power
+    saving (cluster.room.power.settings)."""
     ctl_name = (facts[controller.name].values.get("hostname") or {}).get("name") or controller.name
     members = [conf.node_from_facts(h.name, h.address, facts[h.name].values) for h in nodes]
     v2 = not checks.unconfined(nodes, facts)
     return conf.render(cluster=room.name, partition=room.partition, controller_hostname=ctl_name,
                        controller_address=reached_at(controller, nodes, facts[controller.name]), nodes=members,
-                       cgroup_v2=v2, queue=conf.Queue(room.default_time, room.max_time, room.max_pcs_per_job))
+                       cgroup_v2=v2, queue=conf.Queue(room.default_time, room.max_time, room.max_pcs_per_job),
+                       power=power)
 
 
 def _walls(peers: list[str], pcs: list[Host], facts: dict[str, NodeFacts]) -> dict[str, list[tuple[str, str, str]]]:
@@ -271,7 +275,7 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
         if bare:
             out.notes.append(f"no cgroup v2 on {', '.join(bare)}: jobs are not confined to their cores, memory and "
                              "GPUs on any PC of the room (a whole PC per job still keeps students apart)")
-        out.files = render(room, controller, nodes, facts)
+        out.files = render(room, controller, nodes, facts, roompower.settings(inv, room))
         states = _states(group, out)
         key = _key(key_path(inv, room), dry_run)
         # where the PCs' packets come from: the controller at its address on the nodes' network

@@ -40,11 +40,15 @@ def gtx_room(cgroups: tuple[str, ...] = ("cgroup-v2.txt",) * 3) -> dict[str, dic
 
 
 def render(room: dict[str, dict[str, Any]], cluster: str, partition: str,
-           queue: conf.Queue = conf.Queue()) -> dict[str, str]:
+           queue: conf.Queue = conf.Queue(), power: conf.Power | None = None) -> dict[str, str]:
     nodes = [conf.node_from_facts(name, f"192.168.10.{10 + int(name[-1])}", f) for name, f in room.items()]
     return conf.render(cluster=cluster, partition=partition, controller_hostname="teacher",
                        controller_address="192.168.10.2", nodes=nodes,
-                       cgroup_v2=all(f["cgroup"]["v2"] for f in room.values()), queue=queue)
+                       cgroup_v2=all(f["cgroup"]["v2"] for f in room.values()), queue=queue, power=power)
+
+
+# a room whose idle PCs Slurm switches off after 30 minutes; its slowest recorded wake took 84 s
+POWER = conf.Power(1800, 126, "1.5x the slowest recorded wake (pc2: 84 s, by `clusterctl wake`), at least 60 s")
 
 
 ROOMS = {
@@ -53,6 +57,7 @@ ROOMS = {
     # lab-node1's own facts: a simulated lab's node, no GPU, no /sys/fs/cgroup (its record has no cgroup fact)
     "cpu-only": lambda: render({n: recorded(n, "lab-node1.txt", None, None) for n in ("node1", "node2")},
                                "cpulab", "cpu"),
+    "power-saving": lambda: render(gtx_room(), "lab214", "gpu", power=POWER),
 }
 
 
@@ -80,6 +85,18 @@ def test_gtx_room_from_recorded_facts() -> None:
     assert files["cgroup.conf"].endswith("CgroupPlugin=cgroup/v2\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
                                          "ConstrainDevices=yes\n")
     assert all(t.startswith("# ") and "provision --slurm" in t.splitlines()[0] for t in files.values())
+
+
+def test_power_saving_lines_only_where_the_room_asks() -> None:
+    slurm = ROOMS["power-saving"]()["slurm.conf"]
+    assert "SuspendTime=1800\n" in slurm and "ResumeTimeout=126\n" in slurm and "SuspendTimeout=120\n" in slurm
+    for key, name in (("SuspendProgram", "slurm-suspend"), ("ResumeProgram", "slurm-resume"),
+                      ("ResumeFailProgram", "slurm-resume-fail")):
+        assert f"\n{key}=/usr/local/lib/clusterctl/{name}\n" in slurm  # a path: slurmctld passes the hostlist alone
+    assert "# ResumeTimeout: 1.5x the slowest recorded wake (pc2: 84 s" in slurm
+    # the controller is never suspended: it is no NodeName, so nothing excludes it
+    assert "NodeName=teacher" not in slurm and not re.search(r"^SuspendExc", slurm, re.M)
+    assert not re.search(r"^(Suspend|Resume)", ROOMS["gtx1050ti"]()["slurm.conf"], re.M)
 
 
 def test_one_pc_without_cgroup_v2_leaves_the_whole_room_unconfined_and_says_so() -> None:
@@ -191,7 +208,7 @@ def test_slurmd_reads_the_rendered_files(tmp_path: Path) -> None:
     here = facts.parse_cgroup(subprocess.run(["bash", "-c", "stat -fc %T /sys/fs/cgroup 2>/dev/null"],
                                              capture_output=True, text=True).stdout, 0)
     room = gtx_room(("cgroup-v2.txt" if here["v2"] else "cgroup-v1-hybrid.txt",) * 3)
-    for name, text in render(room, "lab214", "gpu").items():
+    for name, text in render(room, "lab214", "gpu", power=POWER).items():
         (tmp_path / name).write_text(text.replace("/dev/nvidia0", "/dev/null"))
     r = subprocess.run(["slurmd", "-f", str(tmp_path / "slurm.conf"), "-G", "-N", "pc2"], capture_output=True,
                        text=True, timeout=30)
