@@ -1,5 +1,6 @@
 """Slurm's power saving for a room (inventory `slurm.ROOM.suspend_after`): what slurm.conf is told, and
-what the power program's log on the controller says about the hours each PC was off.
+what the power program's log on the controller (cluster/room/slurm_power.py) says about the hours each PC
+was off and the energy that saved.
 
 Where wake times are recorded: `clusterctl wake` (and `launch --wake`) measures each PC's seconds from its
 first magic packet to its SSH answer and keeps each PC's slowest beside its MAC, in the head's per-inventory
@@ -9,7 +10,11 @@ some seconds after sshd answers), 300 s where none is recorded; the inventory's 
 """
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 from cluster.inventory.model import Inventory, RoomCluster
 from cluster.nodes import power as nodepower
@@ -36,3 +41,60 @@ def settings(inv: Inventory, room: RoomCluster) -> Power | None:
     seconds = max(MIN_RESUME_S, math.ceil(WAKE_MARGIN * wakes[slowest]))
     return Power(room.suspend_after, seconds, f"{WAKE_MARGIN:g}x the slowest recorded wake ({slowest}: "
                  f"{wakes[slowest]:g} s, by `clusterctl wake`), at least {MIN_RESUME_S} s")
+
+
+@dataclass(frozen=True)
+class OffTime:
+    """One PC's hours off in a period and the energy that saved: hours x its idle watts."""
+
+    node: str
+    hours: float
+    idle_w: float
+    idle_w_source: str  # "facts" or "estimate" (the report's, where no facts give the PC's idle draw)
+
+    @property
+    def kwh_saved(self) -> float:
+        return self.hours * self.idle_w / 1000.0
+
+
+def _events(lines: Iterable[str]) -> list[tuple[dt.datetime, str, bool]]:
+    """(time, node, off) for each PC the program switched off (suspend) or woke (resume), in time order; a
+    failed call, a resume-fail (the PC did not come up: still off) and a line that is not the program's
+    change nothing."""
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            when = dt.datetime.fromisoformat(rec["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(rec, dict) and rec.get("ok") is True and rec.get("action") in ("suspend", "resume") \
+                and when.tzinfo is not None:
+            out.append((when, str(rec["node"]), rec["action"] == "suspend"))
+    return sorted(out, key=lambda e: e[0])
+
+
+def off_times(lines: Iterable[str], start: dt.datetime, end: dt.datetime, nodes: Iterable[str],
+              idle_w: Mapping[str, float], estimate_w: float) -> list[OffTime]:
+    """Each PC's hours off within [start, end) from the power log's JSON lines: off from a successful
+    suspend to the next successful resume; a PC off at `start` counts from `start`, one still off at `end`
+    counts to `end`. `idle_w`: the PCs' idle watts from their facts, where known; else `estimate_w` (the
+    report's estimate, cluster.study.node_figures.IDLE_W, which this layer does not import)."""
+    if end <= start:
+        raise ValueError(f"the period ends ({end.isoformat()}) before it starts ({start.isoformat()})")
+    off_since: dict[str, dt.datetime | None] = {n: None for n in nodes}
+    seconds = dict.fromkeys(off_since, 0.0)
+    for when, node, off in _events(lines):
+        if node not in off_since or when >= end:
+            continue
+        since = off_since[node]
+        if off and since is None:
+            off_since[node] = max(when, start)
+        elif not off and since is not None:
+            seconds[node] += max(0.0, (when - since).total_seconds()) if when > start else 0.0
+            off_since[node] = None
+    for node, since in off_since.items():
+        if since is not None:
+            seconds[node] += (end - since).total_seconds()
+    return [OffTime(n, seconds[n] / 3600.0, idle_w.get(n, estimate_w),
+                    "facts" if n in idle_w else "estimate") for n in off_since]

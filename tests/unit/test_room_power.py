@@ -1,16 +1,22 @@
 """A room's power saving (cluster/room/power.py): ResumeTimeout from the wakes `clusterctl wake` records on the
-head (cluster.nodes.power.record_wakes), and the room's slurm.conf lines only where `suspend_after` asks."""
+head (cluster.nodes.power.record_wakes), no power saving where `suspend_after` is not set, and the hours each
+PC was off in a period, read from a recorded power log (tests/golden/room/power.log, the program's lines)."""
 from __future__ import annotations
 
+import datetime as dt
+import time
 from pathlib import Path
+
+import pytest
 
 from cluster.inventory import loader
 from cluster.inventory.model import Inventory
 from cluster.nodes import power as nodepower
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.power import PowerResult
-from cluster.room import power
-from tests.conftest import write
+from cluster.room import power, slurm_power
+from cluster.study.node_figures import IDLE_W
+from tests.conftest import ROOT, write
 
 ROOM = """\
 defaults: {user: student, become: true, known_hosts: /dev/null}
@@ -80,3 +86,46 @@ def test_check_keeps_the_recorded_wake_when_it_records_the_mac_again(tmp_path: P
     nf = NodeFacts(host="node2", values={"macs": {"eth0": "02:00:00:00:00:12"}}, address_nic="eth0")
     assert nodepower.record(inv, {"node2": nf}) == {"node2": "02:00:00:00:00:12"}
     assert nodepower.recorded(inv)["node2"]["wake_s"] == 50.0
+
+
+# ----------------------------------------------------------------------------- hours off, from the power log
+
+LOG = (ROOT / "tests" / "golden" / "room" / "power.log").read_text().splitlines()  # a night of a 3-PC room
+NIGHT = (dt.datetime(2026, 12, 7, 18, tzinfo=dt.timezone.utc), dt.datetime(2026, 12, 8, 8, tzinfo=dt.timezone.utc))
+
+
+def test_hours_off_per_pc_in_a_night_and_the_energy_saved() -> None:
+    """pc1 was off before the night began (counted from its start) until 07:30; pc2 off 19:00-21:00 and from
+    22:30, still off at the night's end (its 09:00 resume is after it); pc3's first suspend failed (on), its
+    wake failed and Slurm marked it down (still off)."""
+    got = {o.node: o for o in power.off_times(LOG, *NIGHT, ["pc1", "pc2", "pc3"], {"pc1": 55.0}, IDLE_W)}
+    pc1 = 13.5 + 4 / 3600  # 18:00:00 to 07:30:04
+    assert {n: o.hours for n, o in got.items()} == pytest.approx({"pc1": pc1, "pc2": 11.5 - 2 / 3600, "pc3": 9.0 - 2 / 3600})
+    assert (got["pc1"].idle_w, got["pc1"].idle_w_source) == (55.0, "facts")
+    assert (got["pc2"].idle_w, got["pc2"].idle_w_source) == (IDLE_W, "estimate")  # the report's 40 W
+    assert got["pc2"].kwh_saved == pytest.approx(got["pc2"].hours * 40 / 1000)
+    assert sum(o.kwh_saved for o in got.values()) == pytest.approx((pc1 * 55 + (20.5 - 4 / 3600) * 40) / 1000)
+
+
+def test_a_period_inside_one_off_stretch_and_one_before_any_suspend() -> None:
+    midnight = dt.datetime(2026, 12, 8, 0, tzinfo=dt.timezone.utc)
+    hour = [o.hours for o in power.off_times(LOG, midnight, midnight + dt.timedelta(hours=1), ["pc1", "pc2", "pc3"],
+                                             {}, IDLE_W)]
+    assert hour == [1.0, 1.0, 1.0]
+    early = dt.datetime(2026, 12, 7, 12, tzinfo=dt.timezone.utc)
+    assert [o.hours for o in power.off_times(LOG, early, early + dt.timedelta(hours=4), ["pc1", "pc2"], {}, IDLE_W)] \
+        == [0.0, 0.0]
+    with pytest.raises(ValueError, match="before it starts"):
+        power.off_times(LOG, NIGHT[1], NIGHT[0], ["pc1"], {}, IDLE_W)
+
+
+def test_the_lines_the_power_program_writes_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program's own log function (cluster/room/slurm_power.py) writes what off_times reads."""
+    monkeypatch.setattr(slurm_power, "LOG", str(tmp_path / "power.log"))
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    slurm_power.log("suspend", "pc1", True, "")
+    time.sleep(1.1)
+    slurm_power.log("resume", "pc1", True, "magic packet ...")
+    [got] = power.off_times((tmp_path / "power.log").read_text().splitlines(), start,
+                            start + dt.timedelta(hours=1), ["pc1"], {}, IDLE_W)
+    assert 0 < got.hours * 3600 <= 3
