@@ -43,6 +43,21 @@ def settings(inv: Inventory, room: RoomCluster) -> Power | None:
                  f"{wakes[slowest]:g} s, by `clusterctl wake`), at least {MIN_RESUME_S} s")
 
 
+def pcs_json(inv: Inventory, room: RoomCluster) -> dict[str, object]:
+    """What the power program reads on the controller (its pcs.json): each PC's address, SSH port and login
+    user (whose authorized_keys entry may run only poweroff), its MAC (the inventory's, else the one facts
+    recorded; None: not known yet, so it cannot be woken) and the gateway that sends its packet where the
+    controller has no address on its network (its last jump host, unless that is the controller)."""
+    nodes: dict[str, object] = {}
+    for name in room.nodes:
+        h = inv.hosts[name]
+        gw = h.jumps[-1] if h.jumps and h.jumps[-1].address != room.controller.address else None
+        mac = nodepower.mac_of(inv, h)
+        nodes[name] = {"address": h.address, "port": h.port, "user": h.user, "mac": mac[0] if mac else None,
+                       "gateway": {"address": gw.address, "port": gw.port, "user": gw.user} if gw else None}
+    return {"room": room.name, "wol_port": 9, "nodes": nodes}
+
+
 @dataclass(frozen=True)
 class OffTime:
     """One PC's hours off in a period and the energy that saved: hours x its idle watts."""

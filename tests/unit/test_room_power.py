@@ -88,6 +88,23 @@ def test_check_keeps_the_recorded_wake_when_it_records_the_mac_again(tmp_path: P
     assert nodepower.recorded(inv)["node2"]["wake_s"] == 50.0
 
 
+def test_pcs_json_maps_each_node_to_its_address_user_mac_and_gateway(tmp_path: Path) -> None:
+    """The inventory's MAC wins, else the recorded one, else none; the controller is no gateway of its own."""
+    text = ROOM.replace("defaults: {", "defaults: {proxy_jump: 'root@10.77.0.254', ").replace(
+        "user: root}", "user: root, proxy_jump: none}").replace(
+        "node3: {address: 10.77.0.13}", "node3: {address: 10.88.0.13, port: 2222, proxy_jump: 'admin@10.77.0.9'}")
+    inv = inventory(tmp_path, text)
+    nf = NodeFacts(host="node2", values={"macs": {"eth0": "02:00:00:00:00:12"}}, address_nic="eth0")
+    nodepower.record(inv, {"node2": nf})
+    doc = power.pcs_json(inv, inv.rooms["room"])
+    assert doc["wol_port"] == 9 and doc["room"] == "room"
+    assert doc["nodes"] == {
+        "node1": {"address": "10.77.0.11", "port": 22, "user": "student", "mac": "02:00:00:00:00:11", "gateway": None},
+        "node2": {"address": "10.77.0.12", "port": 22, "user": "student", "mac": "02:00:00:00:00:12", "gateway": None},
+        "node3": {"address": "10.88.0.13", "port": 2222, "user": "student", "mac": None,
+                  "gateway": {"address": "10.77.0.9", "port": 22, "user": "admin"}}}
+
+
 # ----------------------------------------------------------------------------- hours off, from the power log
 
 LOG = (ROOT / "tests" / "golden" / "room" / "power.log").read_text().splitlines()  # a night of a 3-PC room
