@@ -275,7 +275,8 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
         if bare:
             out.notes.append(f"no cgroup v2 on {', '.join(bare)}: jobs are not confined to their cores, memory and "
                              "GPUs on any PC of the room (a whole PC per job still keeps students apart)")
-        out.files = render(room, controller, nodes, facts, roompower.settings(inv, room))
+        power = roompower.settings(inv, room)
+        out.files = render(room, controller, nodes, facts, power)
         states = _states(group, out)
         key = _key(key_path(inv, room), dry_run)
         # where the PCs' packets come from: the controller at its address on the nodes' network
@@ -283,6 +284,10 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
         plan = planning.make(controller, nodes, states, out.files, key,
                              lambda h, role, st: _install(group, h, role, st, facts[h.name]),
                              walls=_walls(peers, [controller, *nodes], facts), room=room.name, peers=peers)
+        if power is not None:  # the program, its key and files on the controller; each PC's poweroff login
+            at = 1 + max((i for i, a in enumerate(plan.actions) if a.phase in ("install", "files")), default=-1)
+            plan.actions[at:at] = roompower.actions(controller, nodes, states, roompower.material(inv, room, dry_run),
+                                                    room.name)
         out.actions, out.notes = plan.actions, out.notes + plan.notes
         if dry_run:
             return out
@@ -302,10 +307,11 @@ def undo(inv: Inventory, room_name: str | None, *, dry_run: bool = False, purge:
     with Group([controller, *nodes], forks=forks) as group:
         states = _states(group, out)
         plan = planning.undo(controller, nodes, states, list(pcstate.PACKAGES) if purge else None)
-        out.actions = plan.actions
+        out.actions = plan.actions + roompower.undo_actions(controller, nodes, states)
         if dry_run:
             return out
-        _execute(group, plan.actions, UNDO_ORDER, out, on_action)
-    for p in (key_path(inv, room), key_path(inv, room).parent / held.SET_UP):
+        _execute(group, out.actions, UNDO_ORDER, out, on_action)
+    power_key = key_path(inv, room).parent / "power_ed25519"
+    for p in (key_path(inv, room), power_key, power_key.with_suffix(".pub"), key_path(inv, room).parent / held.SET_UP):
         p.unlink(missing_ok=True)
     return out

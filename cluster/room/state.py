@@ -18,6 +18,13 @@ PACKAGES = ("munge", "slurmd", "slurmctld", "slurm-client")
 MARK = "@@room"
 NFT = 'env PATH="$PATH:/usr/sbin:/sbin" nft'  # /usr/sbin is on no ordinary user's PATH
 FW_TAG = "clusterctl room"  # the comment of the rules provision --slurm inserts (then the room's name)
+# Power saving (cluster.room.power): the program on the controller, its key, known_hosts and pcs.json (SlurmUser's
+# only), each PC's sudoers line for poweroff alone and its login user's authorized_keys entry (tagged).
+POWER_BIN = "/usr/local/lib/clusterctl"
+POWER_DIR = "/etc/slurm/clusterctl-power"
+POWER_FILES = (f"{POWER_BIN}/slurm-power", *(f"{POWER_DIR}/{n}" for n in ("id_ed25519", "known_hosts", "pcs.json")),
+               "/etc/sudoers.d/clusterctl-power")
+AUTH_TAG = "clusterctl-power"
 
 
 def root(h: Host) -> str:
@@ -31,7 +38,7 @@ def as_root(h: Host, script: str) -> str:
 
 
 PROBE_SCRIPT = (
-    f'for f in {" ".join(f"{ETC}/{n}" for n in CONF_FILES)} {KEY}; do '
+    f'for f in {" ".join(f"{ETC}/{n}" for n in CONF_FILES)} {KEY} {" ".join(POWER_FILES)}; do '
     f'if [ -f "$f" ]; then echo "{MARK} file $f $(sha256sum < "$f" | cut -d" " -f1)"; '
     f'else echo "{MARK} file $f -"; fi; done; '
     f'for u in {" ".join(UNITS)}; do a=$(systemctl is-active "$u" 2>/dev/null); '
@@ -52,14 +59,21 @@ class PcState:
     candidate: str | None = None  # slurmd's version in the PC's apt index (None: no index knows it)
     conf_nodes: list[str] = field(default_factory=list)
     fw_rules: int = 0  # firewall rules provision --slurm inserted (tagged FW_TAG)
+    authorized: str | None = None  # sha256 of the login user's authorized_keys lines tagged AUTH_TAG (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         return {"digests": self.digests, "active": self.active, "enabled": self.enabled,
-                "installed": sorted(self.installed), "candidate": self.candidate, "conf_nodes": self.conf_nodes, "fw_rules": self.fw_rules}
+                "installed": sorted(self.installed), "candidate": self.candidate, "conf_nodes": self.conf_nodes, "fw_rules": self.fw_rules,
+                "authorized": self.authorized}
+
+
+# the login user's authorized_keys lines of the power key, read as that user (the file is theirs, ~ their home)
+AUTHORIZED_PROBE = (f"f=~/.ssh/authorized_keys; if grep -sqF {shlex.quote(AUTH_TAG)} \"$f\"; then echo \"{MARK} "
+                    f"authorized $(grep -F {shlex.quote(AUTH_TAG)} \"$f\" | sha256sum | cut -d' ' -f1)\"; fi; true")
 
 
 def probe_command(h: Host) -> str:
-    return as_root(h, PROBE_SCRIPT)
+    return f"{as_root(h, PROBE_SCRIPT)} && {{ {AUTHORIZED_PROBE}; }}"  # a refused sudo still fails the probe
 
 
 def parse(out: str) -> PcState:
@@ -80,6 +94,8 @@ def parse(out: str) -> PcState:
             s.candidate = rest[0] if rest and re.match(r"\d", rest[0]) else None
         elif kind == "fw" and rest and rest[0].isdigit():
             s.fw_rules = int(rest[0])
+        elif kind == "authorized" and rest:
+            s.authorized = rest[0]
         elif kind == "node" and rest:
             s.conf_nodes.extend(n for n in rest[0].split(",") if n)
     return s

@@ -1,10 +1,15 @@
 """`provision --slurm --dry-run`: every command in the order it runs and every file it writes (never the munge
 key), golden-tested for a GTX 1050 Ti room from recorded facts, with apt (the PCs' index knows Slurm) and from
-the head's bundle (no index: the .deb files sent and one dpkg -i, daemons kept from starting)."""
+the head's bundle (no index: the .deb files sent and one dpkg -i, daemons kept from starting), and the power-saving part of a
+room with `suspend_after` (the program, its key and files on the controller, each PC's poweroff-only login)."""
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 from cluster.inventory.model import Host
-from cluster.room import debs, plan, state
+from cluster.room import debs, plan, slurm_power, state
+from cluster.room import power as room_power
 from tests import goldens
 from tests.conftest import ROOT
 from tests.unit.test_debs import HEAD, _bundle_of, graph
@@ -52,3 +57,76 @@ def test_the_dry_run_from_the_bundle_sends_the_debs_and_installs_them_in_one_dpk
     assert sent and all(r.startswith("clusterctl/debs-incoming/") and r.endswith(".deb") for r in sent)
     assert any("slurmd_" in r for r in sent) and not any("slurmctld_" in r for r in sent)
     assert node.command.count("dpkg -i") == 1 and "apt-get" not in node.command
+
+
+# ----------------------------------------------------------------------------- power saving (suspend_after)
+
+POWER = room_power.Material(key=b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot shown\n", public="ssh-ed25519 AAAAC3Nza "
+                            "clusterctl-power:lab214\n", known_hosts="192.168.10.11 ssh-ed25519 AAAAhost1\n",
+                            pcs='{"nodes": {"pc1": {"address": "192.168.10.11"}}}\n')
+
+
+def _power(states: dict[str, state.PcState]) -> list[plan.Action]:
+    return room_power.actions(CTL, NODES, states, POWER, "lab214")
+
+
+def test_the_power_dry_run_installs_the_program_its_files_and_each_pcs_poweroff_login() -> None:
+    st = state.parse(BARE)
+    actions = _power({h.name: st for h in [CTL, *NODES]})
+    text = plan.dry_run_text("lab214", actions)
+    goldens.check(GOLDEN / "dry-run-power.txt", text, "the power-saving part of a bare room's dry run")
+    ctl = [a for a in actions if a.pc == "teacher"]
+    assert [a.what for a in ctl] == ["/usr/local/lib/clusterctl/slurm-power",
+                                     "slurm-suspend, slurm-resume, slurm-resume-fail -> slurm-power",
+                                     "/etc/slurm/clusterctl-power", "/etc/slurm/clusterctl-power/id_ed25519",
+                                     "/etc/slurm/clusterctl-power/known_hosts", "/etc/slurm/clusterctl-power/pcs.json"]
+    assert ctl[0].stdin == Path(slurm_power.__file__).read_bytes() and "0755" in ctl[0].command
+    assert all("slurm:slurm" in a.command and "0400" in a.command for a in ctl[3:])
+    assert "not shown" not in text.replace("(the room's power key, not shown)", "")  # the key never printed
+    pc1 = [a for a in actions if a.pc == "pc1"]
+    assert pc1[0].shown == "# clusterctl provision --slurm: the power key's login may switch this PC off, nothing " \
+                           "else\nadmin ALL=(root) NOPASSWD: /usr/sbin/poweroff\n"
+    assert pc1[1].shown == ('restrict,command="sudo -n /usr/sbin/poweroff" ssh-ed25519 AAAAC3Nza '
+                            "clusterctl-power:lab214\n")
+    assert not pc1[1].command.startswith("sudo")  # the login user's own file
+
+
+def test_a_room_whose_power_files_are_in_place_plans_none_and_undo_removes_them(tmp_path: Path) -> None:
+    program = Path(slurm_power.__file__).read_bytes()
+    digests = {room_power.PROGRAM: program, room_power.KEY: POWER.key, room_power.KNOWN_HOSTS: POWER.known_hosts.encode(),
+               room_power.PCS: POWER.pcs.encode()}
+    ctl = state.parse("".join(f"@@room file {p} {plan.sha256(d)}\n" for p, d in digests.items()))
+    node = state.parse(f"@@room file {room_power.SUDOERS} {plan.sha256(room_power.sudoers(NODES[0]).encode())}\n"
+                       f"@@room authorized {plan.sha256(room_power.entry(POWER.public, 'lab214').encode())}\n")
+    states = {"teacher": ctl, **{h.name: node for h in NODES}}
+    assert _power(states) == []
+    undo = plan.undo(CTL, NODES, states, None).actions + room_power.undo_actions(CTL, NODES, states)
+    text = plan.dry_run_text("lab214", undo, undoing=True)
+    assert "rm -f /usr/local/lib/clusterctl/slurm-power" in text and "rm -f /etc/sudoers.d/clusterctl-power" in text
+    assert "rm -rf /etc/slurm/clusterctl-power" in text
+    assert [a.what for a in undo if a.pc == "pc2"][-1] == "~admin/.ssh/authorized_keys: remove the power key"
+
+
+def test_the_pcs_login_side_as_a_real_shell_runs_it(tmp_path: Path) -> None:
+    """The authorized_keys action replaces an older power key's line and keeps the user's own, the probe then
+    reads what the plan expects (a rerun plans nothing), undo removes it; the sudoers line passes visudo."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    auth = home / ".ssh" / "authorized_keys"
+    auth.write_text("ssh-ed25519 AAAAmine me@head\nrestrict,command=\"x\" ssh-ed25519 AAAAold clusterctl-power:lab214\n")
+    bare = state.parse(BARE)
+    [_, add] = [a for a in _power({h.name: bare for h in [CTL, *NODES]}) if a.pc == "pc1"]
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    for _ in range(2):
+        subprocess.run(["sh", "-c", add.command], input=add.stdin, env=env, check=True)
+    assert auth.read_text() == "ssh-ed25519 AAAAmine me@head\n" + room_power.entry(POWER.public, "lab214")
+    assert oct(auth.stat().st_mode & 0o777) == "0o600"
+    probed = subprocess.run(["sh", "-c", state.AUTHORIZED_PROBE], env=env, capture_output=True, text=True)
+    assert state.parse(probed.stdout).authorized == plan.sha256(room_power.entry(POWER.public, "lab214").encode())
+    [remove] = room_power.undo_actions(CTL, [NODES[0]], {"teacher": state.parse(""), "pc1": state.parse(probed.stdout)})
+    subprocess.run(["sh", "-c", remove.command], env=env, check=True)
+    assert auth.read_text() == "ssh-ed25519 AAAAmine me@head\n"
+    sudoers = tmp_path / "clusterctl-power"
+    sudoers.write_text(room_power.sudoers(NODES[0]))
+    r = subprocess.run(["visudo", "-cf", str(sudoers)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

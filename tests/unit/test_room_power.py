@@ -4,17 +4,20 @@ PC was off in a period, read from a recorded power log (tests/golden/room/power.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from cluster.errors import UsageError
 from cluster.inventory import loader
 from cluster.inventory.model import Inventory
 from cluster.nodes import power as nodepower
 from cluster.nodes.facts import NodeFacts
 from cluster.nodes.power import PowerResult
-from cluster.room import power, slurm_power
+from cluster.room import held, power, slurm_power
 from cluster.study.node_figures import IDLE_W
 from tests.conftest import ROOT, write
 
@@ -146,3 +149,28 @@ def test_the_lines_the_power_program_writes_are_read(tmp_path: Path, monkeypatch
     [got] = power.off_times((tmp_path / "power.log").read_text().splitlines(), start,
                             start + dt.timedelta(hours=1), ["pc1"], {}, IDLE_W)
     assert 0 < got.hours * 3600 <= 3
+
+
+def test_the_controllers_material_key_pair_host_keys_and_pcs_json(tmp_path: Path) -> None:
+    """The power key is made once on the head with ssh-keygen (0400; a dry run keeps none); the PCs' host keys
+    come from the head's known_hosts, named as the controller's ssh looks them up; a PC with none is refused."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "hostkey")], check=True)
+    kind, b64 = (tmp_path / "hostkey.pub").read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"10.77.0.11 {kind} {b64}\n10.77.0.12 {kind} {b64}\n[10.77.0.13]:2222 {kind} {b64}\n")
+    text = ROOM.replace("known_hosts: /dev/null", f"known_hosts: {kh}").replace(
+        "node3: {address: 10.77.0.13}", "node3: {address: 10.77.0.13, port: 2222}")
+    inv = inventory(tmp_path, text)
+    folder = held.folder(inv, "room")
+    dry = power.material(inv, inv.rooms["room"], dry_run=True)
+    assert dry.public.startswith("ssh-ed25519 ") and not (folder / "power_ed25519").exists()
+    m = power.material(inv, inv.rooms["room"], dry_run=False)
+    assert oct((folder / "power_ed25519").stat().st_mode & 0o777) == "0o400"
+    assert m.key == (folder / "power_ed25519").read_bytes() and m.public.endswith("clusterctl-power:room\n")
+    assert power.material(inv, inv.rooms["room"], dry_run=False).key == m.key  # made once
+    assert m.known_hosts == f"10.77.0.11 {kind} {b64}\n10.77.0.12 {kind} {b64}\n[10.77.0.13]:2222 {kind} {b64}\n"
+    assert json.loads(m.pcs)["nodes"]["node3"]["port"] == 2222
+    kh.write_text(f"10.77.0.11 {kind} {b64}\n")
+    with pytest.raises(UsageError, match="node2: no host key of it") as e:
+        power.material(inv, inv.rooms["room"], dry_run=True)
+    assert e.value.fix == "`clusterctl trust node2`, then run again"
