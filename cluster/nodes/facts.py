@@ -160,12 +160,23 @@ def parse_macs(out: str, rc: int) -> dict[str, str]:
     return macs
 
 
+ACCOUNTS = "id -u; id -g; id -un; getent passwd | head -n 5000"
+PEOPLE = range(1000, 60000)  # Debian's uids of people (adduser.conf FIRST_UID..LAST_UID), not system accounts
+
+
 def parse_account(out: str, rc: int) -> dict[str, Any] | None:
-    """`id -u; id -g; id -un`: the login user's numbers (Slurm and munge trust numbers, not names)."""
-    words = out.split()
-    if rc != 0 or len(words) < 3 or not (words[0].isdigit() and words[1].isdigit()):
+    """ACCOUNTS: the login user's numbers, and every person's account on the PC (`users`: name -> [uid, gid]):
+    Slurm runs a job under its submitter's uid on every PC and munge's credentials carry numbers, not names."""
+    lines = out.splitlines()
+    words = " ".join(lines[:3]).split()
+    if len(words) < 3 or not (words[0].isdigit() and words[1].isdigit()):
         return None
-    return {"uid": int(words[0]), "gid": int(words[1]), "name": words[2]}
+    users: dict[str, list[int]] = {}
+    for line in lines[3:]:
+        parts = line.split(":")
+        if len(parts) >= 7 and parts[2].isdigit() and parts[3].isdigit() and int(parts[2]) in PEOPLE:
+            users[parts[0]] = [int(parts[2]), int(parts[3])]
+    return {"uid": int(words[0]), "gid": int(words[1]), "name": words[2], "users": users}
 
 
 def parse_hostname(out: str, rc: int) -> dict[str, Any]:
@@ -232,7 +243,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("macs", lambda h: "ip -o link show", parse_macs),
     Fact("cgroup", lambda h: "stat -fc %T /sys/fs/cgroup 2>/dev/null", parse_cgroup),
     Fact("hostname", lambda h: 'hostname; getent ahosts "$(hostname)"', parse_hostname),
-    Fact("account", lambda h: "id -u; id -g; id -un", parse_account),
+    Fact("account", lambda h: ACCOUNTS, parse_account),
     Fact("place", _place_cmd, parse_place),
     Fact("firewall", lambda h: firewall.COMMAND, firewall.parse),
     Fact("sudo", lambda h: "sudo -n true" if h.become else "exit 127", lambda out, rc: _ran(rc)),

@@ -72,14 +72,17 @@ def head_account(name: str) -> tuple[int, int] | None:
 
 def accounts(hosts: list[Host], nf: dict[str, NodeFacts],
              head: Callable[[str], tuple[int, int] | None] = head_account) -> list[Problem]:
-    """The login user's uid and gid on each PC, against the head's account of that name, else against most
-    PCs: a Slurm job runs under the submitter's number on every PC, and munge's credentials carry numbers.
-    One problem per PC that differs, naming the user, both numbers and the fix; accounts are never changed."""
+    """Each person's uid and gid on each PC (the login user's, and every account of a person there: a student's
+    too), against the head's account of that name, else against most PCs: a Slurm job runs under the
+    submitter's number on every PC, and munge's credentials carry numbers. One problem per PC and user that
+    differs, naming the user, both numbers and the fix; accounts are never changed."""
     seen: dict[str, list[tuple[str, int, int]]] = {}
     for h in hosts:
         acct = nf[h.name].values.get("account") if h.name in nf and h.connection == "ssh" else None
         if acct:
-            seen.setdefault(acct["name"], []).append((h.name, acct["uid"], acct["gid"]))
+            numbers = {**(acct.get("users") or {}), acct["name"]: [acct["uid"], acct["gid"]]}
+            for name, (uid, gid) in sorted(numbers.items()):
+                seen.setdefault(name, []).append((h.name, uid, gid))
     out = []
     for name, rows in seen.items():
         ref, where = head(name), "the head"

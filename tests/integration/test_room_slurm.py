@@ -314,6 +314,9 @@ def test_ids_that_differ_on_one_pc_are_found_by_check_and_refused_by_provision_s
         assert [p["host"] for p in found] == ["node2"], json.dumps(res["problems"])[-2000:]
         assert f"user {bob} is uid {pw.pw_uid + 7}, gid {pw.pw_gid} here but {pw.pw_uid}, {pw.pw_gid} on the " \
                "head" in found[0]["message"] and f"usermod -u {pw.pw_uid} {bob}" in found[0]["fix"], found
+        # and the admin's provision --slurm, whose login user is another, refuses the room for it
+        r = clusterctl("provision", state.inventory, "--slurm", env=env, timeout=300)
+        assert r.returncode == 1 and f"user {bob} is uid {pw.pw_uid + 7}" in " ".join(r.stderr.split()), r.stderr
     finally:
         passwd.write_text(before)
         subprocess.run(["chown", "-R", str(pw.pw_uid), str(home)], check=True)
