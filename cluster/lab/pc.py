@@ -5,7 +5,8 @@ In each node's and the gateway's own mount namespace (cluster.lab.sshd's start):
 
     /etc/slurm /etc/munge /var/lib/munge /var/log/munge     the PC's own, from <pc>/system/..., made as the
     /var/lib/slurm /var/log/slurm /var/spool/slurmd         packages leave them here (this machine's owners
-    /etc/systemd/system /var/log/clusterctl-units           and modes), empty of config; systemctl's own state
+    /etc/systemd/system /var/log/clusterctl-units           and modes), empty of config; systemctl's own state;
+    /usr/local/lib/clusterctl                               the room's power program (provision --slurm)
     /run                                                    <pc>/run, emptied at each boot: slurmd's and
                                                             slurmctld's default pid files are each PC's own
     /var/lib/dpkg                                           this machine's, read-only: `dpkg -i` fails
@@ -31,9 +32,11 @@ OWN = {"/etc/slurm": ("root", 0o755), "/etc/munge": ("munge", 0o700), "/var/lib/
        "/var/log/munge": ("munge", 0o700), "/var/lib/slurm": ("slurm", 0o755),
        "/var/lib/slurm/slurmd": ("slurm", 0o755), "/var/lib/slurm/slurmctld": ("slurm", 0o755),
        "/var/log/slurm": ("slurm", 0o755), "/var/spool/slurmd": ("root", 0o755),
-       "/etc/systemd/system": ("root", 0o755), str(units.LOGS): ("root", 0o755)}
+       "/etc/systemd/system": ("root", 0o755), str(units.LOGS): ("root", 0o755),
+       "/usr/local/lib/clusterctl": ("root", 0o755)}
 MOUNTED = [p for p in OWN if not any(p.startswith(q + "/") for q in OWN)]  # the others are inside these
-MAKE_POINTS = ("/var/spool/slurmd", str(units.LOGS))  # empty mount points made on this machine, like /srv/cluster
+# empty mount points made on this machine, like /srv/cluster (the last: the room's power program, a PC's own)
+MAKE_POINTS = ("/var/spool/slurmd", str(units.LOGS), "/usr/local/lib/clusterctl")
 # the PC's /run at boot: (name, owner, mode); "netns" and "clusterctl-lab" are this machine's, mounted there
 RUN = [("sshd", "root", 0o755), ("lock", "root", 0o1777), ("user", "root", 0o755), ("munge", "munge", 0o755),
        (units.STATE.name, "root", 0o755), ("netns", "root", 0o755), ("clusterctl-lab", "root", 0o755)]

@@ -182,11 +182,18 @@ def _record(name: str, pid: int | None) -> None:
         (STATE / f"{name}.pid").write_text(f"{pid}\n")
 
 
-def start(name: str) -> None:
+def boot_env(name: str, env: dict[str, str]) -> dict[str, str]:
+    """slurmd at the PC's power-on: -b, it reports a boot (its node's boot time is this machine's otherwise)."""
+    return {**env, "SLURMD_OPTIONS": f"{env.get('SLURMD_OPTIONS', '')} -b".strip()} if name == "slurmd.service" else env
+
+
+def start(name: str, boot: bool = False) -> None:
+    """Start a unit as systemd would. `boot`: the PC's power-on (lab-boot); a lab PC shares this machine's
+    kernel and so its boot time, and slurmd is told it booted (-b), as a real PC's new boot time tells it."""
     unit = need(name)
     if state_of(name)[0] == "active" or not unit.conditions_met():
         return
-    env = unit.environment()
+    env = boot_env(name, unit.environment()) if boot else unit.environment()
     argv = unit.command(env)
     user, group = unit.get("User") or None, unit.get("Group") or None
     uid = pwd.getpwnam(user).pw_uid if user else 0
@@ -369,7 +376,7 @@ def main(argv: list[str]) -> int:
     if verb == "status":
         return max((status(n) for n in names), default=0)
     actions = {"start": (start,), "stop": (stop,), "restart": (stop, start), "enable": (enable, *((start,) if now else ())),
-               "disable": (disable, *((stop,) if now else ())), "lab-boot": (start,)}
+               "disable": (disable, *((stop,) if now else ())), "lab-boot": (lambda n: start(n, boot=True),)}
     if verb not in actions:
         print(f"Unknown command verb {verb}.", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.errors import ClusterError, UsageError
+from cluster.room.state import POWER_BIN
 
 # slurmctld and slurmd listen on these; srun listens in a fixed range (SrunPortRange) so a firewall can open it.
 PORTS: dict[str, Any] = {"slurmctld": 6817, "slurmd": 6818, "srun": (60001, 63000)}
@@ -18,7 +19,6 @@ JOBCOMP = "/var/log/slurm/jobcomp.log"
 HEADROOM_MIB, HEADROOM_SHARE = 512, 0.05
 # Power saving (cluster/room/slurm_power.py, installed on the controller): one program under three names,
 # since slurmctld runs each with the hostlist as its only argument.
-POWER_DIR = "/usr/local/lib/clusterctl"
 POWER_NAMES = {"SuspendProgram": "slurm-suspend", "ResumeProgram": "slurm-resume",
                "ResumeFailProgram": "slurm-resume-fail"}
 SUSPEND_TIMEOUT_S = 120  # an old PC's shutdown, with room to spare: after it Slurm may wake the PC again
@@ -151,7 +151,7 @@ class Power:
     why: str
 
     def lines(self) -> str:
-        programs = "".join(f"{k}={POWER_DIR}/{v}\n" for k, v in POWER_NAMES.items())
+        programs = "".join(f"{k}={POWER_BIN}/{v}\n" for k, v in POWER_NAMES.items())
         return (f"# power saving: a PC idle {self.suspend_after} s is switched off (an SSH login that may run only\n"
                 "# poweroff), woken by Wake-on-LAN for a job it is given, marked DOWN with the reason if it does not\n"
                 "# register within ResumeTimeout; each call is a JSON line in /var/log/slurm/clusterctl-power.log.\n"

@@ -96,3 +96,12 @@ def test_verbs_exit_codes_and_power_without_a_switch(unit_dirs: Path, tmp_path: 
     capsys.readouterr()
     assert units.main(["systemctl", "poweroff"]) == 1 and "no power switch" in capsys.readouterr().err
     assert units.main(["/usr/sbin/halt"]) == 1  # the gateway's: SWITCH is empty
+
+
+def test_at_a_lab_pcs_power_on_slurmd_reports_a_boot(unit_dirs: Path) -> None:
+    """A lab PC shares this machine's kernel and boot time: slurmd is told it booted (-b), as slurmctld's
+    power saving waits for a resumed node's new boot."""
+    slurmd, munge = units.need("slurmd.service"), units.need("munge.service")
+    assert slurmd.command(units.boot_env("slurmd.service", {"SLURMD_OPTIONS": "-N n1"}))[-3:] == ["-N", "n1", "-b"]
+    assert slurmd.command(units.boot_env("slurmd.service", {}))[-1] == "-b"
+    assert munge.command(units.boot_env("munge.service", {})) == ["/usr/sbin/munged"]
