@@ -106,6 +106,8 @@ def _print_collect(run: RunCollect) -> None:
                   str(len(c.skipped)), str(len(c.refused)), str(len(c.changed)), f"{c.duration:.1f}s")
     out.print(t)
     for c in run.nodes.values():
+        if c.woke:
+            out.print(f"{c.node}: {escape(c.woke)}")
         if c.error:
             out.print(error_line("error", c.node, c.error, c.fix))
         for x in c.refused:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
 from cluster import errors
-from cluster.cli.args import add_inventory_option
+from cluster.cli.args import POSITIVE_FLOAT, add_inventory_option
 from cluster.cli.output import bar, emit_json, err, load_inventory, out, styled, table
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ def configure(name: str, p: argparse.ArgumentParser) -> None:
                    help="inventory YAML (default: the current context)")
     add_inventory_option(p, "inventory YAML (same as the positional)")
     p.add_argument("--room", metavar="NAME", help="which room of the inventory (default: its only one)")
+    p.add_argument("--hours", type=POSITIVE_FLOAT, default=24.0, metavar="H",
+                   help="power saving: each PC's hours off and the energy saved over the last H hours (default 24)")
     p.set_defaults(fn=cmd_view)
 
 
@@ -34,11 +36,37 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     inv = load_inventory(args.inventory_pos or args.inventory, None, args.ssh_config)
     seen = view.look(room_of(inv, args.room))
+    saved = power_saved(seen, args.hours)
     if args.json:
-        emit_json(seen.to_dict())
-    else:
-        print_view(seen)
+        emit_json({**seen.to_dict(), "power_saving": saved})
+        return errors.EXIT_OK
+    print_view(seen)
+    if saved is not None:
+        t = table(f"room {seen.room}: power saving over the last {args.hours:g} h (Slurm switched idle PCs off)",
+                  ("PC", "hours off", "energy saved kWh", "idle W"))
+        for row in saved["pcs"]:
+            t.add_row(row["node"], f"{row['hours']:.2f}", f"{row['kwh_saved']:.3f}",
+                      f"{row['idle_w']:g} ({row['idle_w_source']})")
+        out.print(t)
     return errors.EXIT_OK
+
+
+def power_saved(seen: RoomView, hours: float) -> dict[str, Any] | None:
+    """Each PC's hours off in the last `hours` from the power program's log, and the energy that saved at the
+    report's idle estimate (no fact gives a PC's idle draw); None where the room has no power saving log."""
+    if not seen.power_log:
+        return None
+    import datetime as dt
+
+    from cluster.room import power
+    from cluster.study.node_figures import IDLE_W
+
+    end = dt.datetime.now(dt.timezone.utc)
+    start = end - dt.timedelta(hours=hours)
+    rows = power.off_times(seen.power_log, start, end, [pc.name for pc in seen.pcs], {}, IDLE_W)
+    return {"start": start.isoformat(timespec="seconds"), "end": end.isoformat(timespec="seconds"),
+            "pcs": [{"node": r.node, "hours": round(r.hours, 4), "kwh_saved": round(r.kwh_saved, 5),
+                     "idle_w": r.idle_w, "idle_w_source": r.idle_w_source} for r in rows]}
 
 
 def print_view(seen: RoomView) -> None:

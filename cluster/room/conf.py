@@ -21,7 +21,7 @@ HEADROOM_MIB, HEADROOM_SHARE = 512, 0.05
 # since slurmctld runs each with the hostlist as its only argument.
 POWER_NAMES = {"SuspendProgram": "slurm-suspend", "ResumeProgram": "slurm-resume",
                "ResumeFailProgram": "slurm-resume-fail"}
-SUSPEND_TIMEOUT_S = 120  # an old PC's shutdown, with room to spare: after it Slurm may wake the PC again
+SUSPEND_TIMEOUT_S = 60  # an old PC's shutdown, with room to spare; Slurm wakes a PC again only after it (a job may wait as long)
 
 
 class FactMissing(ClusterError):

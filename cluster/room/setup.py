@@ -17,7 +17,7 @@ from cluster.inventory.model import Host, Inventory, RoomCluster
 from cluster.nodes import firewall
 from cluster.nodes.facts import NodeFacts, gather
 from cluster.nodes.fanout import Group, GroupResult
-from cluster.room import checks, conf, debs, held
+from cluster.room import asleep, checks, conf, debs, held
 from cluster.room import plan as planning
 from cluster.room import power as roompower
 from cluster.room import state as pcstate
@@ -264,6 +264,8 @@ def provision(inv: Inventory, room_name: str | None, *, dry_run: bool = False, f
     room = room_of(inv, room_name)
     controller, nodes = _pcs(inv, room)
     out = Outcome(room=room.name, dry_run=dry_run)
+    if not dry_run:  # PCs its Slurm switched off are woken through it: their facts and files are read now
+        asleep.wake(controller, room.partition, list(room.nodes), out.notes.append)
     with Group([controller, *nodes], forks=forks) as group:
         facts = _facts(group, out)
         refused = checks.refusals(controller, nodes, facts)
@@ -304,6 +306,8 @@ def undo(inv: Inventory, room_name: str | None, *, dry_run: bool = False, purge:
     room = room_of(inv, room_name)
     controller, nodes = _pcs(inv, room)
     out = Outcome(room=room.name, dry_run=dry_run, undo=True)
+    if not dry_run:
+        asleep.wake(controller, room.partition, list(room.nodes), out.notes.append)
     with Group([controller, *nodes], forks=forks) as group:
         states = _states(group, out)
         plan = planning.undo(controller, nodes, states, list(pcstate.PACKAGES) if purge else None)

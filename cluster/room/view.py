@@ -14,6 +14,9 @@ from cluster.transport import transport_for
 QUEUE_FORMAT = "%i|%u|%j|%T|%N|%S|%l|%r"  # id, user, name (a clusterctl run's id), state, PCs, start, limit, reason
 PCS_FORMAT = "%N|%T"
 MARK = "@@pcs"
+POWER_MARK = "@@power"
+POWER_LOG = "/var/log/slurm/clusterctl-power.log"  # cluster/room/slurm_power.py's, on the controller
+POWER_LINES = 20000  # a room's suspends and resumes over weeks; more is cut (its oldest)
 # sinfo's state suffixes (sinfo(1) NODE STATE CODES): what each says of a PC
 SUFFIXES = {"~": "powered off", "#": "powering up", "%": "powering down", "*": "not responding",
             "!": "power down pending", "$": "maintenance", "@": "reboot pending", "^": "reboot requested",
@@ -44,15 +47,19 @@ class RoomView:
     room: str
     jobs: list[Job] = field(default_factory=list)
     pcs: list[Pc] = field(default_factory=list)
+    power_log: list[str] = field(default_factory=list)  # the power program's JSON lines (power saving only)
 
     def to_dict(self) -> dict[str, Any]:
         return {"room": self.room, "jobs": [asdict(j) for j in self.jobs], "pcs": [asdict(p) for p in self.pcs]}
 
 
 def command(partition: str) -> str:
+    """squeue, sinfo, then the power program's log (power saving: what it switched off and woke, readable by
+    every user); the exit code is sinfo's."""
     p = shlex.quote(partition)
     return (f"squeue -h -p {p} -o {shlex.quote(QUEUE_FORMAT)} && echo {MARK} && "
-            f"sinfo -h -N -p {p} -o {shlex.quote(PCS_FORMAT)}")
+            f"sinfo -h -N -p {p} -o {shlex.quote(PCS_FORMAT)}; rc=$?; echo {POWER_MARK}; "
+            f"tail -n {POWER_LINES} {POWER_LOG} 2>/dev/null; exit $rc")
 
 
 def parse_jobs(text: str) -> list[Job]:
@@ -85,6 +92,7 @@ def look(room: RoomCluster) -> RoomView:
         raise ClusterError(f"squeue/sinfo on the controller of room {room.name} failed (exit {r.exit_code}): "
                            f"{(r.stderr or r.stdout).strip()[-400:]}",
                            "is the room set up? `clusterctl provision --slurm`")
-    jobs, _, pcs = r.stdout.partition(MARK)
-    return RoomView(room.name, parse_jobs(jobs), parse_pcs(pcs))
+    jobs, _, rest = r.stdout.partition(MARK)
+    pcs, _, power = rest.partition(POWER_MARK)
+    return RoomView(room.name, parse_jobs(jobs), parse_pcs(pcs), power.splitlines())
 

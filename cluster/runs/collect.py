@@ -62,6 +62,7 @@ class NodeCollect:
     error: str | None = None
     fix: str | None = None
     duration: float = 0.0
+    woke: str | None = None  # the PC was switched off (a room's power saving) and woken for the collect
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

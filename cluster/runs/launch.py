@@ -37,10 +37,11 @@ Log = Callable[[str], None]
 
 
 def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int = 32,
-            log: Log = lambda s: None, run_id: str | None = None) -> LaunchRequest:
+            log: Log = lambda s: None, run_id: str | None = None, unchecked: bool = False) -> LaunchRequest:
     """What `launch` would start: the job's nodes, checked provisioned and identical (read-only, over SSH),
     and every node's rendered files. Nothing is changed on the nodes or the head. `run_id`: a run already
-    recorded (a queued one, started once its scheduler gave it PCs)."""
+    recorded (a queued one, started once its scheduler gave it PCs). `unchecked`: the nodes are not contacted
+    (PCs a room's Slurm switched off): rendered as the inventory says, checked when the run starts on them."""
     payload.secret_values(spec)  # every env_from source readable now (values dropped), so --dry-run checks them too
     carryover.continued(spec)  # a run it continues: ended, here, the same job (--dry-run checks it too)
     hosts = preflight.select_hosts(inv, spec, limit)
@@ -48,9 +49,13 @@ def prepare(inv: Inventory, spec: JobSpec, limit: str | None = None, forks: int 
         raise JobError(str(spec.path), None, "min_nodes", f"min_nodes is {spec['min_nodes']}, but the job has "
                        f"{len(hosts)} nodes ({', '.join(h.name for h in hosts)})",
                        f"set min_nodes to at most {len(hosts)} (0: all of them)")
-    log(f"checking {len(hosts)} nodes are provisioned and identical")
     tree = payload.program_tree(spec)  # a user's code refused here (too large, links out), before any node
     data = payload.data_tree(spec) if spec.own and spec["data"] is not None else None  # and its data, the same way
+    if unchecked:
+        request = request_for(inv, spec, [render.Target(h) for h in hosts], run_id or runs.new_run_id(spec.name))
+        request.code, request.data = tree, data
+        return request
+    log(f"checking {len(hosts)} nodes are provisioned and identical")
     left_out: dict[str, str] = {}
     with Group(hosts, forks=forks) as group:
         targets = preflight.check(group, hosts, spec, left_out,

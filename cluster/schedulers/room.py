@@ -19,8 +19,9 @@ import time
 from typing import Any, Callable, Iterator
 
 from cluster import __version__
-from cluster.errors import ClusterError, TransportError, UsageError
+from cluster.errors import EXIT_UNREACHABLE, ClusterError, TransportError, UsageError
 from cluster.inventory.model import Host, RoomCluster
+from cluster.room import asleep
 from cluster.runs import collect as run_collect, launch, records
 from cluster.runs.render import LaunchRequest
 from cluster.schedulers import ssh
@@ -103,7 +104,15 @@ class RoomScheduler:
         if n > len(room.nodes):
             raise UsageError(f"--nodes {n}: room {room.name} has {len(room.nodes)} PCs ({', '.join(room.nodes)})",
                              f"--nodes {len(room.nodes)} or fewer")
-        request = launch.prepare(sub.inventory, sub.spec, limit=",".join(room.nodes[:n]), forks=sub.forks, log=log)
+        first = ",".join(room.nodes[:n])
+        try:
+            request = launch.prepare(sub.inventory, sub.spec, limit=first, forks=sub.forks, log=log)
+        except ClusterError as e:
+            if room.suspend_after is None or e.exit_code != EXIT_UNREACHABLE:
+                raise
+            log(f"{first}: not answering; room {room.name}'s Slurm switches idle PCs off (suspend_after) and wakes "
+                "those it gives the run: it is checked on them then")
+            request = launch.prepare(sub.inventory, sub.spec, limit=first, log=log, unchecked=True)
         inv = {"path": str(sub.inventory.path), "name": sub.inventory.name, "overrides": list(sub.inventory.overrides),
                "hosts": [sub.inventory.hosts[h].to_dict() for h in room.nodes]}
         return RoomRequest(request.run_id, room, n, sub.options.get("time"), request, inv)
@@ -170,14 +179,24 @@ class RoomScheduler:
     def collect(self, record: records.RunRecord, checkpoints: bool = False, forks: int = 32,
                 on_bytes: Callable[[str, int], None] | None = None,
                 inventory_hosts: dict[str, Host] | None = None) -> dict[str, run_collect.NodeCollect]:
-        return ssh.SCHEDULER.collect(record, checkpoints, forks, on_bytes, inventory_hosts) if record.nodes else {}
+        if not record.nodes:
+            return {}
+        tg = record.target or {}  # PCs Slurm switched off since the run: woken through it first, and said so
+        woke = asleep.wake(controller_of(record), tg.get("partition") or "", [n.node for n in record.nodes])
+        got = ssh.SCHEDULER.collect(record, checkpoints, forks, on_bytes, inventory_hosts)
+        for name in woke:
+            if name in got:
+                got[name].woke = "switched off by the room's Slurm since the run: woken through it (srun) to collect"
+        return got
 
     def where(self, record: records.RunRecord) -> str:
         tg = record.target or {}
         head = f"Slurm job {tg.get('job_id') or '?'} on room {tg.get('cluster', '?')}"
         if record.state != "queued":
             return head if record.nodes else f"{head}: {tg.get('state', '?')}"
-        if tg.get("state") in ("RUNNING", "CONFIGURING"):
+        if tg.get("state") == "CONFIGURING":  # its PCs powering up (the room's power saving)
+            return f"{head}: Slurm gave it {tg.get('nodelist') or '?'}, waking them"
+        if tg.get("state") == "RUNNING":
             return f"{head}: Slurm gave it {tg.get('nodelist') or '?'}, starting there"
         pos = tg.get("position")
         reason = tg.get("reason")

@@ -69,13 +69,18 @@ def wait(run_id: str) -> None:
         if record.active and record.nodes:  # a waiter that died while the run went on: guard it again
             guard(run_id)
             return
+        said = None
         while record.active and not record.nodes:  # bounded: Slurm's queue; a stop or a dead job ends it
             try:
                 record = queue_state(record)
             except ClusterError as e:
                 _say(str(e))
             tg = record.target or {}
-            if record.active and tg.get("state") in ("RUNNING", "CONFIGURING") and tg.get("nodelist"):
+            if record.active and tg.get("state") == "CONFIGURING" and tg.get("state") != said:
+                _say(f"Slurm gave job {tg.get('job_id')} the PCs {tg.get('nodelist')}: it waits for them to power up")
+            said = tg.get("state")
+            # RUNNING: every PC answers (CONFIGURING: Slurm's power saving still wakes some, bounded by ResumeTimeout)
+            if record.active and tg.get("state") == "RUNNING" and tg.get("nodelist"):
                 _say(f"Slurm gave job {tg.get('job_id')} the PCs {tg['nodelist']}: launching")
                 try:
                     record = start_on(record, hostnames(record, tg["nodelist"]))

@@ -89,7 +89,7 @@ def test_gtx_room_from_recorded_facts() -> None:
 
 def test_power_saving_lines_only_where_the_room_asks() -> None:
     slurm = ROOMS["power-saving"]()["slurm.conf"]
-    assert "SuspendTime=1800\n" in slurm and "ResumeTimeout=126\n" in slurm and "SuspendTimeout=120\n" in slurm
+    assert "SuspendTime=1800\n" in slurm and "ResumeTimeout=126\n" in slurm and "SuspendTimeout=60\n" in slurm
     for key, name in (("SuspendProgram", "slurm-suspend"), ("ResumeProgram", "slurm-resume"),
                       ("ResumeFailProgram", "slurm-resume-fail")):
         assert f"\n{key}=/usr/local/lib/clusterctl/{name}\n" in slurm  # a path: slurmctld passes the hostlist alone

@@ -2,6 +2,7 @@
 tests/fixtures/room/), and the state suffixes sinfo adds (a PC not responding, powered off)."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -32,9 +33,30 @@ def test_each_pcs_state_and_what_its_suffix_says() -> None:
         view.Pc("node2", "down", ("not responding",)), view.Pc("node9", "idle", ("powered off",))]
 
 
-def test_the_command_asks_the_rooms_partition_only() -> None:
+def test_the_command_asks_the_rooms_partition_only_then_reads_the_power_log() -> None:
     assert view.command("room") == ("squeue -h -p room -o '%i|%u|%j|%T|%N|%S|%l|%r' && echo @@pcs && "
-                                    "sinfo -h -N -p room -o '%N|%T'")
+                                    "sinfo -h -N -p room -o '%N|%T'; rc=$?; echo @@power; "
+                                    "tail -n 20000 /var/log/slurm/clusterctl-power.log 2>/dev/null; exit $rc")
+
+
+def test_hours_off_and_energy_saved_over_the_last_hours_from_the_power_log() -> None:
+    """The power program's lines (cluster/room/slurm_power.py's format): node2 off from 2 h ago to 1 h ago,
+    node3 off since 30 minutes ago; node1 never."""
+    from cluster.cli.room import power_saved
+
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def line(minutes_ago: float, action: str, node: str) -> str:
+        t = (now - dt.timedelta(minutes=minutes_ago)).isoformat(timespec="seconds")
+        return json.dumps({"time": t, "action": action, "node": node, "ok": True, "detail": ""})
+
+    seen = view.RoomView("room", [], [view.Pc(n, "idle") for n in ("node1", "node2", "node3")],
+                         [line(120, "suspend", "node2"), line(60, "resume", "node2"), line(30, "suspend", "node3")])
+    got = {r["node"]: r for r in power_saved(seen, 24)["pcs"]}
+    assert got["node1"]["hours"] == 0 and abs(got["node2"]["hours"] - 1.0) < 0.01
+    assert abs(got["node3"]["hours"] - 0.5) < 0.01 and abs(got["node2"]["kwh_saved"] - 0.04) < 0.001  # 40 W
+    assert got["node2"]["idle_w_source"] == "estimate"
+    assert power_saved(view.RoomView("room", [], seen.pcs), 24) is None  # no power saving: nothing said
 
 
 def test_runs_all_on_an_inventory_without_a_room_lists_ones_runs_and_says_so(tmp_path: Path) -> None:
