@@ -221,8 +221,11 @@ def _nth(n: int) -> str:
 
 
 def _waiting(record: records.RunRecord) -> bool:
-    """Slurm has not given it PCs yet (or the waiter is launching on them)."""
-    return record.active and not record.nodes
+    """Slurm has not given it PCs yet, or the waiter is launching on them (`starting`: the run's folders are not
+    all there yet, and only the launch judges that phase), unless that waiter died midway (judged as SSH)."""
+    if not record.active:
+        return False
+    return not record.nodes or (record.state == "starting" and not _waiter_gone(record))
 
 
 def _record(request: RoomRequest) -> records.RunRecord:

@@ -69,6 +69,23 @@ def test_status_says_where_a_queued_run_stands() -> None:
     assert SCHEDULER.where(_record("queued", {**base, "state": "RUNNING", "nodelist": "pc[1-2]"})) == \
         "Slurm job 12 on room room: Slurm gave it pc[1-2], starting there"
     assert SCHEDULER.where(_record("running", {**base, "state": "RUNNING"}, nodes=True)) == "Slurm job 12 on room room"
+    assert SCHEDULER.where(_record("queued", {**base, "state": "CONFIGURING", "nodelist": "pc[1-2]"})) == \
+        "Slurm job 12 on room room: Slurm gave it pc[1-2], waking them"  # the room's power saving
+
+
+def test_a_run_its_waiter_is_starting_is_left_to_that_launch(tmp_path: Path, monkeypatch: Any) -> None:
+    """Between the waiter's record of the PCs and the run's folders on them, only the launch judges the run
+    (another process's status or follow read `no run folder` as a failure); a waiter dead midway: judged."""
+    from cluster.runs import records
+    from cluster.schedulers.room import _waiting
+
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    rec = _record("starting", {"cluster": "room", "job_id": "12", "state": "RUNNING"}, nodes=True)
+    records.run_path(rec.run_id).mkdir(parents=True)
+    with records.file_lock(records.run_path(rec.run_id) / ".roomwait.lock", "the waiter", wait=0):
+        assert _waiting(rec)
+    assert not _waiting(rec)  # no waiter holds it: the SSH scheduler judges what is on the PCs
+    assert _waiting(_record("queued", {"cluster": "room", "job_id": "12", "state": "PENDING"}))
 
 
 def test_a_run_of_another_student_is_found_in_slurm_by_its_name() -> None:
