@@ -59,8 +59,10 @@ class RoomRequest:
                 f"  sleep 5; waited=$((waited + 5))\ndone\n")
 
     def sbatch(self) -> str:
+        """--requeue: a job whose PCs fail (one that does not wake from power saving, marked down) goes back to
+        the queue for PCs that answer, rather than failing."""
         words = ["sbatch", "--parsable", f"--job-name={self.run_id}", f"--partition={self.room.partition}",
-                 f"--nodes={self.nodes}", "--exclusive", "--output=/dev/null"]
+                 f"--nodes={self.nodes}", "--exclusive", "--requeue", "--output=/dev/null"]
         if self.time:
             words.append(f"--time={self.time}")
         return shlex.join(words)

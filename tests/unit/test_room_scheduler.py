@@ -51,7 +51,7 @@ def test_the_batch_script_waits_while_the_run_goes_on(tmp_path: Path) -> None:
 
 def test_the_sbatch_line_asks_whole_pcs_of_the_rooms_partition() -> None:
     assert request("/srv/cluster").sbatch() == ("sbatch --parsable --job-name=job-1 --partition=room --nodes=2 "
-                                                "--exclusive --output=/dev/null")
+                                                "--exclusive --requeue --output=/dev/null")
     assert request("/srv/cluster", time_limit="1:00:00").sbatch().endswith(" --time=1:00:00")
 
 
