@@ -88,7 +88,7 @@ def test_idle_pcs_are_switched_off_and_a_job_wakes_two_the_one_that_does_not_wak
     r = clusterctl("collect", run, env=env, timeout=600)
     said = " ".join(r.stdout.split())
     assert r.returncode == 0 and "node2: switched off by the room's Slurm since the run: woken" in said, said
-    assert any((Path(env["CLUSTERCTL_HOME"]) / "runs" / run).rglob("metrics.jsonl"))
+    assert any((Path(env["CLUSTERCTL_HOME"]) / "runs" / run).rglob("metrics-rank*.jsonl"))
     # the room's view: each PC's hours off, and the energy saved at the report's idle estimate
     rc, seen = clusterctl_json("room", state.inventory, env=env)
     saved = {p["node"]: p for p in seen["power_saving"]["pcs"]}
