@@ -83,9 +83,9 @@ class OffTime:
         return self.hours * self.idle_w / 1000.0
 
 
-def _events(lines: Iterable[str]) -> list[tuple[dt.datetime, str, bool]]:
-    """(time, node, off) for each PC the program switched off (suspend) or woke (resume), in time order; a
-    failed call, a resume-fail (the PC did not come up: still off) and a line that is not the program's
+def _events(lines: Iterable[str]) -> list[tuple[dt.datetime, str, str]]:
+    """(time, node, action) for each PC the program switched off (suspend), sent a wake to (resume), or found
+    not woken (resume-fail: it stayed off), in time order; a failed call and a line that is not the program's
     change nothing."""
     out = []
     for line in lines:
@@ -94,31 +94,38 @@ def _events(lines: Iterable[str]) -> list[tuple[dt.datetime, str, bool]]:
             when = dt.datetime.fromisoformat(rec["time"])
         except (ValueError, KeyError, TypeError):
             continue
-        if isinstance(rec, dict) and rec.get("ok") is True and rec.get("action") in ("suspend", "resume") \
+        if isinstance(rec, dict) and rec.get("ok") is True and rec.get("action") in ("suspend", "resume",
+                                                                                     "resume-fail") \
                 and when.tzinfo is not None:
-            out.append((when, str(rec["node"]), rec["action"] == "suspend"))
+            out.append((when, str(rec["node"]), str(rec["action"])))
     return sorted(out, key=lambda e: e[0])
 
 
 def off_times(lines: Iterable[str], start: dt.datetime, end: dt.datetime, nodes: Iterable[str],
               idle_w: Mapping[str, float], estimate_w: float) -> list[OffTime]:
     """Each PC's hours off within [start, end) from the power log's JSON lines: off from a successful
-    suspend to the next successful resume; a PC off at `start` counts from `start`, one still off at `end`
+    suspend to the next successful resume (one a resume-fail follows did not wake it: still off); a PC off at
+    `start` counts from `start`, one still off at `end`
     counts to `end`. `idle_w`: the PCs' idle watts from their facts, where known; else `estimate_w` (the
     report's estimate, cluster.study.node_figures.IDLE_W, which this layer does not import)."""
     if end <= start:
         raise ValueError(f"the period ends ({end.isoformat()}) before it starts ({start.isoformat()})")
     off_since: dict[str, dt.datetime | None] = {n: None for n in nodes}
     seconds = dict.fromkeys(off_since, 0.0)
-    for when, node, off in _events(lines):
+    woken: dict[str, tuple[dt.datetime, float]] = {}  # the last resume's off period, undone by a resume-fail
+    for when, node, action in _events(lines):
         if node not in off_since or when >= end:
             continue
         since = off_since[node]
-        if off and since is None:
+        if action == "suspend" and since is None:
             off_since[node] = max(when, start)
-        elif not off and since is not None:
-            seconds[node] += max(0.0, (when - since).total_seconds()) if when > start else 0.0
-            off_since[node] = None
+        elif action == "resume" and since is not None:
+            added = max(0.0, (when - since).total_seconds()) if when > start else 0.0
+            seconds[node] += added
+            off_since[node], woken[node] = None, (since, added)
+        elif action == "resume-fail" and since is None and node in woken:
+            off_since[node], added = woken.pop(node)
+            seconds[node] -= added
     for node, since in off_since.items():
         if since is not None:
             seconds[node] += (end - since).total_seconds()

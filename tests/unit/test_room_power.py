@@ -174,3 +174,14 @@ def test_the_controllers_material_key_pair_host_keys_and_pcs_json(tmp_path: Path
     with pytest.raises(UsageError, match="node2: no host key of it") as e:
         power.material(inv, inv.rooms["room"], dry_run=True)
     assert e.value.fix == "`clusterctl trust node2`, then run again"
+
+
+def test_a_wake_sent_that_never_came_up_leaves_the_pc_off() -> None:
+    """The resume line says the magic packet was sent; a resume-fail for that PC afterwards (Slurm's
+    ResumeTimeout) says it never came up: its hours off go on from the suspend."""
+    t = "2026-12-07T{}:00+00:00"
+    lines = [json.dumps({"time": t.format(h), "action": a, "node": "pc1", "ok": True, "detail": ""})
+             for h, a in (("10:00", "suspend"), ("11:00", "resume"), ("11:05", "resume-fail"))]
+    start, end = (dt.datetime.fromisoformat(t.format(h)) for h in ("09:00", "13:00"))
+    assert power.off_times(lines, start, end, ["pc1"], {}, 40.0)[0].hours == pytest.approx(3.0)
+    assert power.off_times(lines[:2], start, end, ["pc1"], {}, 40.0)[0].hours == pytest.approx(1.0)
