@@ -100,7 +100,7 @@ def magic_packet(mac: str) -> bytes:
 
 
 def networks() -> List[ipaddress.IPv4Interface]:
-    ok, out = run(["ip", "-o", "-4", "addr", "show"], 10)
+    ok, out = run(["ip", "-o", "-4", "addr", "show"], 30)  # bounded; a loaded controller may be slow to answer
     parts = [line.split() for line in out.splitlines()] if ok else []
     return [ipaddress.IPv4Interface(p[3]) for p in parts if len(p) >= 4 and p[2] == "inet"]
 

@@ -142,7 +142,10 @@ def test_resume_sends_the_magic_packet_onto_the_pcs_network(room: dict[str, Any]
         write_pcs(room, {"pc2": {"address": "127.0.0.1", "port": 22, "user": "student", "mac": MAC},
                          "pc3": {"address": "127.0.0.1", "port": 22, "user": "student"}}, wol_port=port)
         r, lines = call(room, "slurm-resume", "pc[2-3]")
-        packet, _ = rx.recvfrom(1024)
+        try:
+            packet, _ = rx.recvfrom(1024)
+        except TimeoutError:
+            raise AssertionError(f"no packet; the program said: {lines} {r.stdout} {r.stderr}") from None
     assert packet == wolsend.magic_packet(MAC)
     assert [(x["action"], x["node"], x["ok"]) for x in lines] == [("resume", "pc2", True), ("resume", "pc3", False)]
     assert f"to 127.255.255.255:{port}" in lines[0]["detail"]
@@ -157,7 +160,10 @@ def test_a_gateway_sends_the_packet_from_its_forced_command(room: dict[str, Any]
         port = rx.getsockname()[1]
         r = subprocess.run([str(room["bin"] / "slurm-power"), "wol"], capture_output=True, text=True, timeout=60,
                            env={"SSH_ORIGINAL_COMMAND": f"wol {port} 127.0.0.1={MAC}"})
-        assert rx.recvfrom(1024)[0] == wolsend.magic_packet(MAC)
+        try:
+            assert rx.recvfrom(1024)[0] == wolsend.magic_packet(MAC)
+        except TimeoutError:
+            raise AssertionError(f"no packet; the program said: {r.stdout} {r.stderr}") from None
     assert r.returncode == 0 and f"127.255.255.255:{port}" in r.stdout
 
 
