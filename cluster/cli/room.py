@@ -52,21 +52,11 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def power_saved(seen: RoomView, hours: float) -> dict[str, Any] | None:
-    """Each PC's hours off in the last `hours` from the power program's log, and the energy that saved at the
-    report's idle estimate (no fact gives a PC's idle draw); None where the room has no power saving log."""
-    if not seen.power_log:
-        return None
-    import datetime as dt
-
+    """Hours off and energy saved (cluster.room.power), at the report's idle estimate."""
     from cluster.room import power
     from cluster.study.node_figures import IDLE_W
 
-    end = dt.datetime.now(dt.timezone.utc)
-    start = end - dt.timedelta(hours=hours)
-    rows = power.off_times(seen.power_log, start, end, [pc.name for pc in seen.pcs], {}, IDLE_W)
-    return {"start": start.isoformat(timespec="seconds"), "end": end.isoformat(timespec="seconds"),
-            "pcs": [{"node": r.node, "hours": round(r.hours, 4), "kwh_saved": round(r.kwh_saved, 5),
-                     "idle_w": r.idle_w, "idle_w_source": r.idle_w_source} for r in rows]}
+    return power.saved_over(seen.power_log, [pc.name for pc in seen.pcs], hours, IDLE_W)
 
 
 def print_view(seen: RoomView) -> None:

@@ -12,7 +12,7 @@ from cluster.room import view
 from cluster.transport import transport_for
 
 ASLEEP = {"powered off", "powering down", "powering up", "power down pending"}  # sinfo's ~ % # ! said in words
-WAKE_TIMEOUT_S = 600.0  # Slurm's ResumeTimeout (at most 450 s as provision writes it) and a queue's wait, bounded
+WAKE_TIMEOUT_S = 600.0  # bounded: Slurm's ResumeTimeout (300 s unless recorded wakes say otherwise) and a queue's wait
 
 
 def asleep(listing: str) -> list[str]:

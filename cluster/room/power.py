@@ -133,6 +133,19 @@ def off_times(lines: Iterable[str], start: dt.datetime, end: dt.datetime, nodes:
                     "facts" if n in idle_w else "estimate") for n in off_since]
 
 
+def saved_over(lines: list[str], nodes: list[str], hours: float, estimate_w: float) -> dict[str, object] | None:
+    """`clusterctl room`'s power saving: each PC's hours off in the last `hours` and the energy that saved at
+    `estimate_w` (no fact gives a PC's idle draw); None where the room has no power program log."""
+    if not lines:
+        return None
+    end = dt.datetime.now(dt.timezone.utc)
+    start = end - dt.timedelta(hours=hours)
+    rows = off_times(lines, start, end, nodes, {}, estimate_w)
+    return {"start": start.isoformat(timespec="seconds"), "end": end.isoformat(timespec="seconds"),
+            "pcs": [{"node": r.node, "hours": round(r.hours, 4), "kwh_saved": round(r.kwh_saved, 5),
+                     "idle_w": r.idle_w, "idle_w_source": r.idle_w_source} for r in rows]}
+
+
 @dataclass(frozen=True)
 class Material:
     """What the controller gets: the power key pair (made on the head, kept 0400 like the munge key), the
