@@ -57,15 +57,16 @@ def log(action: str, node: str, ok: bool, detail: str) -> None:
 
 
 def run(argv: List[str], timeout: float, stdin: Optional[bytes] = None) -> Result:
-    """(exit 0, its output or error), never waiting longer than `timeout`."""
+    """(exit 0, its whole output) or (False, the tail of what it said), never waiting longer than `timeout`.
+    A success is never cut: `ip addr`'s first line is loopback, and a controller with many bridges says a lot."""
     try:
         r = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"{argv[0]} gave no answer within {timeout:g} s"
     except OSError as e:
         return False, f"{argv[0]}: {e}"
-    out = (r.stderr + r.stdout).decode(errors="replace").strip()[-400:]
-    return r.returncode == 0, out if r.returncode == 0 else f"exit {r.returncode}: {out}"
+    out = (r.stderr + r.stdout).decode(errors="replace").strip()
+    return (True, out) if r.returncode == 0 else (False, f"exit {r.returncode}: {out[-400:]}")
 
 
 def hostnames(hostlist: str) -> List[str]:

@@ -167,6 +167,25 @@ def test_a_gateway_sends_the_packet_from_its_forced_command(room: dict[str, Any]
     assert r.returncode == 0 and f"127.255.255.255:{port}" in r.stdout
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare")
+def test_a_controller_with_many_networks_still_finds_loopback(room: dict[str, Any]) -> None:
+    """A controller beside a lab has many bridges: `ip addr`'s whole answer is read, loopback (its first line)
+    too. Run in a network namespace of its own with forty veth pairs (a lab's bridges); this machine's stay."""
+    receive = ("import socket; r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(('0.0.0.0', 40009)); "
+               "r.settimeout(10); print(r.recv(200).hex())")
+    script = "\n".join(["set -e", "ip link set lo up"]
+                       + [f"ip link add a{i} type veth peer name b{i}; ip addr add 10.77.{i}.1/24 dev a{i}"
+                          for i in range(40)]
+                       + [f'python3 -c "{receive}" > "$1" &', "sleep 1",
+                          f'SSH_ORIGINAL_COMMAND="wol 40009 127.0.0.1={MAC}" "$2" wol', "wait"])
+    got = room["dir"] / "received"
+    r = subprocess.run(["unshare", "--net", "bash", "-c", script, "netns", str(got), str(room["bin"] / "slurm-power")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert bytes.fromhex(got.read_text().strip()) == wolsend.magic_packet(MAC), r.stdout + r.stderr
+    assert "127.255.255.255:40009" in r.stdout
+
+
 @needs_scontrol
 def test_resume_fail_marks_the_pcs_down_with_the_reason(room: dict[str, Any], tmp_path: Path) -> None:
     """No slurmctld runs in unit tests, so `scontrol update` would fail to reach one: a PATH shim records that
