@@ -180,25 +180,26 @@ def test_report_numbers_match_the_metrics_and_the_page_renders_in_chromium(clab,
 
 
 def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> None:
-    """Plain, fp16 and PowerSGD in one command: a setting that only changes the wire runs one node once, the
-    baseline of every variant's scaling; each framework's program ships and runs its PowerSGD."""
+    """Plain and PowerSGD in one command: a setting that only changes the wire runs one node once, the
+    baseline of every variant's scaling; each framework's program ships and runs its PowerSGD (fp16's wire is
+    the training programs' unit tests')."""
     state, env, _, home = clab
-    # one epoch of 3 steps per cell (eight cells, four of them TensorFlow's: the slowest test of the suite before)
+    # one epoch of 3 steps per cell (six cells, three of them TensorFlow's)
     study = ["--set", "epochs=1", "--set", "threads=1", "--set", "max_steps=3", "--set", "log_every=1",
              "--set", "batch=8"]
-    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,fp16,powersgd",
+    args = ["study", "resnet50-ddp", "resnet50-tf", "--nodes", "1,2", "--vary", "grad_compression=none,powersgd",
             "--set", "powersgd_start_step=1", *study]
     rc, res = clusterctl_json(*args, env=env, timeout=2400)
     assert rc == 0, json.dumps(res)[-3000:]
-    none, fp16, psgd = (f"grad_compression={c}" for c in ("none", "fp16", "powersgd"))
+    none, psgd = (f"grad_compression={c}" for c in ("none", "powersgd"))
     assert [(c["job"], c["setting"], c["nodes"], c["state"]) for c in res["cells"]] == [
         (job, setting, n, "succeeded") for job in ("resnet50-ddp", "resnet50-tf")
-        for setting, n in ((none, 1), (none, 2), (fp16, 2), (psgd, 2))]
+        for setting, n in ((none, 1), (none, 2), (psgd, 2))]
     page = Path(res["report"])
     assert page.exists() and "scaling eff." in page.read_text()
     figs = json.loads((page.parent / "report.json").read_text())
     two = {(f["framework"], f["grad_compression"]): f for f in figs if len(f["nodes"]) == 2}
-    assert set(two) == {(fw, c) for fw in ("pytorch", "tensorflow") for c in ("none", "fp16", "powersgd")}
+    assert set(two) == {(fw, c) for fw in ("pytorch", "tensorflow") for c in ("none", "powersgd")}
     for (fw, c), f in two.items():
         one = next(x for x in figs if x["run_id"] == f["scaling"]["baseline"])
         assert len(one["nodes"]) == 1 and one["job"] == f["job"]
@@ -206,8 +207,6 @@ def test_study_runs_the_matrix_and_reports_scaling_for_both_frameworks(clab) -> 
         plain = two[(fw, "none")]
         if c != "none":  # fewer bytes of the same gradients, on the same baseline
             assert f["scaling"]["baseline"] == plain["scaling"]["baseline"]
-        if c == "fp16":
-            assert f["allreduce_payload_bytes"] * 2 == plain["allreduce_payload_bytes"]
         if c == "powersgd":  # rank 2: ResNet50 in ~1/100 of its bytes (docs/jobs.md)
             assert 60 < plain["allreduce_payload_bytes"] / f["allreduce_payload_bytes"] < 150
     rc, again = clusterctl_json(*args, env=env, timeout=600)  # resumable: nothing is run twice
