@@ -172,6 +172,25 @@ def _exit_soon() -> None:
     gc.freeze()
 
 
+def _denied(e: PermissionError) -> errors.ClusterError:
+    """A file this user may not read or write: clusterctl's own folder (CLUSTERCTL_HOME, say another user's,
+    inherited through sudo or runuser) or one the command was given."""
+    import getpass
+    from pathlib import Path
+
+    from cluster import paths
+
+    where = Path(e.filename) if e.filename else None
+    home = paths.home()
+    named = "CLUSTERCTL_HOME" if os.environ.get("CLUSTERCTL_HOME") else "the default ~/.clusterctl"
+    if where is not None and (where == home or home in where.parents):
+        fix = (f"{home} ({named}) holds clusterctl's records, and user {getpass.getuser()} cannot use it "
+               f"(ls -ld {home}): unset CLUSTERCTL_HOME or point it at a folder of your own")
+    else:
+        fix = "run clusterctl as the user who owns it, or change its owner or mode"
+    return errors.ClusterError(f"permission denied: {where or e.strerror}", fix, exit_code=errors.EXIT_ENVIRONMENT)
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
@@ -180,7 +199,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.fn(args)
         return code
-    except errors.ClusterError as e:
+    except (errors.ClusterError, PermissionError) as raised:
+        # a PermissionError is this account's files, not a bug: which file, and the way out
+        e = _denied(raised) if isinstance(raised, PermissionError) else raised
         err.print(f"[red]error:[/red] {escape(e.message)}")
         if e.fix:
             err.print(f"  fix: {escape(e.fix)}")

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
-import socket
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -269,6 +270,23 @@ def test_internal_error_is_one_line_exit_70_traceback_with_debug(monkeypatch: py
     monkeypatch.setenv("CLUSTERCTL_DEBUG", "1")
     assert cli.main(["context"]) == 70
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="runs the CLI as user nobody")
+def test_a_clusterctl_home_this_user_cannot_use_is_refused_naming_it(tmp_path: Path) -> None:
+    """Root's CLUSTERCTL_HOME inherited by another user (sudo -u, runuser): a refusal naming the folder and
+    the way out, exit 4, not an internal error."""
+    from tests.integration.conftest import as_user
+
+    home = tmp_path / "roots-home"
+    (home / "runs").mkdir(parents=True)
+    home.chmod(0o700)
+    r = subprocess.run([*as_user("nobody"), sys.executable, "-m", "cluster", "runs"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "CLUSTERCTL_HOME": str(home)})
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 4 and f"permission denied: {home}" in said, r.stderr
+    assert f"{home} (CLUSTERCTL_HOME) holds clusterctl's records, and user nobody cannot use it" in said, said
+    assert "internal error" not in said and "Traceback" not in said
 
 
 def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
