@@ -46,9 +46,9 @@ Result = Tuple[bool, str]
 
 
 def log(action: str, node: str, ok: bool, detail: str) -> None:
-    """One JSON line per PC (a single append: lines from programs running at once do not interleave)."""
+    """One short JSON line per PC (a single append: lines from programs running at once do not interleave)."""
     line = json.dumps({"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "action": action, "node": node, "ok": ok, "detail": detail}) + "\n"
+                       "action": action, "node": node, "ok": ok, "detail": detail[-400:]}) + "\n"
     try:
         with open(LOG, "a") as f:
             f.write(line)

@@ -155,11 +155,18 @@ def test_a_job_waiting_for_nodes_is_queued_with_slurms_reason_and_stops_while_qu
         mine = next(x for x in listed if x.get("run_id") == second["run_id"])
         assert mine["state"] == "queued" and mine["scheduler"] == "slurm" and st["target"]["reason"] in mine["where"]
         # following its logs, then Ctrl-C: the command leaves (130), the job stays in Slurm's queue
+        # PYTHONFAULTHANDLER: were it still there after the bound, SIGABRT makes it say where each thread waits
         follow = subprocess.Popen([sys.executable, "-m", "cluster", "logs", second["run_id"], "-f"],
-                                  env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  env={**os.environ, **env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
         time.sleep(5)
         follow.send_signal(signal.SIGINT)
-        assert follow.wait(timeout=60) == 130
+        try:
+            follow.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            follow.send_signal(signal.SIGABRT)
+            raise AssertionError(f"logs -f still there 60 s after Ctrl-C: {follow.communicate(timeout=30)}") from None
+        assert follow.returncode == 130, follow.communicate()
         assert clusterctl_json("status", second["run_id"], env=env)[1]["state"] == "queued"
         rc, stopped = clusterctl_json("stop", second["run_id"], env=env, timeout=180)
         assert rc == 0 and stopped["state"] == "stopped" and stopped["target"]["state"] == "CANCELLED", stopped

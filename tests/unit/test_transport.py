@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -216,3 +217,26 @@ def test_a_command_to_a_frozen_node_returns_within_its_deadline_plus_the_grace(m
     took = time.monotonic() - t0
     assert e.value.problem == "timeout" and "stopped taking data" in str(e.value)
     assert node.closed.is_set() and 1.0 <= took < 2.5, took
+
+
+@pytest.mark.parametrize("through_a_jump", [False, True])
+def test_ctrl_c_while_connecting_is_an_interrupt_not_an_unreachable_node(tmp_path: Path, through_a_jump: bool) -> None:
+    """Ctrl-C while an sshd (or the jump host before it) has not answered yet leaves as Ctrl-C: were it said
+    as "unreachable", a loop that asks again (`logs -f`, a follow) would take it for a node to wait for."""
+    with socket.socket() as frozen:  # accepts, never says its banner: a loaded sshd
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen()
+        port = frozen.getsockname()[1]
+        kw = {"address": "127.0.0.1", "port": port, "connect_timeout": 20.0,
+              "known_hosts": str(tmp_path / "known_hosts")}
+        host = (Host(name="pc", **kw, jumps=[Host(name="gw", **kw)]) if through_a_jump
+                else Host(name="pc", **kw))  # type: ignore[arg-type]
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                ssh.SSHTransport(host).connect()
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 10
