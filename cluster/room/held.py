@@ -1,5 +1,7 @@
 """Which PCs of an inventory Slurm holds: those of a room `provision --slurm` set up (its note on the head,
-removed by `--undo`). clusterctl's own SSH launches, bench, wake and poweroff leave them to Slurm."""
+removed by `--undo`), or, on a head without the note (a student's: the note is the admin's), those the
+room's own Slurm knows, asked on its controller. clusterctl's own SSH launches, bench, wake and poweroff
+leave them to Slurm."""
 from __future__ import annotations
 
 import json
@@ -38,12 +40,36 @@ def held(inv: Inventory) -> dict[str, str]:
     return out
 
 
+def asked(inv: Inventory, names: list[str], log: Callable[[str], None] = lambda s: None) -> dict[str, str]:
+    """PC name -> room, for the PCs of `names` in a declared room this head has no note of, that the room's
+    Slurm knows (`sinfo` on its controller, which never runs jobs). A controller that does not answer, or runs
+    no Slurm (a room not set up yet, or undone), holds nothing."""
+    from cluster.errors import ClusterError
+    from cluster.transport import transport_for
+
+    out: dict[str, str] = {}
+    for name, room in inv.rooms.items():
+        mine = [n for n in names if n in room.nodes]
+        if not mine or (folder(inv, name) / SET_UP).exists():
+            continue
+        try:
+            with transport_for(room.controller) as t:
+                r = t.run("sinfo -h -N -o %N 2>/dev/null", timeout=15)
+        except ClusterError as e:
+            log(f"room {name}: its controller did not say whether Slurm holds {', '.join(mine)} ({e.message})")
+            continue
+        known = set(r.stdout.split()) if r.exit_code == 0 else set()
+        out.update({n: name for n in mine if n in known})
+    return out
+
+
 def guard(inv: Inventory, names: Iterable[str], refusal: str, fix: str, outside: bool = False,
           log: Callable[[str], None] = lambda s: None) -> None:
     """Refuse `names` that a room's Slurm holds, before anything contacts them: Slurm gives them to its jobs,
     and clusterctl's own use would run beside them unseen (`refusal` and `fix` may say `{them}`, `fix` also
     `{room}`). With `outside` (the admin's --outside-slurm) it only says so through `log`."""
-    holds = held(inv)
+    names = list(names)
+    holds = {**asked(inv, names, log), **held(inv)}
     mine = [n for n in names if n in holds]
     if not mine:
         return

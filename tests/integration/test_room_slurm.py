@@ -197,6 +197,10 @@ def test_two_students_launch_at_once_each_sees_collects_and_reports_their_own(ro
         rc, res = clusterctl_json("provision", _student(state, u), "--set", f"python={sys.executable}", user=u,
                                   timeout=600)
         assert rc == 0, json.dumps(res)[-2000:]
+    # a student's head has no note of the admin's set-up: the room's Slurm, asked, says the PCs are its own
+    r = clusterctl("launch", "resnet50-ddp", "-i", _student(state, alice), *here, *TINY, user=alice)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "node1, node2, node3 are Slurm's: room room holds them" in said, r.stdout + said
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # within a second of each other, each as themselves
         launched = list(pool.map(lambda u: clusterctl_json(
             "launch", "resnet50-ddp", "-i", _student(state, u), "--on", "room", "--nodes", "2", "--detach", *here,
