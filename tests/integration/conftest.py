@@ -82,7 +82,10 @@ def as_user(user: str) -> list[str]:
 
 @contextmanager
 def accounts(*names: str) -> Iterator[None]:
-    """Accounts of this machine for a test (useradd -m), removed with their homes at the end (userdel -rf)."""
+    """Accounts of this machine for a test (as `useradd -m` makes them), removed with their homes at the end.
+    /etc/passwd, group and shadow are written in place, never replaced: useradd and userdel rename a new file
+    over each, and the kernel then detaches every mount on the old one, so every running lab PC, which mounts
+    its own copy there (cluster.lab.accounts), would fall back to this machine's accounts mid-test."""
     for n in names:
         try:
             pwd.getpwnam(n)
@@ -90,16 +93,34 @@ def accounts(*names: str) -> Iterator[None]:
             continue
         raise AssertionError(f"this machine has a user {n} already: remove it (userdel -r {n}) if a killed test "
                              "left it, or run the test elsewhere")
-    made = []
+    files = {f: Path("/etc", f) for f in ("passwd", "group", "shadow")}
+    taken = {int(line.split(":")[2]) for f in ("passwd", "group") for line in files[f].read_text().splitlines()
+             if line.count(":") >= 2 and line.split(":")[2].isdigit()}
+    ids = [u for u in range(1000, 60000) if u not in taken][:len(names)]
+    homes = [Path("/home", n) for n in names]
     try:
-        for n in names:
-            subprocess.run(["useradd", "-m", "-s", "/bin/sh", n], check=True, capture_output=True)
-            made.append(n)
+        with files["passwd"].open("a") as f:
+            f.writelines(f"{n}:x:{u}:{u}::{h}:/bin/sh\n" for n, u, h in zip(names, ids, homes))
+        with files["group"].open("a") as f:
+            f.writelines(f"{n}:x:{u}:\n" for n, u in zip(names, ids))
+        with files["shadow"].open("a") as f:
+            f.writelines(f"{n}:!:19700:0:99999:7:::\n" for n in names)
+        for h, u in zip(homes, ids):
+            shutil.copytree("/etc/skel", h, symlinks=True, dirs_exist_ok=True)
+            for p in [h, *h.rglob("*")]:
+                os.lchown(p, u, u)
+            h.chmod(0o750)
         yield
     finally:
-        for n in made:
+        for n in names:
             subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
-            subprocess.run(["userdel", "-rf", n], capture_output=True)
+        for path in files.values():  # in place: the same file, these lines gone
+            kept = [line for line in path.read_text().splitlines(keepends=True) if line.split(":")[0] not in names]
+            with path.open("r+") as f:
+                f.write("".join(kept))
+                f.truncate()
+        for h in homes:
+            shutil.rmtree(h, ignore_errors=True)
 
 
 def clusterctl_json(*args: str, **kw: Any) -> tuple[int, Any]:

@@ -53,6 +53,12 @@ def _sinfo(state: lifecycle.LabState) -> dict[str, str]:
     return {line.split("|")[0]: line.split("|", 1)[1] for line in out.splitlines() if "|" in line}
 
 
+def _pc_logs(state: lifecycle.LabState) -> str:
+    """Each PC's sshd and power log, last lines: what a failed wake or login left."""
+    return "".join(f"\n--- {p}\n" + p.read_text(errors="replace")[-3000:] for n in state.nodes
+                   for p in (Path(n.dir) / "sshd.log", Path(n.dir) / "power.log") if p.exists())
+
+
 def _all_off(state: lifecycle.LabState, names: list[str]) -> None:
     """Until Slurm switched `names` off and may wake them again (idle~: after its SuspendTimeout)."""
     wait_until(lambda: all(_power(state)[n] == "off" for n in names), 120, f"{names} switched off", step=2)
@@ -93,7 +99,8 @@ def test_idle_pcs_are_switched_off_and_a_job_wakes_two_the_one_that_does_not_wak
         raise AssertionError(f"{e}\n{why(clusterctl_json('status', run, env=env)[1])}\n{seen}") from None
     assert requeued, "the job was requeued after node1's wake failed"
     done = clusterctl_json("status", run, env=env)[1]
-    assert done["state"] == "succeeded" and sorted(n["node"] for n in done["nodes"]) == ["node2", "node3"], why(done)
+    assert done["state"] == "succeeded" and sorted(n["node"] for n in done["nodes"]) == ["node2", "node3"], \
+        why(done) + _pc_logs(state)
     # node1 did not wake: Slurm marked it down with the power program's reason
     down = _sinfo(state)["node1"]
     assert down.startswith("down") and "no answer within ResumeTimeout after Wake-on-LAN" in down, down

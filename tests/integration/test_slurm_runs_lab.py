@@ -15,6 +15,7 @@ import pytest
 
 from cluster.lab import lifecycle, sshd
 from tests.integration.conftest import clusterctl, clusterctl_json, lab_up, pytestmark, wait_until  # noqa: F401
+from tests.integration.test_faults_run import AS_FROM_A_TERMINAL
 
 pytestmark = [pytestmark, pytest.mark.skipif(not Path("/usr/sbin/slurmctld").exists(),
                                              reason="slurm-wlm is not installed (scripts/setup.sh installs it)")]
@@ -155,8 +156,9 @@ def test_a_job_waiting_for_nodes_is_queued_with_slurms_reason_and_stops_while_qu
         mine = next(x for x in listed if x.get("run_id") == second["run_id"])
         assert mine["state"] == "queued" and mine["scheduler"] == "slurm" and st["target"]["reason"] in mine["where"]
         # following its logs, then Ctrl-C: the command leaves (130), the job stays in Slurm's queue
+        # as from a terminal, SIGINT at its default (a suite run in the background ignores it: test_faults_run);
         # PYTHONFAULTHANDLER: were it still there after the bound, SIGABRT makes it say where each thread waits
-        follow = subprocess.Popen([sys.executable, "-m", "cluster", "logs", second["run_id"], "-f"],
+        follow = subprocess.Popen([*AS_FROM_A_TERMINAL, "-m", "cluster", "logs", second["run_id"], "-f"],
                                   env={**os.environ, **env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         time.sleep(5)

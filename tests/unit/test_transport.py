@@ -231,6 +231,8 @@ def test_ctrl_c_while_connecting_is_an_interrupt_not_an_unreachable_node(tmp_pat
               "known_hosts": str(tmp_path / "known_hosts")}
         host = (Host(name="pc", **kw, jumps=[Host(name="gw", **kw)]) if through_a_jump
                 else Host(name="pc", **kw))  # type: ignore[arg-type]
+        # Python's own Ctrl-C handler, as from a terminal (a suite run in the background inherits SIGINT ignored)
+        before = signal.signal(signal.SIGINT, signal.default_int_handler)
         timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         start = time.monotonic()
@@ -239,4 +241,5 @@ def test_ctrl_c_while_connecting_is_an_interrupt_not_an_unreachable_node(tmp_pat
                 ssh.SSHTransport(host).connect()
         finally:
             timer.cancel()
+            signal.signal(signal.SIGINT, before)
         assert time.monotonic() - start < 10
