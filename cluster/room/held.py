@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from cluster import paths
-from cluster.errors import UsageError
+from cluster.errors import ClusterError, UsageError
 from cluster.inventory.model import Inventory
 
 SET_UP = "set-up.json"
@@ -44,8 +44,7 @@ def asked(inv: Inventory, names: list[str], log: Callable[[str], None] = lambda 
     """PC name -> room, for the PCs of `names` in a declared room this head has no note of, that the room's
     Slurm knows (`sinfo` on its controller, which never runs jobs). A controller that does not answer, or runs
     no Slurm (a room not set up yet, or undone), holds nothing."""
-    from cluster.errors import ClusterError
-    from cluster.transport import transport_for
+    from cluster.transport import transport_for  # only where a room lacks its note
 
     out: dict[str, str] = {}
     for name, room in inv.rooms.items():
